@@ -1,0 +1,29 @@
+# The two entry points: `make demo` and `make test`. Both start from nothing.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean proto
+
+$(STAMP): pyproject.toml scripts/bootstrap.sh
+	sh scripts/bootstrap.sh $(VENV)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m chunkmaster.demo
+
+test: $(STAMP)
+	sh scripts/ensure-etcd.sh
+	$(PY) -m ruff check src tests bench
+	$(PY) -m mypy
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench
+	$(PY) -m mypy
+
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src --grpc_python_out=src src/chunkmaster/rpc/master.proto
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

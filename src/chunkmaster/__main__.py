@@ -1,0 +1,5 @@
+import sys
+
+from chunkmaster.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `chunkmaster` command line: one module per command family."""
