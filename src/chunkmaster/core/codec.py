@@ -1,0 +1,188 @@
+"""Bytes for the journal and the snapshots.
+
+A journal entry is one tag byte and a compact JSON body, except the dataset, which is large
+and goes in a binary container (JSON header + raw little-endian arrays). No pickle: whoever
+can write the store must not be able to run code in the master.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from array import array
+from collections import deque
+from typing import Any
+
+from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.events import (
+    ApproveSave,
+    Configure,
+    Dispatch,
+    Event,
+    Fail,
+    Finish,
+    SetDataset,
+)
+from chunkmaster.core.model import FailedPolicy, Failure
+from chunkmaster.core.state import FAILURE_HISTORY, MasterState, Pending, SaveApproval
+
+if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
+    raise ImportError("chunkmaster's state codec assumes a little-endian machine")
+
+CONTAINER_MAGIC = b"CMB1"
+SNAPSHOT_VERSION = 1
+_LEN = struct.Struct("<I")
+
+
+class CodecError(ValueError):
+    """Stored bytes that this version cannot read."""
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def pack(header: dict[str, Any], blobs: dict[str, array[int]]) -> bytes:
+    header = dict(header)
+    header["blobs"] = [[name, a.typecode, len(a)] for name, a in blobs.items()]
+    head = _dumps(header)
+    parts = [CONTAINER_MAGIC, _LEN.pack(len(head)), head]
+    parts.extend(a.tobytes() for a in blobs.values())
+    return b"".join(parts)
+
+
+def unpack(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, array[int]]]:
+    view = memoryview(data)
+    if bytes(view[:4]) != CONTAINER_MAGIC:
+        raise CodecError("not a chunkmaster container (bad magic)")
+    (hlen,) = _LEN.unpack_from(view, 4)
+    header = json.loads(bytes(view[8 : 8 + hlen]))
+    pos = 8 + hlen
+    blobs: dict[str, array[int]] = {}
+    for name, typecode, count in header.pop("blobs"):
+        a: array[int] = array(typecode)
+        size = a.itemsize * count
+        if pos + size > len(view):
+            raise CodecError(f"container truncated in blob {name!r}")
+        a.frombytes(view[pos : pos + size])
+        blobs[name] = a
+        pos += size
+    if pos != len(view):
+        raise CodecError("container has trailing bytes")
+    return header, blobs
+
+
+def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
+    header = {"globs": list(ds.globs), "files": list(ds.files), "cpt": ds.chunks_per_task}
+    blobs = {"cf": ds.chunk_file, "co": ds.chunk_offset, "cr": ds.chunk_records}
+    return header, blobs
+
+
+def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Dataset:
+    return Dataset(
+        tuple(header["globs"]),
+        tuple(header["files"]),
+        blobs["cf"],
+        blobs["co"],
+        blobs["cr"],
+        int(header["cpt"]),
+    )
+
+
+def encode_event(ev: Event) -> bytes:
+    match ev:
+        case Dispatch(deadline=d, worker=w):
+            return b"D" + _dumps([d, w])
+        case Finish(task_id=t, epoch=e, pass_id=p):
+            return b"F" + _dumps([t, e, p])
+        case Fail(task_id=t, epoch=e, reason=r):
+            return b"X" + _dumps([t, e, r])
+        case ApproveSave(trainer_id=tid, until=u):
+            return b"S" + _dumps([tid, u])
+        case Configure(failure_max=fm, failed_policy=fp):
+            return b"C" + _dumps([fm, fp.value])
+        case SetDataset(dataset=ds):
+            header, blobs = _dataset_parts(ds)
+            return b"T" + pack(header, blobs)
+    raise CodecError(f"cannot encode {ev!r}")
+
+
+def decode_event(data: bytes) -> Event:
+    tag, body = data[:1], data[1:]
+    try:
+        if tag == b"T":
+            return SetDataset(_dataset_from(*unpack(body)))
+        v = json.loads(body)
+        if tag == b"D":
+            return Dispatch(float(v[0]), str(v[1]))
+        if tag == b"F":
+            return Finish(int(v[0]), int(v[1]), int(v[2]))
+        if tag == b"X":
+            return Fail(int(v[0]), int(v[1]), str(v[2]))
+        if tag == b"S":
+            return ApproveSave(str(v[0]), float(v[1]))
+        if tag == b"C":
+            return Configure(int(v[0]), FailedPolicy(v[1]))
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise CodecError(f"corrupt journal entry (tag {tag!r}): {exc}") from exc
+    raise CodecError(f"unknown journal entry tag {tag!r}")
+
+
+def encode_snapshot(state: MasterState) -> bytes:
+    header: dict[str, Any] = {
+        "version": SNAPSHOT_VERSION,
+        "cur_pass": state.cur_pass,
+        "failure_max": state.failure_max,
+        "failed_policy": state.failed_policy.value,
+        "pending": [[t, p.epoch, p.deadline, p.worker] for t, p in state.pending.items()],
+        "num_failures": list(state.num_failures.items()),
+        "failure_log": [
+            [t, state.failure_total.get(t, len(log)), [[f.pass_id, f.epoch, f.reason] for f in log]]
+            for t, log in state.failure_log.items()
+        ],
+        "saver": None if state.saver is None else [state.saver.trainer_id, state.saver.until],
+        "dataset": None,
+    }
+    blobs: dict[str, array[int]] = {
+        "todo": array("q", state.todo),
+        "done": array("q", state.done),
+        "failed": array("q", state.failed),
+        "epochs": state.epochs,
+    }
+    if state.dataset is not None:
+        ds_header, ds_blobs = _dataset_parts(state.dataset)
+        header["dataset"] = ds_header
+        blobs.update(ds_blobs)
+    return pack(header, blobs)
+
+
+def decode_snapshot(data: bytes) -> MasterState:
+    try:
+        header, blobs = unpack(data)
+        if header.get("version") != SNAPSHOT_VERSION:
+            raise CodecError(f"snapshot version {header.get('version')} is not supported")
+        st = MasterState()
+        if header["dataset"] is not None:
+            st.dataset = _dataset_from(header["dataset"], blobs)
+        st.cur_pass = int(header["cur_pass"])
+        st.failure_max = int(header["failure_max"])
+        st.failed_policy = FailedPolicy(header["failed_policy"])
+        st.todo = deque(blobs["todo"])
+        st.done = list(blobs["done"])
+        st.failed = list(blobs["failed"])
+        st.epochs = blobs["epochs"]
+        st.pending = {int(t): Pending(int(e), float(d), str(w)) for t, e, d, w in header["pending"]}
+        st.num_failures = {int(t): int(n) for t, n in header["num_failures"]}
+        for t, total, log in header["failure_log"]:
+            st.failure_log[int(t)] = deque(
+                (Failure(int(p), int(e), str(r)) for p, e, r in log), maxlen=FAILURE_HISTORY
+            )
+            st.failure_total[int(t)] = int(total)
+        if header["saver"] is not None:
+            st.saver = SaveApproval(str(header["saver"][0]), float(header["saver"][1]))
+        return st
+    except CodecError:
+        raise
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise CodecError(f"corrupt snapshot: {exc}") from exc

@@ -1,0 +1,87 @@
+"""The dataset as the master sees it: files, their chunks, and the tasks cut from them.
+
+Chunks live in three flat arrays (16 bytes a chunk), not in millions of objects. Tasks are
+consecutive groups of `chunks_per_task` chunks, so task k is a range of chunk numbers and
+needs no storage of its own; task IDs are 0..num_tasks-1, stable for the life of the job.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from chunkmaster.core.model import Chunk
+
+
+def effective_chunks_per_task(chunks_per_task: int) -> int:
+    """The original treats 0 or less as 1."""
+    return chunks_per_task if chunks_per_task > 0 else 1
+
+
+def count_tasks(num_chunks: int, chunks_per_task: int) -> int:
+    cpt = effective_chunks_per_task(chunks_per_task)
+    return (num_chunks + cpt - 1) // cpt
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    globs: tuple[str, ...]
+    files: tuple[str, ...]
+    chunk_file: array[int]  # 'I': index into files
+    chunk_offset: array[int]  # 'Q': byte offset of the chunk header
+    chunk_records: array[int]  # 'I': records in the chunk
+    chunks_per_task: int
+
+    @classmethod
+    def build(
+        cls,
+        globs: Sequence[str],
+        files: Sequence[str],
+        indexes: Iterable[tuple[Sequence[int], Sequence[int]]],
+        chunks_per_task: int,
+    ) -> Dataset:
+        """Assemble from per-file (chunk offsets, records per chunk), in file order."""
+        chunk_file: array[int] = array("I")
+        chunk_offset: array[int] = array("Q")
+        chunk_records: array[int] = array("I")
+        for file_no, (offsets, records) in enumerate(indexes):
+            if len(offsets) != len(records):
+                raise ValueError(f"index of {files[file_no]} has mismatched lengths")
+            chunk_file.extend([file_no] * len(offsets))
+            chunk_offset.extend(offsets)
+            chunk_records.extend(records)
+        return cls(
+            tuple(globs),
+            tuple(files),
+            chunk_file,
+            chunk_offset,
+            chunk_records,
+            effective_chunks_per_task(chunks_per_task),
+        )
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunk_offset)
+
+    @property
+    def num_tasks(self) -> int:
+        return count_tasks(self.num_chunks, self.chunks_per_task)
+
+    @property
+    def num_records(self) -> int:
+        return sum(self.chunk_records)
+
+    def chunk_range(self, task_id: int) -> range:
+        if not 0 <= task_id < self.num_tasks:
+            raise KeyError(task_id)
+        start = task_id * self.chunks_per_task
+        return range(start, min(start + self.chunks_per_task, self.num_chunks))
+
+    def task_chunks(self, task_id: int) -> tuple[Chunk, ...]:
+        files, cf, co, cr = self.files, self.chunk_file, self.chunk_offset, self.chunk_records
+        return tuple(Chunk(files[cf[i]], co[i], cr[i]) for i in self.chunk_range(task_id))
+
+    def task_records(self, task_id: int) -> int:
+        r = self.chunk_range(task_id)
+        return sum(self.chunk_records[r.start : r.stop])

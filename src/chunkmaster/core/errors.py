@@ -1,0 +1,62 @@
+"""The master's errors. Messages are the original's, word for word: clients match on them."""
+
+from __future__ import annotations
+
+
+class MasterError(Exception):
+    """Base of every error the master reports to a trainer."""
+
+    message = "master error"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or self.message)
+
+
+class PassBeforeError(MasterError):
+    """The trainer asked for a pass the master has already finished."""
+
+    message = "pass number smaller than master"
+
+
+class PassAfterError(MasterError):
+    """The trainer asked for a pass the master has not started yet."""
+
+    message = "pass number larger than master"
+
+
+class NoMoreAvailableError(MasterError):
+    """No task to hand out before the caller's deadline, though the pass is not over."""
+
+    message = "no more available task"
+
+
+class AllTaskFailedError(MasterError):
+    """Nothing to do in this pass: every task failed (the original's text says "finished")."""
+
+    message = "all task finished"
+
+
+class DatasetError(MasterError):
+    """The dataset given to set_dataset is unusable (the text says why)."""
+
+    message = "no valid dataset specified"
+
+
+class NoDatasetError(DatasetError):
+    message = "no dataset specified"
+
+
+class TrainerIdEmptyError(MasterError):
+    message = "trainer id is empty"
+
+
+class NotReadyError(MasterError):
+    """No dataset has been set yet and the caller's deadline passed while waiting for one."""
+
+    message = "master has no dataset yet: call set_dataset first"
+
+
+class UnavailableError(MasterError):
+    """The master cannot make changes durable right now (store down, or not the leader)."""
+
+    message = "master unavailable"

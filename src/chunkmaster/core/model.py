@@ -1,0 +1,62 @@
+"""The values that travel between master and trainers, and those the state is made of."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One RecordIO chunk: where it is and how many records it holds.
+
+    A trainer reads it with `recordio.scan(path, Index([offset], [num_records]))`.
+    """
+
+    path: str
+    offset: int
+    num_records: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskMeta:
+    """A task's identity and which dispatch of it this is (the epoch grows per dispatch)."""
+
+    id: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    meta: TaskMeta
+    chunks: tuple[Chunk, ...]
+    pass_id: int = 0
+
+    @property
+    def num_records(self) -> int:
+        return sum(c.num_records for c in self.chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class SaveModelRequest:
+    trainer_id: str
+    block_dur: float  # seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failure of one dispatch: kept so that no failure is silent (defect D11)."""
+
+    pass_id: int
+    epoch: int
+    reason: str
+
+
+class FailedPolicy(enum.StrEnum):
+    """What a pass rollover does with tasks that failed more than failure_max times."""
+
+    RETRY = "retry"  # back into the next pass with a fresh failure count
+    KEEP = "keep"  # kept out of every later pass, and reported in status
+
+
+TIMEOUT_REASON = "timeout"
