@@ -1,0 +1,151 @@
+"""Compressors, the outer checksum, and the record framing inside a chunk.
+
+Speed matters here: this is the trainer's hot path. isal's CRC-32 is ~6x faster than zlib's and
+gives the same value; cramjam's framed snappy is the exact stream format the reference writes.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from itertools import chain, islice, pairwise, repeat
+from typing import Final
+
+import cramjam
+from isal import igzip, isal_zlib
+
+from chunkmaster.recordio.errors import (
+    CorruptPayloadError,
+    RecordOverrunError,
+    UnknownCompressorError,
+    Where,
+)
+
+crc32: Final = isal_zlib.crc32
+"""CRC-32/IEEE, bit-identical to zlib.crc32 (measured ~25 GB/s vs ~4 GB/s for zlib)."""
+
+_LENGTH_FROM = struct.Struct("<I").unpack_from
+_GZIP_MAGIC = b"\x1f\x8b\x08"
+
+
+class Compressor(enum.IntEnum):
+    """Chunk payload encodings; the values are the on-disk compressor ids."""
+
+    NONE = 0
+    SNAPPY = 1  # the Snappy framing (stream) format, one complete stream per chunk
+    GZIP = 2
+
+
+def resolve_compressor(value: int) -> Compressor:
+    """Map a writer argument to a Compressor: negative selects SNAPPY, as in the reference."""
+    if value < 0:
+        return Compressor.SNAPPY
+    try:
+        return Compressor(value)
+    except ValueError:
+        raise UnknownCompressorError(f"Unknown compression algorithm: {value}") from None
+
+
+def compress(compressor: Compressor, data: bytes) -> bytes:
+    """Encode the uncompressed chunk data for storage."""
+    if compressor is Compressor.NONE:
+        return data
+    if compressor is Compressor.SNAPPY:
+        return bytes(cramjam.snappy.compress(data))
+    return bytes(igzip.compress(data, compresslevel=3, mtime=0))
+
+
+def decompress(compressor_id: int, payload: bytes, where: Where) -> bytes:
+    """Decode a stored payload; every decoder failure becomes a RecordIOError.
+
+    `where` holds the path/chunk/offset keywords for the error.
+    """
+    if compressor_id == 0:
+        return payload
+    if compressor_id == 1:
+        try:
+            return bytes(cramjam.snappy.decompress(payload))
+        except Exception as exc:  # cramjam raises DecompressionError and sometimes others
+            detail = str(exc) if str(exc).startswith("snappy:") else f"snappy: {exc}"
+            raise CorruptPayloadError(f"Failed to deflate chunk data: {detail}", **where) from exc
+    if compressor_id == 2:
+        return _gunzip(payload, where)
+    raise UnknownCompressorError(f"Unknown compression algorithm: {compressor_id}", **where)
+
+
+def _gunzip(payload: bytes, where: Where) -> bytes:
+    """Decode one or more concatenated gzip members, rejecting anything else.
+
+    Stricter than gzip.decompress: an empty payload and trailing bytes (even zeros) are errors,
+    as they are for Go's gzip reader.
+    """
+    if payload[:3] != _GZIP_MAGIC:
+        raise CorruptPayloadError(
+            "Failed to create gzip reader: gzip: invalid header", **where
+        )
+    parts: list[bytes] = []
+    rest = payload
+    try:
+        while rest:
+            if rest[:3] != _GZIP_MAGIC:
+                raise CorruptPayloadError(
+                    "Failed to deflate chunk data: gzip: invalid header (trailing bytes)",
+                    **where,
+                )
+            d = isal_zlib.decompressobj(31)
+            parts.append(d.decompress(rest))
+            if not d.eof:
+                raise CorruptPayloadError(
+                    "Failed to deflate chunk data: unexpected EOF", **where
+                )
+            rest = d.unused_data
+    except CorruptPayloadError:
+        raise
+    except Exception as exc:  # isal raises IsalError (a zlib.error lookalike)
+        raise CorruptPayloadError(
+            f"Failed to deflate chunk data: gzip: {exc}", **where
+        ) from exc
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def frame_ends(data: bytes, count: int, where: Where) -> list[int]:
+    """Validate the record framing of a whole chunk and return each record's end offset.
+
+    Done before any record is handed out, so a chunk whose lengths do not tile its data exactly
+    yields nothing at all (the reference zero-pads or drops instead).
+    """
+    size = len(data)
+    if count * 4 > size:
+        raise RecordOverrunError(
+            f"chunk data of {size} bytes cannot hold {count} records "
+            f"(Failed to read record length: EOF)",
+            **where,
+        )
+    p = 0
+    try:
+        ends = [p := p + 4 + _LENGTH_FROM(data, p)[0] for _ in repeat(None, count)]
+    except struct.error:
+        raise RecordOverrunError(
+            f"record lengths overrun the {size}-byte chunk data before {count} records "
+            f"(Failed to read record length: EOF)",
+            **where,
+        ) from None
+    if p != size:
+        if p > size:
+            reason = f"the last record overruns the {size}-byte chunk data by {p - size} bytes"
+        else:
+            reason = f"{size - p} bytes left over after {count} records (header count too low?)"
+        raise RecordOverrunError(reason, **where)
+    return ends
+
+
+def iter_records(
+    data: bytes, ends: list[int], lo: int = 0, hi: int | None = None
+) -> Iterator[bytes]:
+    """Yield records lo..hi-1 of a chunk whose framing `frame_ends` has validated."""
+    bounds: Iterator[tuple[int, int]] = pairwise(chain((0,), ends))
+    if lo or (hi is not None and hi < len(ends)):
+        bounds = islice(bounds, lo, hi)
+    for s, e in bounds:
+        yield data[s + 4 : e]

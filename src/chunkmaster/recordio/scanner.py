@@ -1,0 +1,188 @@
+"""Reading records: whole files, record ranges, and single chunks (the master's task unit).
+
+One chunk is read with one read call, its CRC-32 is checked, it is decompressed, and its record
+framing is validated as a whole before any of its records is handed out. Only the current chunk
+is held in memory. Records are produced by C-level iterators chained per chunk, which keeps the
+per-record cost close to that of a bare Python loop.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from itertools import chain
+from typing import Any
+
+from chunkmaster.recordio.codecs import crc32, decompress, frame_ends, iter_records
+from chunkmaster.recordio.errors import (
+    ChecksumError,
+    RecordOverrunError,
+    TruncatedChunkError,
+    Where,
+)
+from chunkmaster.recordio.header import HEADER_SIZE, ChunkHeader, parse_header
+from chunkmaster.recordio.index import Index
+from chunkmaster.recordio.source import Opened, Source, file_size, open_source
+
+
+def scan(
+    source: Source, index: Index | None = None, start: int = 0, length: int = -1
+) -> Iterator[bytes]:
+    """Yield the records with global numbers in [start, start + length), in file order.
+
+    Range rules are the reference's: a negative start means 0; a negative length, or one that
+    reaches past the end, means "to the end"; a start past the end yields nothing.
+
+    With `index` (e.g. a one-chunk index from the master) only the chunks it lists are read, at
+    their offsets. Without it, the file is read front to back in one pass, header by header,
+    skipping (seeking past) chunks before `start`; a damaged chunk then raises when it is reached.
+    """
+    if index is None:
+        chunks = _stream_chunks(source, max(start, 0), length)
+    else:
+        chunks = _indexed_chunks(source, index, start, length)
+    return chain.from_iterable(chunks)
+
+
+def read_chunk(src: Opened, chunk: int, offset: int, expected: int | None = None) -> ChunkHeader:
+    """Read and check the header at `offset` (relative to the file's base); return it.
+
+    Leaves the file positioned at the payload.
+    """
+    raw = src.file.read(HEADER_SIZE)
+    if len(raw) < HEADER_SIZE and raw[:1] == b"":
+        raise TruncatedChunkError(
+            "Failed to parse chunk header: EOF", path=src.name, chunk=chunk, offset=offset
+        )
+    header = parse_header(raw, path=src.name, chunk=chunk, offset=offset)
+    if expected is not None and header.num_records != expected:
+        raise RecordOverrunError(
+            f"header says {header.num_records} records but the index says {expected} "
+            f"(stale index or wrong offset)",
+            path=src.name,
+            chunk=chunk,
+            offset=offset,
+        )
+    return header
+
+
+def _load(
+    src: Opened, header: ChunkHeader, chunk: int, offset: int, lo: int, hi: int | None
+) -> Iterator[bytes]:
+    """Read the payload following `header`, verify and decode it, return its records lo..hi-1.
+
+    A separate function so that nothing of the previous chunk stays referenced while the next
+    one is read: the scan loops hold no chunk data in their own frames.
+    """
+    where: Where = {"path": src.name, "chunk": chunk, "offset": offset}
+    size = header.compressed_size
+    payload = _read_exact(src.file, size)
+    if len(payload) != size:
+        raise TruncatedChunkError(
+            f"payload has {len(payload)} of {size} bytes (Failed to read chunk data: EOF)", **where
+        )
+    actual = crc32(payload)
+    if actual != header.checksum:
+        raise ChecksumError(
+            f"Checksum checking failed. (header 0x{header.checksum:08x}, payload 0x{actual:08x})",
+            **where,
+        )
+    data = decompress(header.compressor, payload, where)
+    del payload
+    ends = frame_ends(data, header.num_records, where)
+    return iter_records(data, ends, lo, hi)
+
+
+def _read_exact(f: Any, n: int) -> bytes:
+    """Read n bytes with one call in the normal case; loop only on short reads (raw streams)."""
+    data = f.read(n)
+    if data is None:
+        data = b""
+    if len(data) == n:
+        return data if type(data) is bytes else bytes(data)
+    parts = [bytes(data)]
+    got = len(data)
+    while got < n:
+        more = f.read(n - got)
+        if not more:
+            break
+        parts.append(bytes(more))
+        got += len(more)
+    return b"".join(parts)
+
+
+def _indexed_chunks(
+    source: Source, index: Index, start: int, length: int
+) -> Iterator[Iterator[bytes]]:
+    total = index.num_records
+    start = max(start, 0)
+    if length < 0 or start + length >= total:
+        length = total - start
+    if start >= total or length <= 0:
+        return
+    first, lo = index.locate(start)
+    last, hi_in_last = index.locate(start + length - 1)
+    # Zero-record chunks (never written by a correct writer) that sit inside the range are read
+    # too, so that their damage is reported instead of silently stepped over.
+    if lo == 0:
+        while first > 0 and index.chunk_records[first - 1] == 0:
+            first -= 1
+    if start + length == total:
+        while last + 1 < index.num_chunks and index.chunk_records[last + 1] == 0:
+            last += 1
+    with open_source(source) as src:
+        f = src.file
+        pos: int | None = None  # our position relative to base, when known
+        for k in range(first, last + 1):
+            offset = index.chunk_offsets[k]
+            count = index.chunk_records[k]
+            if pos != offset:
+                f.seek(src.base + offset)
+            header = read_chunk(src, k, offset, count)
+            lo_k = lo if k == first else 0
+            hi_k = hi_in_last + 1 if k == last else None
+            yield _load(src, header, k, offset, lo_k, hi_k)
+            pos = offset + HEADER_SIZE + header.compressed_size
+
+
+def _stream_chunks(source: Source, start: int, length: int) -> Iterator[Iterator[bytes]]:
+    stop = start + length if length >= 0 else None
+    if stop is not None and stop <= start:
+        return
+    with open_source(source) as src:
+        f = src.file
+        size = file_size(f)
+        end = None if size is None else size - src.base
+        seekable = end is not None
+        pos = 0
+        chunk = 0
+        first = 0  # global number of the chunk's first record
+        while stop is None or first < stop:
+            raw = f.read(HEADER_SIZE)
+            if not raw:
+                return
+            header = parse_header(raw, path=src.name, chunk=chunk, offset=pos)
+            nxt = pos + HEADER_SIZE + header.compressed_size
+            if end is not None and nxt > end:
+                raise TruncatedChunkError(
+                    f"payload of {header.compressed_size} bytes runs {nxt - end} bytes past "
+                    f"the end of the file (Failed to read chunk data: EOF)",
+                    path=src.name,
+                    chunk=chunk,
+                    offset=pos,
+                )
+            n = header.num_records
+            if first < start and first + n <= start:  # wholly before the range: skip it
+                if seekable:
+                    f.seek(header.compressed_size, os.SEEK_CUR)
+                elif len(_read_exact(f, header.compressed_size)) != header.compressed_size:
+                    raise TruncatedChunkError(
+                        "Failed to read chunk data: EOF", path=src.name, chunk=chunk, offset=pos
+                    )
+            else:
+                lo = max(start - first, 0)
+                hi = None if stop is None or stop >= first + n else stop - first
+                yield _load(src, header, chunk, pos, lo, hi)
+            pos = nxt
+            chunk += 1
+            first += n

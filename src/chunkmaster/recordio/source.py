@@ -1,0 +1,88 @@
+"""Opening what callers hand us: a local path, an fsspec URL, or an already open binary file."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Any, Union
+
+Source = Union[str, "os.PathLike[str]", IO[bytes], Any]
+"""A path (str/PathLike), a URL with a scheme (fsspec), or a binary file object."""
+
+
+@dataclass
+class Opened:
+    """An open binary file plus what error messages and offset arithmetic need."""
+
+    file: Any  # IO[bytes]-like; fsspec files are not typed
+    name: str
+    base: int  # position of the first chunk header (offsets in an Index are relative to it)
+
+
+def describe(source: Source) -> str:
+    """The name used in error messages: the path/URL, else repr of the file object's name."""
+    if isinstance(source, str | os.PathLike):
+        return os.fsdecode(source)
+    name = getattr(source, "name", None)
+    return repr(name) if name is not None else repr(source)
+
+
+def _is_url(path: str) -> bool:
+    scheme, sep, _ = path.partition("://")
+    return bool(sep) and scheme.isidentifier()
+
+
+@contextmanager
+def open_source(source: Source, mode: str = "rb") -> Iterator[Opened]:
+    """Open `source` for binary reading or writing; close it afterwards only if we opened it.
+
+    A missing local file raises FileNotFoundError unchanged (an I/O problem, not corruption).
+    """
+    name = describe(source)
+    if isinstance(source, str | os.PathLike):
+        path = os.fsdecode(source)
+        if _is_url(path):
+            import fsspec  # lazy: importing fsspec costs ~50 ms and most callers use paths
+
+            f: Any = fsspec.open(path, mode).open()
+        else:
+            # Large reads bypass the buffer; the buffer only serves 20-byte header reads.
+            f = open(path, mode)  # noqa: SIM115 - closed in the finally below
+        try:
+            yield Opened(f, name, 0)
+        finally:
+            f.close()
+        return
+    if not (hasattr(source, "read") or hasattr(source, "write")):
+        raise TypeError(f"expected a path, URL or binary file object, got {type(source).__name__}")
+    base = 0
+    try:
+        if source.seekable():
+            base = source.tell()
+    except (AttributeError, OSError, ValueError):
+        base = 0
+    yield Opened(source, name, base)
+
+
+def file_size(f: Any) -> int | None:
+    """Total size of `f` in bytes, or None when it cannot be known (a pipe)."""
+    try:
+        st = os.fstat(f.fileno())
+        if stat.S_ISREG(st.st_mode):
+            return st.st_size
+        return None  # a pipe or a device: st_size means nothing
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    try:
+        if not f.seekable():
+            return None
+        here = f.tell()
+        end = int(f.seek(0, os.SEEK_END))
+        f.seek(here)
+        return end
+    except (AttributeError, OSError, ValueError):
+        return None
