@@ -1,0 +1,1 @@
+"""The imperative shell around the core: durability, timers, dataset loading, RPC."""

@@ -1,0 +1,126 @@
+"""The gRPC face of a Service: the Master service plus the standard health service."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from chunkmaster.core.errors import MasterError
+from chunkmaster.core.model import TaskMeta
+from chunkmaster.master.service import Service
+from chunkmaster.rpc import master_pb2 as pb
+from chunkmaster.rpc import master_pb2_grpc as pb_grpc
+from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb
+
+log = logging.getLogger("chunkmaster.server")
+
+SERVICE_NAME = "chunkmaster.v1.Master"
+R = TypeVar("R")
+
+
+async def _answer(context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[R]]) -> R:
+    """Run an operation; turn a MasterError into its status code and original message."""
+    try:
+        return await call()
+    except MasterError as exc:
+        context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
+        await context.abort(status_code_of(exc), str(exc))
+        raise  # unreachable: abort raises
+
+
+class MasterServicer(pb_grpc.MasterServicer):
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def SetDataset(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC names)
+        await _answer(context, lambda: self.service.set_dataset(list(request.globs)))
+        return pb.SetDatasetResponse()
+
+    async def GetTask(self, request: Any, context: Any) -> Any:  # noqa: N802
+        wait = max(0.0, request.wait_seconds)
+        remaining = context.time_remaining()
+        if remaining is not None:  # answer before the caller's own deadline expires
+            wait = min(wait, max(0.0, remaining - 0.25))
+        worker = request.worker or context.peer()
+        task = await _answer(
+            context, lambda: self.service.get_task(request.pass_id, wait=wait, worker=worker)
+        )
+        return pb.GetTaskResponse(task=task_to_pb(task))
+
+    async def TaskFinished(self, request: Any, context: Any) -> Any:  # noqa: N802
+        applied = await _answer(
+            context,
+            lambda: self.service.task_finished(
+                request.task_id, epoch=request.epoch, pass_id=request.pass_id
+            ),
+        )
+        return pb.TaskReportResponse(applied=applied)
+
+    async def TaskFailed(self, request: Any, context: Any) -> Any:  # noqa: N802
+        meta = TaskMeta(request.meta.id, request.meta.epoch)
+        applied = await _answer(context, lambda: self.service.task_failed(meta, request.reason))
+        return pb.TaskReportResponse(applied=applied)
+
+    async def RequestSaveModel(self, request: Any, context: Any) -> Any:  # noqa: N802
+        approved = await _answer(
+            context,
+            lambda: self.service.request_save_model(request.trainer_id, request.block_seconds),
+        )
+        return pb.SaveModelResponse(approved=approved)
+
+    async def Status(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.StatusResponse(json=json.dumps(self.service.status()))
+
+
+class MasterServer:
+    """A Service served over gRPC on `host:port` (port 0 picks a free one)."""
+
+    def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.service = service
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ]
+        )
+        pb_grpc.add_MasterServicer_to_server(MasterServicer(service), self.server)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        bound = self.server.add_insecure_port(f"{_bracket(host)}:{port}")
+        if bound == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+        self.host, self.port = host, bound
+
+    @property
+    def address(self) -> str:
+        return f"{_bracket(self.host)}:{self.port}"
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self.set_serving(True)
+        log.info("serving on %s", self.address)
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            result = self.health.set(name, status)
+            if result is not None:
+                await result
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        await self.set_serving(False)
+        await self.server.stop(grace)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,296 @@
+"""The master's operations: what a gRPC call (or a test) invokes.
+
+Each operation asks the core what would happen, journals the event through the ledger, and
+answers once it is durable. Waiting (for a dataset, for a pending task to come back, for the
+pass to end) happens here, bounded by the caller's own deadline (defect D2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from chunkmaster.core.errors import (
+    NoDatasetError,
+    NoMoreAvailableError,
+    NotReadyError,
+    TrainerIdEmptyError,
+    UnavailableError,
+)
+from chunkmaster.core.events import ApproveSave, Configure, Dispatch, Fail, Finish, SetDataset
+from chunkmaster.core.model import TIMEOUT_REASON, FailedPolicy, Task, TaskMeta
+from chunkmaster.core.state import (
+    Availability,
+    check_get_task,
+    fail_ignored,
+    finish_ignored,
+    save_allowed,
+)
+from chunkmaster.master.datasets import load_dataset
+from chunkmaster.master.ledger import Ledger
+from chunkmaster.master.timeouts import TimeoutScheduler
+from chunkmaster.store.base import Store
+
+log = logging.getLogger("chunkmaster.service")
+
+STATUS_LIST_LIMIT = 100
+
+
+class Service:
+    """The master. Durations are seconds; `start()` must be awaited before use."""
+
+    def __init__(
+        self,
+        store: Store,
+        chunks_per_task: int = 10,
+        timeout_dur: float = 20 * 60.0,
+        failure_max: int = 3,
+        *,
+        failed_policy: FailedPolicy | str = FailedPolicy.RETRY,
+        clock: Callable[[], float] = time.time,
+        compact_min: int | None = None,
+    ) -> None:
+        if timeout_dur <= 0:
+            raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
+        if failure_max < 0:
+            raise ValueError(f"failure_max must be 0 or more, not {failure_max}")
+        self.store = store
+        self.chunks_per_task = chunks_per_task
+        self.timeout_dur = float(timeout_dur)
+        self.failure_max = failure_max
+        self.failed_policy = FailedPolicy(failed_policy)
+        self._clock = clock
+        self.ledger = (
+            Ledger(store) if compact_min is None else Ledger(store, compact_min=compact_min)
+        )
+        self.ledger.on_change.append(self._notify)
+        self.ledger.on_reset.append(self._rearm_timeouts)
+        self._timeouts = TimeoutScheduler(self._expire, clock)
+        self._changed = asyncio.Event()
+        self._loading: asyncio.Task[None] | None = None
+        self._started = False
+
+    # ---- life cycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Recover from the store and arm the timers of tasks that were pending."""
+        await self.ledger.recover()
+        st = self.ledger.state
+        if st.ready:
+            assert st.dataset is not None
+            log.info(
+                "recovered: pass %d, %d todo, %d pending, %d done, %d failed (dataset %s)",
+                st.cur_pass,
+                len(st.todo),
+                len(st.pending),
+                len(st.done),
+                len(st.failed),
+                list(st.dataset.globs),
+            )
+        if (st.failure_max, st.failed_policy) != (self.failure_max, self.failed_policy):
+            await self.ledger.commit(Configure(self.failure_max, self.failed_policy))
+        self._rearm_timeouts()
+        self._timeouts.start()
+        self._started = True
+
+    async def close(self) -> None:
+        await self._timeouts.close()
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+        await self.ledger.close()
+        await self.store.shutdown()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _rearm_timeouts(self) -> None:
+        self._timeouts.reset(
+            [(p.deadline, t, p.epoch) for t, p in self.ledger.state.pending.items()]
+        )
+
+    async def _wait_change(self, until: float) -> bool:
+        """Wait for any state change until the monotonic time `until`; False on timeout."""
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._changed.wait(), remaining)
+        except TimeoutError:
+            return False
+        return True
+
+    # ---- operations ------------------------------------------------------------------
+
+    async def set_dataset(self, globs: Sequence[str]) -> None:
+        """First dataset wins; later calls succeed and change nothing."""
+        globs = list(globs)
+        if not globs:  # checked before "already set", as the original does
+            raise NoDatasetError()
+        st = self.ledger.state
+        if st.dataset is not None:
+            if list(st.dataset.globs) != globs:
+                log.warning(
+                    "set_dataset(%s) ignored: the dataset is already %s",
+                    globs,
+                    list(st.dataset.globs),
+                )
+            return
+        if self._loading is None or self._loading.done():
+            self._loading = asyncio.create_task(self._load(globs), name="set-dataset")
+        await asyncio.shield(self._loading)
+
+    async def _load(self, globs: list[str]) -> None:
+        dataset = await asyncio.to_thread(load_dataset, globs, self.chunks_per_task)
+        if self.ledger.state.dataset is None:
+            await self.ledger.commit(SetDataset(dataset))
+
+    async def get_task(self, pass_id: int, *, wait: float = 0.0, worker: str = "") -> Task:
+        """The next task of `pass_id`, waiting up to `wait` seconds for one to be free.
+
+        Raises PassBeforeError / PassAfterError / AllTaskFailedError at once, and
+        NoMoreAvailableError (or NotReadyError) only when `wait` has passed.
+        """
+        until = time.monotonic() + max(0.0, wait)
+        while True:
+            if not self.ledger.available:
+                raise UnavailableError(f"master cannot persist changes: {self.ledger.error}")
+            avail = check_get_task(self.ledger.state, pass_id)
+            if avail is Availability.DISPATCH:
+                deadline = self._clock() + self.timeout_dur
+                task = await self.ledger.commit(Dispatch(deadline, worker))
+                assert isinstance(task, Task)
+                self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
+                return task
+            if not await self._wait_change(until):
+                if avail is Availability.NOT_READY:
+                    raise NotReadyError()
+                raise NoMoreAvailableError()
+
+    async def task_finished(self, task_id: int, *, epoch: int = 0, pass_id: int = -1) -> bool:
+        """Complete a pending task; a report about anything else is answered, harmlessly."""
+        ev = Finish(task_id, epoch, pass_id)
+        why = finish_ignored(self.ledger.state, ev)
+        if why is not None:
+            log.info("finish of task %d (epoch %d) ignored: %s", task_id, epoch, why)
+            return False
+        return bool(await self.ledger.commit(ev))
+
+    async def task_failed(self, meta: TaskMeta, reason: str = "") -> bool:
+        """A trainer could not process a task; its reason stays visible in status."""
+        ev = Fail(meta.id, meta.epoch, reason or "failed (no reason given)")
+        why = fail_ignored(self.ledger.state, ev)
+        if why is not None:
+            log.info("failure of task %d (epoch %d) ignored: %s", meta.id, meta.epoch, why)
+            return False
+        applied = bool(await self.ledger.commit(ev))
+        self._log_failure(meta.id, ev.reason)
+        return applied
+
+    async def _expire(self, task_id: int, epoch: int) -> None:
+        ev = Fail(task_id, epoch, TIMEOUT_REASON)
+        if fail_ignored(self.ledger.state, ev) is None:
+            await self.ledger.commit(ev)
+            self._log_failure(task_id, TIMEOUT_REASON)
+
+    def _log_failure(self, task_id: int, reason: str) -> None:
+        st = self.ledger.state
+        n = st.failure_total.get(task_id, 0)
+        if task_id in st.failed:
+            log.warning(
+                "task %d failed %d times (last: %s); over the limit of %d, set aside as failed",
+                task_id,
+                n,
+                reason,
+                st.failure_max,
+            )
+        else:
+            log.warning("task %d failed (%s); dispatching it again", task_id, reason)
+
+    async def request_save_model(self, trainer_id: str, block_dur: float) -> bool:
+        """Approve one trainer at a time to save the model, for `block_dur` seconds."""
+        if not trainer_id:
+            raise TrainerIdEmptyError()
+        now = self._clock()
+        if not save_allowed(self.ledger.state, trainer_id, now):
+            return False
+        await self.ledger.commit(ApproveSave(trainer_id, now + max(0.0, block_dur)))
+        return True
+
+    # ---- status ----------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        st = self.ledger.state
+        now = self._clock()
+        ds = st.dataset
+        with_failures = sorted(st.failure_log)
+        failed_set = set(st.failed)
+
+        def where(t: int) -> str:
+            if t in failed_set:
+                return "failed"
+            return "pending" if t in st.pending else "in pass"
+
+        failed_tasks = [
+            {
+                "id": t,
+                "queue": where(t),
+                "failures": st.num_failures.get(t, 0),
+                "total_failures": st.failure_total.get(t, 0),
+                "reasons": [
+                    {"pass": f.pass_id, "epoch": f.epoch, "reason": f.reason}
+                    for f in st.failure_log[t]
+                ],
+            }
+            for t in with_failures[:STATUS_LIST_LIMIT]
+        ]
+        pending = [
+            {
+                "id": t,
+                "epoch": p.epoch,
+                "worker": p.worker,
+                "expires_in": round(p.deadline - now, 3),
+            }
+            for t, p in list(st.pending.items())[:STATUS_LIST_LIMIT]
+        ]
+        saver = None
+        if st.saver is not None and st.saver.until > now:
+            saver = {
+                "trainer_id": st.saver.trainer_id,
+                "expires_in": round(st.saver.until - now, 3),
+            }
+        return {
+            "ready": st.ready,
+            "cur_pass": st.cur_pass,
+            "todo": len(st.todo),
+            "pending": len(st.pending),
+            "done": len(st.done),
+            "failed": len(st.failed),
+            "num_tasks": st.num_tasks,
+            "dataset": None
+            if ds is None
+            else {
+                "globs": list(ds.globs),
+                "files": len(ds.files),
+                "chunks": ds.num_chunks,
+                "records": ds.num_records,
+                "chunks_per_task": ds.chunks_per_task,
+            },
+            "failure_max": st.failure_max,
+            "failed_policy": st.failed_policy.value,
+            "timeout_dur": self.timeout_dur,
+            "failed_tasks": failed_tasks,
+            "tasks_with_failures": len(with_failures),
+            "pending_tasks": pending,
+            "save_model": saver,
+            "store": {
+                "kind": self.store.describe(),
+                "healthy": self.ledger.available,
+                "error": self.ledger.error,
+                "seq": self.ledger.seq,
+                "durable_seq": self.ledger.durable_seq,
+            },
+        }

@@ -1,0 +1,1 @@
+"""The gRPC wire: generated stubs (`make proto`) plus the mapping of errors and values."""

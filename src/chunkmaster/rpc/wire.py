@@ -1,0 +1,64 @@
+"""Conversions between the wire (protobuf, gRPC status) and chunkmaster's own values/errors.
+
+Shared by the server and the client so the two can never disagree on a mapping.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from chunkmaster.core import errors
+from chunkmaster.core.model import Chunk, Task, TaskMeta
+from chunkmaster.rpc import master_pb2 as pb
+
+ERROR_KEY = "chunkmaster-error"
+
+_CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
+    errors.PassBeforeError: grpc.StatusCode.OUT_OF_RANGE,
+    errors.PassAfterError: grpc.StatusCode.OUT_OF_RANGE,
+    errors.NoMoreAvailableError: grpc.StatusCode.NOT_FOUND,
+    errors.AllTaskFailedError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.NotReadyError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.NoDatasetError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.DatasetError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.TrainerIdEmptyError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
+}
+_BY_NAME: dict[str, type[errors.MasterError]] = {cls.__name__: cls for cls in _CODES}
+
+
+def status_code_of(exc: errors.MasterError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in _CODES:
+            return _CODES[cls]
+    return grpc.StatusCode.UNKNOWN
+
+
+def error_from_rpc(exc: grpc.RpcError) -> errors.MasterError | None:
+    """The master's error carried by a failed call, or None for a transport failure."""
+    if not isinstance(exc, grpc.Call):
+        return None
+    name = ""
+    for key, value in exc.trailing_metadata() or ():
+        if key == ERROR_KEY:
+            name = value if isinstance(value, str) else value.decode()
+    cls = _BY_NAME.get(name)
+    if cls is None:
+        return None
+    return cls(exc.details() or None)
+
+
+def task_to_pb(task: Task) -> pb.Task:
+    return pb.Task(
+        meta=pb.TaskMeta(id=task.meta.id, epoch=task.meta.epoch),
+        chunks=[pb.Chunk(path=c.path, offset=c.offset, num_records=c.num_records) for c in task.chunks],
+        pass_id=task.pass_id,
+    )
+
+
+def task_from_pb(msg: pb.Task) -> Task:
+    return Task(
+        TaskMeta(msg.meta.id, msg.meta.epoch),
+        tuple(Chunk(c.path, c.offset, c.num_records) for c in msg.chunks),
+        msg.pass_id,
+    )
