@@ -118,6 +118,11 @@ def _indexed_chunks(
     start = max(start, 0)
     if length < 0 or start + length >= total:
         length = total - start
+    if total == 0 and index.num_chunks:
+        # Only zero-record chunks: read them anyway, so that a header count damaged down to 0
+        # is reported rather than silently losing the chunk's records.
+        yield from _zero_record_chunks(source, index)
+        return
     if start >= total or length <= 0:
         return
     first, lo = index.locate(start)
@@ -143,6 +148,14 @@ def _indexed_chunks(
             hi_k = hi_in_last + 1 if k == last else None
             yield _load(src, header, k, offset, lo_k, hi_k)
             pos = offset + HEADER_SIZE + header.compressed_size
+
+
+def _zero_record_chunks(source: Source, index: Index) -> Iterator[Iterator[bytes]]:
+    with open_source(source) as src:
+        for k, (offset, count) in enumerate(zip(index.chunk_offsets, index.chunk_records)):
+            src.file.seek(src.base + offset)
+            header = read_chunk(src, k, offset, count)
+            yield _load(src, header, k, offset, 0, None)
 
 
 def _stream_chunks(source: Source, start: int, length: int) -> Iterator[Iterator[bytes]]:
