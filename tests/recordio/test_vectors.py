@@ -107,5 +107,5 @@ def test_hello_world_worked_example() -> None:
         w.write(b"Hello")
         w.write(b"World!")
     assert buf.getvalue().hex() == (
-        "04030201837e4759000000001300000002000000" "0500000048656c6c6f" "06000000576f726c6421"
+        "04030201837e47590000000013000000020000000500000048656c6c6f06000000576f726c6421"
     )

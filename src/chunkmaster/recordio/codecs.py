@@ -81,9 +81,7 @@ def _gunzip(payload: bytes, where: Where) -> bytes:
     as they are for Go's gzip reader.
     """
     if payload[:3] != _GZIP_MAGIC:
-        raise CorruptPayloadError(
-            "Failed to create gzip reader: gzip: invalid header", **where
-        )
+        raise CorruptPayloadError("Failed to create gzip reader: gzip: invalid header", **where)
     parts: list[bytes] = []
     rest = payload
     try:
@@ -96,16 +94,12 @@ def _gunzip(payload: bytes, where: Where) -> bytes:
             d = isal_zlib.decompressobj(31)
             parts.append(d.decompress(rest))
             if not d.eof:
-                raise CorruptPayloadError(
-                    "Failed to deflate chunk data: unexpected EOF", **where
-                )
+                raise CorruptPayloadError("Failed to deflate chunk data: unexpected EOF", **where)
             rest = d.unused_data
     except CorruptPayloadError:
         raise
     except Exception as exc:  # isal raises IsalError (a zlib.error lookalike)
-        raise CorruptPayloadError(
-            f"Failed to deflate chunk data: gzip: {exc}", **where
-        ) from exc
+        raise CorruptPayloadError(f"Failed to deflate chunk data: gzip: {exc}", **where) from exc
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from chunkmaster.recordio.errors import TruncatedChunkError
 from chunkmaster.recordio.header import HEADER_SIZE, ChunkHeader, parse_header
-from chunkmaster.recordio.source import Opened, Source, file_size, open_source
+from chunkmaster.recordio.source import Opened, Source, file_size, open_source, read_exact
 
 
 class Index:
@@ -71,9 +71,7 @@ class Index:
     __hash__ = None  # type: ignore[assignment]  # mutable lists inside
 
     def __repr__(self) -> str:
-        return (
-            f"Index(chunk_offsets={self.chunk_offsets!r}, chunk_records={self.chunk_records!r})"
-        )
+        return f"Index(chunk_offsets={self.chunk_offsets!r}, chunk_records={self.chunk_records!r})"
 
 
 class ChunkInfo(NamedTuple):
@@ -99,7 +97,7 @@ def walk_headers(src: Opened) -> Iterator[ChunkInfo]:
     while True:
         if end is not None and pos >= end:
             return
-        raw = f.read(HEADER_SIZE)
+        raw = read_exact(f, HEADER_SIZE)
         if not raw:
             return
         header = parse_header(raw, path=src.name, chunk=chunk, offset=pos)

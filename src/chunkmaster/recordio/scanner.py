@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from itertools import chain
-from typing import Any
 
 from chunkmaster.recordio.codecs import crc32, decompress, frame_ends, iter_records
 from chunkmaster.recordio.errors import (
@@ -22,7 +21,7 @@ from chunkmaster.recordio.errors import (
 )
 from chunkmaster.recordio.header import HEADER_SIZE, ChunkHeader, parse_header
 from chunkmaster.recordio.index import Index
-from chunkmaster.recordio.source import Opened, Source, file_size, open_source
+from chunkmaster.recordio.source import Opened, Source, file_size, open_source, read_exact
 
 
 def scan(
@@ -49,7 +48,7 @@ def read_chunk(src: Opened, chunk: int, offset: int, expected: int | None = None
 
     Leaves the file positioned at the payload.
     """
-    raw = src.file.read(HEADER_SIZE)
+    raw = read_exact(src.file, HEADER_SIZE)
     if len(raw) < HEADER_SIZE and raw[:1] == b"":
         raise TruncatedChunkError(
             "Failed to parse chunk header: EOF", path=src.name, chunk=chunk, offset=offset
@@ -76,7 +75,7 @@ def _load(
     """
     where: Where = {"path": src.name, "chunk": chunk, "offset": offset}
     size = header.compressed_size
-    payload = _read_exact(src.file, size)
+    payload = read_exact(src.file, size)
     if len(payload) != size:
         raise TruncatedChunkError(
             f"payload has {len(payload)} of {size} bytes (Failed to read chunk data: EOF)", **where
@@ -91,24 +90,6 @@ def _load(
     del payload
     ends = frame_ends(data, header.num_records, where)
     return iter_records(data, ends, lo, hi)
-
-
-def _read_exact(f: Any, n: int) -> bytes:
-    """Read n bytes with one call in the normal case; loop only on short reads (raw streams)."""
-    data = f.read(n)
-    if data is None:
-        data = b""
-    if len(data) == n:
-        return data if type(data) is bytes else bytes(data)
-    parts = [bytes(data)]
-    got = len(data)
-    while got < n:
-        more = f.read(n - got)
-        if not more:
-            break
-        parts.append(bytes(more))
-        got += len(more)
-    return b"".join(parts)
 
 
 def _indexed_chunks(
@@ -152,7 +133,9 @@ def _indexed_chunks(
 
 def _zero_record_chunks(source: Source, index: Index) -> Iterator[Iterator[bytes]]:
     with open_source(source) as src:
-        for k, (offset, count) in enumerate(zip(index.chunk_offsets, index.chunk_records)):
+        for k, (offset, count) in enumerate(
+            zip(index.chunk_offsets, index.chunk_records, strict=True)
+        ):
             src.file.seek(src.base + offset)
             header = read_chunk(src, k, offset, count)
             yield _load(src, header, k, offset, 0, None)
@@ -171,7 +154,7 @@ def _stream_chunks(source: Source, start: int, length: int) -> Iterator[Iterator
         chunk = 0
         first = 0  # global number of the chunk's first record
         while stop is None or first < stop:
-            raw = f.read(HEADER_SIZE)
+            raw = read_exact(f, HEADER_SIZE)
             if not raw:
                 return
             header = parse_header(raw, path=src.name, chunk=chunk, offset=pos)
@@ -188,7 +171,7 @@ def _stream_chunks(source: Source, start: int, length: int) -> Iterator[Iterator
             if first < start and first + n <= start:  # wholly before the range: skip it
                 if seekable:
                     f.seek(header.compressed_size, os.SEEK_CUR)
-                elif len(_read_exact(f, header.compressed_size)) != header.compressed_size:
+                elif len(read_exact(f, header.compressed_size)) != header.compressed_size:
                     raise TruncatedChunkError(
                         "Failed to read chunk data: EOF", path=src.name, chunk=chunk, offset=pos
                     )

@@ -86,3 +86,24 @@ def file_size(f: Any) -> int | None:
         return end
     except (AttributeError, OSError, ValueError):
         return None
+
+
+def read_exact(f: Any, n: int) -> bytes:
+    """Read n bytes (fewer only at end of file) with one call in the normal case.
+
+    Loops only on short reads, which raw streams and pipes may return before the end.
+    """
+    data = f.read(n)
+    if data is None:
+        data = b""
+    if len(data) == n or not data:
+        return data if type(data) is bytes else bytes(data)
+    parts = [bytes(data)]
+    got = len(data)
+    while got < n:
+        more = f.read(n - got)
+        if not more:
+            break
+        parts.append(bytes(more))
+        got += len(more)
+    return b"".join(parts)
