@@ -1,3 +1,43 @@
-"""chunkmaster: a fault-tolerant data-dispatch master for distributed training."""
+"""chunkmaster: a fault-tolerant data-dispatch master for distributed training.
+
+The names most users need are here; the layers live in subpackages:
+`core` (pure state machine), `store` (journal persistence), `master` (service and server),
+`client` (the trainer's side), `recordio` (the file format).
+"""
+
+from chunkmaster.core.errors import (
+    AllTaskFailedError,
+    DatasetError,
+    MasterError,
+    NoMoreAvailableError,
+    NotReadyError,
+    PassAfterError,
+    PassBeforeError,
+    UnavailableError,
+)
+from chunkmaster.core.model import Chunk, FailedPolicy, SaveModelRequest, Task, TaskMeta
+from chunkmaster.master.service import Service
+from chunkmaster.store.memory import InMemStore
+from chunkmaster.store.sqlite import SqliteStore
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AllTaskFailedError",
+    "Chunk",
+    "DatasetError",
+    "FailedPolicy",
+    "InMemStore",
+    "MasterError",
+    "NoMoreAvailableError",
+    "NotReadyError",
+    "PassAfterError",
+    "PassBeforeError",
+    "SaveModelRequest",
+    "Service",
+    "SqliteStore",
+    "Task",
+    "TaskMeta",
+    "UnavailableError",
+    "__version__",
+]

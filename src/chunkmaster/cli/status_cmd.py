@@ -1,11 +1,69 @@
-"""`chunkmaster status`: placeholder until its issue lands."""
+"""`chunkmaster status`: what the master is doing, for people (or --json for machines)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
+
+from chunkmaster.cli.common import CliError
 
 
 def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser("status", help="(not yet available)")
-    p.set_defaults(func=lambda args: 2)
+    p: argparse.ArgumentParser = sub.add_parser(
+        "status", help="show a master's pass, queues and failed tasks"
+    )
+    p.add_argument("--addr", required=True, help="the master's HOST:PORT")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from chunkmaster.client.connection import MasterConnection, TransportError
+
+    with MasterConnection(args.addr, timeout=args.timeout) as conn:
+        try:
+            st = conn.status()
+        except TransportError as exc:
+            raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(render(st))
+    return 0
+
+
+def render(st: dict[str, Any]) -> str:
+    lines = []
+    if not st["ready"]:
+        lines.append("no dataset yet (waiting for a trainer's set_dataset)")
+    else:
+        ds = st["dataset"]
+        lines.append(
+            f"dataset  {len(ds['globs'])} pattern(s), {ds['files']} files, {ds['chunks']} chunks, "
+            f"{ds['records']} records, {st['num_tasks']} tasks of {ds['chunks_per_task']} chunks"
+        )
+    lines.append(
+        f"pass     {st['cur_pass']}: todo {st['todo']}, pending {st['pending']}, "
+        f"done {st['done']}, failed {st['failed']}"
+    )
+    store = st["store"]
+    health = "ok" if store["healthy"] else f"UNAVAILABLE ({store['error']})"
+    lines.append(f"store    {store['kind']}: {health}")
+    if st.get("save_model"):
+        sm = st["save_model"]
+        lines.append(f"saving   {sm['trainer_id']} (window ends in {sm['expires_in']:.1f}s)")
+    if st["failed_tasks"]:
+        lines.append(
+            f"failures {st['tasks_with_failures']} task(s) failed at least once "
+            f"(limit {st['failure_max']}, policy {st['failed_policy']}):"
+        )
+        for t in st["failed_tasks"]:
+            reasons = "; ".join(
+                f"pass {r['pass']} epoch {r['epoch']}: {r['reason']}" for r in t["reasons"]
+            )
+            lines.append(
+                f"  task {t['id']} [{t['queue']}] {t['total_failures']} failure(s): {reasons}"
+            )
+    return "\n".join(lines)

@@ -23,7 +23,9 @@ SERVICE_NAME = "chunkmaster.v1.Master"
 R = TypeVar("R")
 
 
-async def _answer(context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[R]]) -> R:
+async def _answer(
+    context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[R]]
+) -> R:
     """Run an operation; turn a MasterError into its status code and original message."""
     try:
         return await call()
@@ -37,11 +39,11 @@ class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, service: Service) -> None:
         self.service = service
 
-    async def SetDataset(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC names)
+    async def SetDataset(self, request: Any, context: Any) -> Any:
         await _answer(context, lambda: self.service.set_dataset(list(request.globs)))
         return pb.SetDatasetResponse()
 
-    async def GetTask(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def GetTask(self, request: Any, context: Any) -> Any:
         wait = max(0.0, request.wait_seconds)
         remaining = context.time_remaining()
         if remaining is not None:  # answer before the caller's own deadline expires
@@ -52,7 +54,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         )
         return pb.GetTaskResponse(task=task_to_pb(task))
 
-    async def TaskFinished(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def TaskFinished(self, request: Any, context: Any) -> Any:
         applied = await _answer(
             context,
             lambda: self.service.task_finished(
@@ -61,19 +63,19 @@ class MasterServicer(pb_grpc.MasterServicer):
         )
         return pb.TaskReportResponse(applied=applied)
 
-    async def TaskFailed(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def TaskFailed(self, request: Any, context: Any) -> Any:
         meta = TaskMeta(request.meta.id, request.meta.epoch)
         applied = await _answer(context, lambda: self.service.task_failed(meta, request.reason))
         return pb.TaskReportResponse(applied=applied)
 
-    async def RequestSaveModel(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def RequestSaveModel(self, request: Any, context: Any) -> Any:
         approved = await _answer(
             context,
             lambda: self.service.request_save_model(request.trainer_id, request.block_seconds),
         )
         return pb.SaveModelResponse(approved=approved)
 
-    async def Status(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def Status(self, request: Any, context: Any) -> Any:
         return pb.StatusResponse(json=json.dumps(self.service.status()))
 
 

@@ -51,7 +51,9 @@ def error_from_rpc(exc: grpc.RpcError) -> errors.MasterError | None:
 def task_to_pb(task: Task) -> pb.Task:
     return pb.Task(
         meta=pb.TaskMeta(id=task.meta.id, epoch=task.meta.epoch),
-        chunks=[pb.Chunk(path=c.path, offset=c.offset, num_records=c.num_records) for c in task.chunks],
+        chunks=[
+            pb.Chunk(path=c.path, offset=c.offset, num_records=c.num_records) for c in task.chunks
+        ],
         pass_id=task.pass_id,
     )
 

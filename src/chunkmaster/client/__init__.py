@@ -1,0 +1,1 @@
+"""The trainer's side: a connection to the master, and the record-streaming client."""

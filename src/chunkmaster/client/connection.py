@@ -1,0 +1,104 @@
+"""One gRPC channel to one master address, with the master's errors raised as exceptions.
+
+No retries here: the Client layers reconnection and backoff on top. Every call has a
+deadline, so nothing in this module can block forever.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from chunkmaster.core.errors import MasterError
+from chunkmaster.core.model import Task, TaskMeta
+from chunkmaster.rpc import master_pb2 as pb
+from chunkmaster.rpc import master_pb2_grpc as pb_grpc
+from chunkmaster.rpc.wire import error_from_rpc, task_from_pb
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 10.0
+_DATASET_TIMEOUT = 600.0  # indexing ten thousand files on a network filesystem takes a while
+
+
+class TransportError(Exception):
+    """The master could not be reached or did not answer in time (retry, maybe elsewhere)."""
+
+    def __init__(self, addr: str, exc: grpc.RpcError) -> None:
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        name = code.name if code is not None else "ERROR"
+        super().__init__(f"master at {addr}: {name}: {details}")
+        self.addr = addr
+        self.code = code
+
+
+class MasterConnection:
+    def __init__(self, addr: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.addr = addr
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            addr,
+            options=[
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_timeout_ms", 5_000),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 2_000),
+            ],
+        )
+        self._stub = pb_grpc.MasterStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def _call(self, method: str, request: Any, timeout: float) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            err: MasterError | None = error_from_rpc(exc)
+            if err is not None:
+                raise err from None
+            raise TransportError(self.addr, exc) from None
+
+    def set_dataset(self, globs: Sequence[str]) -> None:
+        self._call("SetDataset", pb.SetDatasetRequest(globs=list(globs)), _DATASET_TIMEOUT)
+
+    def get_task(self, pass_id: int, *, wait: float = 0.0, worker: str = "") -> Task:
+        request = pb.GetTaskRequest(pass_id=pass_id, wait_seconds=wait, worker=worker)
+        reply = self._call("GetTask", request, wait + self.timeout)
+        return task_from_pb(reply.task)
+
+    def task_finished(self, task_id: int, *, epoch: int = 0, pass_id: int = -1) -> bool:
+        request = pb.TaskFinishedRequest(task_id=task_id, epoch=epoch, pass_id=pass_id)
+        return bool(self._call("TaskFinished", request, self.timeout).applied)
+
+    def task_failed(self, meta: TaskMeta, reason: str = "") -> bool:
+        request = pb.TaskFailedRequest(
+            meta=pb.TaskMeta(id=meta.id, epoch=meta.epoch), reason=reason
+        )
+        return bool(self._call("TaskFailed", request, self.timeout).applied)
+
+    def request_save_model(self, trainer_id: str, block_dur: float) -> bool:
+        request = pb.SaveModelRequest(trainer_id=trainer_id, block_seconds=block_dur)
+        return bool(self._call("RequestSaveModel", request, self.timeout).approved)
+
+    def status(self) -> dict[str, Any]:
+        reply = self._call("Status", pb.StatusRequest(), self.timeout)
+        result: dict[str, Any] = json.loads(reply.json)
+        return result
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the channel connects (or raise TransportError after `timeout`)."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise TransportError(self.addr, grpc.RpcError("not reachable in time")) from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> MasterConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

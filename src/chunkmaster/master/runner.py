@@ -1,0 +1,115 @@
+"""Running a master process: pick the store, recover, serve, and stop cleanly.
+
+Embedded store: recover, then listen. etcd: campaign for the lock (a standby waits here),
+recover, listen, and only then publish the address under the lease, so it never points at a
+master that cannot answer. Losing the lock stops serving at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from chunkmaster.master.server import MasterServer
+from chunkmaster.master.service import Service
+from chunkmaster.store.base import Store
+
+log = logging.getLogger("chunkmaster.master")
+
+
+def external_ip() -> str:
+    """This host's first non-loopback IPv4 address (what trainers elsewhere can reach)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET address: no packet is sent for UDP connect
+            ip = str(s.getsockname()[0])
+            if not ip.startswith("127."):
+                return ip
+    except OSError:
+        pass
+    for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+        ip = str(info[4][0])
+        if not ip.startswith("127."):
+            return ip
+    raise OSError("no non-loopback IPv4 address: are you connected to the network?")
+
+
+def build_store(args: argparse.Namespace) -> Store:
+    from chunkmaster.cli.master_cmd import default_store_path
+    from chunkmaster.store.memory import InMemStore
+    from chunkmaster.store.sqlite import SqliteStore
+
+    if args.store == ":memory:":
+        return InMemStore()
+    path = args.store or default_store_path(args.job or "default")
+    return SqliteStore(path, synchronous=args.store_sync)
+
+
+async def run_master(
+    args: argparse.Namespace, install_signals: Callable[[asyncio.Event], None]
+) -> int:
+    stop = asyncio.Event()
+    install_signals(stop)
+    endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
+    host = args.host or ("127.0.0.1" if not endpoints else external_ip())
+    etcd: Any = None
+    if endpoints:
+        from chunkmaster.store.etcd import EtcdStore
+
+        advertise = f"{host}:{args.port}"  # fixed up below when --port 0
+        etcd = EtcdStore(endpoints, advertise, ttl_sec=args.ttl, job=args.job or None)
+        store: Store = etcd
+        log.info("state: %s", etcd.describe())
+        campaign = asyncio.create_task(etcd.campaign())
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait([campaign, waiter], return_when=asyncio.FIRST_COMPLETED)
+        if not campaign.done():
+            campaign.cancel()
+            await etcd.shutdown()
+            return 0
+        waiter.cancel()
+        campaign.result()
+    else:
+        store = build_store(args)
+        log.info("state: %s", store.describe())
+
+    service = Service(
+        store,
+        chunks_per_task=args.chunk_per_task,
+        timeout_dur=args.timeout_seconds,
+        failure_max=args.task_timeout_max,
+        failed_policy=args.failed_policy,
+    )
+    try:
+        await service.start()
+    except Exception:
+        await store.shutdown()
+        raise
+    server = MasterServer(service, host, args.port)
+    await server.start()
+    if etcd is not None:
+        etcd.addr = f"{host}:{server.port}"
+        await etcd.publish_addr()
+    log.info("serving on %s", server.address)
+    lost = asyncio.create_task(etcd.lost.wait()) if etcd is not None else None
+    waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
+    if lost is not None:
+        waiters.append(lost)
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if lost is not None and lost.done():
+        log.critical("lost the master lock: stopping at once so that the new leader alone serves")
+        code = 1
+        await server.stop(grace=0)
+    else:
+        log.info("shutting down")
+        await server.stop(grace=1.0)
+    for w in waiters:
+        w.cancel()
+    await service.close()
+    log.info("stopped")
+    return code
