@@ -48,18 +48,11 @@ def register(sub: Any) -> None:
     c.set_defaults(func=_cat)
 
     w = cmds.add_parser("write", help="write records from lines (stdin/files) or whole files")
-    # One positional list, split in _write: argparse cannot put options between an `OUT` and a
-    # `nargs="*"` INPUT list otherwise (`write out.rio --from files a b`).
-    w.add_argument("paths", nargs="+", metavar="OUT [INPUT ...]")
-    w.add_argument("--compressor", choices=sorted(_COMPRESSORS), default="snappy")
-    w.add_argument("--max-chunk-size", type=int, default=32 * 1024 * 1024, metavar="N")
-    w.add_argument(
-        "--from",
-        dest="source",
-        choices=["lines", "files"],
-        default="lines",
-        help="lines: one record per line (no newline kept); files: one record per file",
-    )
+    _write_options(w, argparse.SUPPRESS)
+    w.add_argument("out", metavar="OUT")
+    # Options may also follow OUT (`write out.rio --from files a b`); plain argparse cannot
+    # resume positionals after an option, so the rest is parsed intermixed in _write.
+    w.add_argument("rest", nargs=argparse.REMAINDER, metavar="[INPUT ...]")
     w.set_defaults(func=_write)
 
     d = cmds.add_parser("digest", help="record count and order-independent digest per file")
@@ -211,8 +204,33 @@ def _lines(streams: Iterable[IO[bytes]]) -> Iterator[bytes]:
             yield line[:-1] if line.endswith(b"\n") else line
 
 
+def _write_options(p: argparse.ArgumentParser, default: Any) -> None:
+    p.add_argument("--compressor", choices=sorted(_COMPRESSORS), default=default)
+    p.add_argument("--max-chunk-size", type=int, default=default, metavar="N")
+    p.add_argument(
+        "--from",
+        dest="source",
+        choices=["lines", "files"],
+        default=default,
+        help="lines: one record per line (no newline kept); files: one record per file",
+    )
+
+
+def _write_args(args: argparse.Namespace) -> None:
+    """Merge options given after OUT, then fill defaults."""
+    rest = argparse.ArgumentParser(prog="chunkmaster recordio write OUT", add_help=False)
+    _write_options(rest, argparse.SUPPRESS)
+    rest.add_argument("inputs", nargs="*")
+    for key, value in vars(rest.parse_intermixed_args(args.rest)).items():
+        setattr(args, key, value)
+    defaults = {"compressor": "snappy", "max_chunk_size": 32 * 1024 * 1024, "source": "lines"}
+    for key, value in defaults.items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
+
+
 def _write(args: argparse.Namespace) -> int:
-    args.out, args.inputs = args.paths[0], args.paths[1:]
+    _write_args(args)
     if args.source == "files" and not args.inputs:
         raise CliError("--from files needs at least one INPUT file", 2)
     records: Iterator[bytes]
