@@ -1,0 +1,348 @@
+"""A regression test for each defect of the original that the master fixes (section 11)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from chunkmaster import (
+    AllTaskFailedError,
+    DatasetError,
+    InMemStore,
+    NoMoreAvailableError,
+    PassBeforeError,
+    Service,
+    SqliteStore,
+    TaskMeta,
+    UnavailableError,
+)
+from chunkmaster.core.errors import NoDatasetError, NotReadyError, TrainerIdEmptyError
+from chunkmaster.recordio import Compressor, Writer
+from chunkmaster.store.base import StoreError
+
+T = TypeVar("T")
+
+
+def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        return await coro_fn()
+
+    return asyncio.run(main())
+
+
+def records_file(path: Path, n: int) -> str:
+    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
+        for i in range(n):
+            w.write(b"r%d" % i)
+    return str(path)
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_d1_pass_rolls_over_when_the_last_task_fails(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 2)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=0)
+        await svc.start()
+        await svc.set_dataset([f])
+        a, b = await svc.get_task(0), await svc.get_task(0)
+        await svc.task_finished(a.meta.id)
+        assert await svc.task_failed(b.meta, "disk on fire")  # the last one leaves by failing
+        assert svc.status()["cur_pass"] == 1
+        await svc.close()
+
+    run(main)
+
+
+def test_d1_pass_rolls_over_when_every_task_fails_and_keep_policy_reports(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 2)
+
+    async def main() -> None:
+        svc = Service(
+            InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=0, failed_policy="keep"
+        )
+        await svc.start()
+        await svc.set_dataset([f])
+        for _ in range(2):
+            t = await svc.get_task(0)
+            await svc.task_failed(t.meta, "unreadable")
+        st = svc.status()
+        assert st["cur_pass"] == 1 and st["failed"] == 2 and st["todo"] == 0
+        assert {t["id"] for t in st["failed_tasks"]} == {0, 1}
+        with pytest.raises(AllTaskFailedError, match="^all task finished$"):
+            await svc.get_task(1)
+        await svc.close()
+
+    run(main)
+
+
+def test_d2_a_waiting_trainer_gets_a_timed_out_task_in_the_same_pass(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 2)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=0.2, failure_max=3)
+        await svc.start()
+        await svc.set_dataset([f])
+        a = await svc.get_task(0, worker="A")
+        b = await svc.get_task(0, worker="B")  # B will vanish
+        await svc.task_finished(a.meta.id)
+        # A asks again in pass 0: nothing in Todo, B's task pending. A waits, not "no more".
+        again = await svc.get_task(0, wait=30.0, worker="A")
+        assert again.meta.id == b.meta.id and again.meta.epoch == b.meta.epoch + 1
+        assert again.pass_id == 0
+        await svc.task_finished(again.meta.id)
+        assert svc.status()["cur_pass"] == 1
+        await svc.close()
+
+    run(main)
+
+
+def test_d2_no_more_available_only_after_the_callers_deadline(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 1)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=600, failure_max=3)
+        await svc.start()
+        await svc.set_dataset([f])
+        t = await svc.get_task(0)
+        waiter = asyncio.create_task(svc.get_task(0, wait=30.0))
+        await asyncio.sleep(0)  # let it start waiting
+        assert not waiter.done()
+        await svc.task_finished(t.meta.id)  # the pass ends: the waiter learns at once
+        with pytest.raises(PassBeforeError):
+            await waiter
+        t1 = await svc.get_task(1)
+        assert t1.meta.id == t.meta.id
+        with pytest.raises(NoMoreAvailableError, match="^no more available task$"):
+            await svc.get_task(1, wait=0.05)
+        await svc.close()
+
+    run(main)
+
+
+def test_d7_a_failed_write_leaves_no_half_applied_state(tmp_path: Path) -> None:
+    """A real SQLite failure: another connection holds the write lock."""
+    f = records_file(tmp_path / "a.rio", 3)
+    db = tmp_path / "state.db"
+
+    async def main() -> None:
+        svc = Service(SqliteStore(db, busy_timeout=0.1), chunks_per_task=1, timeout_dur=60)
+        await svc.start()
+        await svc.set_dataset([f])
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(UnavailableError, match="database is locked"):
+            await svc.get_task(0)
+        st = svc.status()
+        assert st["store"]["healthy"] is False
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        # the repair loop rebuilds the state from the store: nothing pending, no orphan
+        for _ in range(200):
+            if svc.status()["store"]["healthy"]:
+                break
+            await asyncio.sleep(0.02)
+        st = svc.status()
+        assert st["store"]["healthy"] and st["todo"] == 3 and st["pending"] == 0
+        t = await svc.get_task(0)
+        assert t.meta.epoch == 1  # the failed dispatch never happened
+        assert svc.status()["pending_tasks"][0]["id"] == t.meta.id
+        await svc.close()
+
+    run(main)
+
+
+def test_d11_failures_and_reasons_stay_visible_and_retry_gets_a_fresh_count(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 2)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=1)
+        await svc.start()
+        await svc.set_dataset([f])
+        good = await svc.get_task(0)
+        await svc.task_finished(good.meta.id)
+        for reason in ("bad chunk", "still bad"):
+            t = await svc.get_task(0)
+            await svc.task_failed(t.meta, reason)
+        st = svc.status()
+        assert st["cur_pass"] == 1  # rolled over with the failed task
+        (ft,) = st["failed_tasks"]
+        assert [r["reason"] for r in ft["reasons"]] == ["bad chunk", "still bad"]
+        assert ft["total_failures"] == 2 and ft["failures"] == 0  # fresh count for pass 1
+        order = [(await svc.get_task(1)).meta.id for _ in range(2)]
+        assert order == [good.meta.id, ft["id"]]  # done first, then the retried failure
+        await svc.close()
+
+    run(main)
+
+
+def test_d12_save_model_windows_belong_to_their_approval() -> None:
+    clock = Clock()
+
+    async def main() -> None:
+        svc = Service(InMemStore(), clock=clock)
+        await svc.start()
+        with pytest.raises(TrainerIdEmptyError, match="^trainer id is empty$"):
+            await svc.request_save_model("", 1.0)
+        assert await svc.request_save_model("A", 1.0)
+        assert not await svc.request_save_model("B", 1.0)
+        clock.now += 0.5
+        assert await svc.request_save_model("A", 10.0)  # renewed: A's window is now 10 s
+        clock.now += 2.0  # the first window would have ended here
+        assert not await svc.request_save_model("B", 1.0)
+        clock.now += 9.0
+        assert await svc.request_save_model("B", 1.0)  # A's window is over
+        assert svc.status()["save_model"]["trainer_id"] == "B"
+        await svc.close()
+
+    run(main)
+
+
+def test_d13_task_ids_are_small_sequential_and_stable_across_passes(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 7)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=2, timeout_dur=60)
+        await svc.start()
+        await svc.set_dataset([f])
+        per_pass = []
+        for p in range(2):
+            tasks = [await svc.get_task(p) for _ in range(4)]
+            per_pass.append({t.meta.id: t.chunks for t in tasks})
+            for t in tasks:
+                await svc.task_finished(t.meta.id)
+        assert sorted(per_pass[0]) == [0, 1, 2, 3]
+        assert per_pass[0] == per_pass[1]
+        await svc.close()
+
+    run(main)
+
+
+def test_d18_set_dataset_does_not_block_other_calls(tmp_path: Path) -> None:
+    """A FIFO as a dataset file: indexing blocks on it until we let it go."""
+    fifo = tmp_path / "slow.rio"
+    os.mkfifo(fifo)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), timeout_dur=60)
+        await svc.start()
+        loading = asyncio.create_task(svc.set_dataset([str(fifo)]))
+        await asyncio.sleep(0)
+        # while indexes load, every other call answers
+        assert await svc.request_save_model("A", 1.0)
+        assert svc.status()["ready"] is False
+        with pytest.raises(NotReadyError):
+            await svc.get_task(0, wait=0.0)
+        assert not loading.done()
+        threading.Thread(target=lambda: open(fifo, "wb").close()).start()  # an empty file
+        with pytest.raises(DatasetError, match="no valid dataset specified"):
+            await loading
+        await svc.close()
+
+    run(main)
+
+
+def test_d18_duplicates_removed_and_the_dataset_spec_persists(tmp_path: Path) -> None:
+    a = records_file(tmp_path / "a.rio", 2)
+    records_file(tmp_path / "b.rio", 3)
+    db = tmp_path / "state.db"
+    globs = [str(tmp_path / "*.rio"), a]
+
+    async def first() -> None:
+        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=60)
+        await svc.start()
+        with pytest.raises(NoDatasetError, match="^no dataset specified$"):
+            await svc.set_dataset([])
+        with pytest.raises(DatasetError, match="^no valid dataset specified"):
+            await svc.set_dataset([str(tmp_path / "nothing-*.rio")])
+        await svc.set_dataset(globs)
+        st = svc.status()
+        assert st["dataset"]["files"] == 2 and st["num_tasks"] == 5
+        await svc.set_dataset([a])  # the first dataset wins: a no-op
+        await svc.close()
+
+    async def second() -> None:
+        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=60)
+        await svc.start()
+        st = svc.status()
+        assert st["ready"] and st["dataset"]["globs"] == globs and st["num_tasks"] == 5
+        with pytest.raises(NoDatasetError):  # checked even after initialisation
+            await svc.set_dataset([])
+        await svc.close()
+
+    run(first)
+    run(second)
+
+
+def test_finish_from_an_older_dispatch_still_pending_completes_it(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 2)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=5)
+        await svc.start()
+        await svc.set_dataset([f])
+        t = await svc.get_task(0)
+        await svc.task_failed(t.meta, "flaky")
+        other = await svc.get_task(0)
+        again = await svc.get_task(0)
+        assert again.meta.id == t.meta.id and again.meta.epoch == 2
+        assert await svc.task_finished(t.meta.id, epoch=1, pass_id=0)  # the older dispatch
+        assert not await svc.task_finished(t.meta.id, epoch=2)  # already done: harmless
+        assert not await svc.task_failed(TaskMeta(t.meta.id, 2), "late")
+        assert not await svc.task_finished(12345)
+        await svc.task_finished(other.meta.id)
+        assert svc.status()["cur_pass"] == 1
+        await svc.close()
+
+    run(main)
+
+
+def test_pending_task_keeps_its_used_time_after_recovery(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 1)
+    db = tmp_path / "state.db"
+    clock = Clock(5000.0)
+
+    async def first() -> None:
+        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=100, clock=clock)
+        await svc.start()
+        await svc.set_dataset([f])
+        await svc.get_task(0)
+        await svc.close()
+
+    async def second() -> None:
+        clock.now += 60  # the master was down (or the task ran) for 60 s
+        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=100, clock=clock)
+        await svc.start()
+        (p,) = svc.status()["pending_tasks"]
+        assert p["expires_in"] == pytest.approx(40.0)
+        await svc.close()
+
+    run(first)
+    run(second)
+
+
+def test_two_masters_never_share_one_embedded_store(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+
+    async def main() -> None:
+        first = Service(SqliteStore(db))
+        await first.start()
+        with pytest.raises(StoreError, match="in use by another master"):
+            await Service(SqliteStore(db)).start()
+        await first.close()
+
+    run(main)

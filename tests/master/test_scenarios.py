@@ -1,0 +1,125 @@
+"""The original's test scenarios (section 13), in their strict form, over real gRPC."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers.inproc import InProcessMaster
+
+from chunkmaster import NoMoreAvailableError, PassBeforeError, TaskMeta
+from chunkmaster.client.connection import MasterConnection
+from chunkmaster.core.dataset import Dataset, count_tasks
+from chunkmaster.recordio import Compressor, Index, Writer, scan
+
+
+@pytest.mark.parametrize(
+    ("chunks", "cpt", "tasks"), [(100, 5, 20), (101, 5, 21), (101, 1, 101), (101, 0, 101)]
+)
+def test_t1_partition_count(chunks: int, cpt: int, tasks: int) -> None:
+    ds = Dataset.build(["g"], ["f"], [(list(range(chunks)), [0] * chunks)], cpt)
+    assert ds.num_tasks == tasks == count_tasks(chunks, cpt)
+
+
+def test_t2_partition_ids_and_order() -> None:
+    ds = Dataset.build(["g"], ["f"], [(list(range(100)), [1] * 100)], 20)
+    assert ds.num_tasks == 5
+    groups = [ds.task_chunks(t) for t in range(ds.num_tasks)]
+    assert [len(g) for g in groups] == [20] * 5
+    assert [c.offset for g in groups for c in g] == list(range(100))  # chunk order kept
+
+
+def _two_hundred_single_record_chunks(path: Path) -> None:
+    """As the original: a new writer appends one empty record 200 times, forcing 200 chunks."""
+    for _ in range(200):
+        with open(path, "ab") as f, Writer(f) as w:
+            w.write(b"")
+
+
+def test_t3_get_finish_fail_over_ten_passes(tmp_path: Path) -> None:
+    path = tmp_path / "t3.rio"
+    _two_hundred_single_record_chunks(path)
+    with (
+        InProcessMaster(chunks_per_task=10, timeout_dur=1.0, failure_max=1) as m,
+        MasterConnection(m.addr) as c,
+    ):
+        c.set_dataset([str(path)])
+        for p in range(10):
+            tasks = [c.get_task(p) for _ in range(20)]
+            assert len({t.meta.id for t in tasks}) == 20
+            with pytest.raises(NoMoreAvailableError, match="^no more available task$"):
+                c.get_task(p)
+            first = tasks[0]
+            assert c.task_finished(first.meta.id, epoch=first.meta.epoch, pass_id=p)
+            assert not c.task_failed(first.meta, "late failure of a finished task")
+            with pytest.raises(NoMoreAvailableError):
+                c.get_task(p)
+            for t in tasks[1:]:
+                assert c.task_finished(t.meta.id, epoch=t.meta.epoch, pass_id=p)
+            assert c.status()["cur_pass"] == p + 1
+            with pytest.raises(PassBeforeError, match="^pass number smaller than master$"):
+                c.get_task(p)
+        st = c.status()
+        assert st["cur_pass"] == 10 and st["todo"] == 20 and st["failed"] == 0
+
+
+def test_t4_concurrent_clients_each_record_once_per_pass(tmp_path: Path) -> None:
+    path = tmp_path / "t4.rio"
+    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
+        for i in range(50):
+            w.write(bytes([i]))
+    seen: dict[int, Counter[int]] = {p: Counter() for p in range(10)}
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def trainer(addr: str) -> None:
+        try:
+            with MasterConnection(addr) as c:
+                c.set_dataset([str(path)])
+                for p in range(10):
+                    mine: list[int] = []
+                    while True:
+                        try:
+                            task = c.get_task(p, wait=30.0)
+                        except PassBeforeError:
+                            break
+                        for ch in task.chunks:
+                            for rec in scan(ch.path, Index([ch.offset], [ch.num_records])):
+                                assert len(rec) == 1
+                                mine.append(rec[0])
+                        c.task_finished(task.meta.id, epoch=task.meta.epoch, pass_id=p)
+                    assert len(mine) == len(set(mine))
+                    with lock:
+                        seen[p].update(mine)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with InProcessMaster(chunks_per_task=1, timeout_dur=60.0, failure_max=1) as m:
+        threads = [threading.Thread(target=trainer, args=(m.addr,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        for p in range(10):
+            assert seen[p] == Counter(range(50)), f"pass {p}"
+        assert m.status()["cur_pass"] == 10
+
+
+def test_failed_report_with_reason_over_grpc(tmp_path: Path) -> None:
+    path = tmp_path / "one.rio"
+    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
+        w.write(b"a")
+    with InProcessMaster(chunks_per_task=1, timeout_dur=60.0, failure_max=0) as m:
+        with MasterConnection(m.addr) as c:
+            c.set_dataset([str(path)])
+            t = c.get_task(0)
+            assert c.task_failed(t.meta, "cannot open /x: permission denied")
+            assert not c.task_failed(TaskMeta(99, 1), "unknown task")  # answered, no error
+            assert not c.task_finished(99)
+            st = c.status()
+        assert st["cur_pass"] == 1 and st["failed"] == 0  # retry policy: back for pass 1
+        (ft,) = st["failed_tasks"]
+        assert ft["reasons"][0]["reason"] == "cannot open /x: permission denied"
