@@ -22,18 +22,34 @@ from chunkmaster.core.state import MasterState, apply
 
 
 def ds(n: int) -> Dataset:
-    return Dataset.build(["/d/*.rio"], ["/d/a.rio", "/d/b.rio"], [(list(range(n)), [2] * n), ([7], [1])], 2)
+    return Dataset.build(
+        ["/d/*.rio"], ["/d/a.rio", "/d/b.rio"], [(list(range(n)), [2] * n), ([7], [1])], 2
+    )
 
 
 def comparable(s: MasterState) -> tuple[object, ...]:
     return (
-        s.cur_pass, list(s.todo), s.done, s.failed, list(s.epochs),
+        s.cur_pass,
+        list(s.todo),
+        s.done,
+        s.failed,
+        list(s.epochs),
         {t: (p.epoch, p.deadline, p.worker) for t, p in s.pending.items()},
-        s.num_failures, {t: list(v) for t, v in s.failure_log.items()}, s.failure_total,
-        s.saver, s.failure_max, s.failed_policy,
-        None if s.dataset is None else (
-            s.dataset.globs, s.dataset.files, list(s.dataset.chunk_file),
-            list(s.dataset.chunk_offset), list(s.dataset.chunk_records), s.dataset.chunks_per_task,
+        s.num_failures,
+        {t: list(v) for t, v in s.failure_log.items()},
+        s.failure_total,
+        s.saver,
+        s.failure_max,
+        s.failed_policy,
+        None
+        if s.dataset is None
+        else (
+            s.dataset.globs,
+            s.dataset.files,
+            list(s.dataset.chunk_file),
+            list(s.dataset.chunk_offset),
+            list(s.dataset.chunk_records),
+            s.dataset.chunks_per_task,
         ),
     )
 
@@ -93,7 +109,9 @@ def test_corrupt_snapshot_raises_codec_error() -> None:
 def test_dataset_entry_is_compact() -> None:
     """A million chunks cost 16 bytes each in the journal, not a JSON object each."""
     n = 1_000_000
-    big = Dataset("g", ("f",), array("I", bytes(4 * n)), array("Q", bytes(8 * n)), array("I", bytes(4 * n)), 1)
+    big = Dataset(
+        "g", ("f",), array("I", bytes(4 * n)), array("Q", bytes(8 * n)), array("I", bytes(4 * n)), 1
+    )
     data = encode_event(SetDataset(big))
     assert len(data) < 16 * n + 1000
     back = decode_event(data)

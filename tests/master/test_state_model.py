@@ -29,8 +29,12 @@ from chunkmaster.core.state import (
 
 def dataset(num_chunks: int, cpt: int) -> Dataset:
     return Dataset(
-        ("x",), ("f",), array("I", [0] * num_chunks), array("Q", range(num_chunks)),
-        array("I", [1] * num_chunks), cpt,
+        ("x",),
+        ("f",),
+        array("I", [0] * num_chunks),
+        array("Q", range(num_chunks)),
+        array("I", [1] * num_chunks),
+        cpt,
     )
 
 
