@@ -103,7 +103,7 @@ def _gunzip(payload: bytes, where: Where) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def frame_ends(data: bytes, count: int, where: Where) -> list[int]:
+def frame_ends(data: bytes | memoryview, count: int, where: Where) -> list[int]:
     """Validate the record framing of a whole chunk and return each record's end offset.
 
     Done before any record is handed out, so a chunk whose lengths do not tile its data exactly
@@ -143,3 +143,14 @@ def iter_records(
         bounds = islice(bounds, lo, hi)
     for s, e in bounds:
         yield data[s + 4 : e]
+
+
+def iter_record_copies(
+    data: memoryview, ends: list[int], lo: int = 0, hi: int | None = None
+) -> Iterator[bytes]:
+    """Like iter_records, over a reused buffer: each record is copied out as bytes."""
+    bounds: Iterator[tuple[int, int]] = pairwise(chain((0,), ends))
+    if lo or (hi is not None and hi < len(ends)):
+        bounds = islice(bounds, lo, hi)
+    for s, e in bounds:
+        yield bytes(data[s + 4 : e])
