@@ -109,3 +109,26 @@ def test_hello_world_worked_example() -> None:
     assert buf.getvalue().hex() == (
         "04030201837e47590000000013000000020000000500000048656c6c6f06000000576f726c6421"
     )
+
+
+def test_fsspec_url_round_trip() -> None:
+    records = [b"a", b"", b"xyz" * 2000]
+    with Writer("memory://chunkmaster-test/r.rio", 10, Compressor.GZIP) as w:
+        for r in records:
+            w.write(r)
+    assert list(scan("memory://chunkmaster-test/r.rio")) == records
+    idx = load_index("memory://chunkmaster-test/r.rio")
+    assert idx.chunk_records == [2, 1]
+    assert list(scan("memory://chunkmaster-test/r.rio", idx.chunk_index(1))) == records[2:]
+
+
+def test_write_after_close_and_bad_compressor() -> None:
+    from chunkmaster.recordio import UnknownCompressorError, WriterClosedError
+
+    w = Writer(io.BytesIO())
+    w.close()
+    w.close()  # harmless
+    with pytest.raises(WriterClosedError, match="Cannot write since writer had been closed"):
+        w.write(b"x")
+    with pytest.raises(UnknownCompressorError, match="Unknown compression algorithm: 3"):
+        Writer(io.BytesIO(), compressor=3)
