@@ -47,6 +47,7 @@ from chunkmaster.store.etcd_client import (
     SORT_DESCEND,
     EtcdCompacted,
     EtcdConnection,
+    EtcdWatch,
     cmp_create_revision,
     op_delete,
     op_put,
@@ -130,7 +131,8 @@ async def get_key(client: Any, key: str | bytes, timeout: float) -> bytes | None
     """Read one key's value with a deadline; works with `EtcdConnection` and `aetcd.Client`."""
     raw = key.encode() if isinstance(key, str) else key
     try:
-        kv = await asyncio.wait_for(client.get(raw), timeout)
+        async with asyncio.timeout(timeout):
+            kv = await client.get(raw)
     except TimeoutError as exc:
         raise StoreError(f"reading {raw!r} from etcd timed out after {timeout}s") from exc
     return None if kv is None else bytes(kv.value)
@@ -212,6 +214,7 @@ class EtcdStore:
         self._lease_dead: asyncio.Event | None = None
         self._keepalive_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._lock_watch: EtcdWatch | None = None
         self._bg: set[asyncio.Task[Any]] = set()
         self._write_lock = asyncio.Lock()
         self._groups: dict[int, int] = {}  # journal record first seq -> last seq
@@ -374,14 +377,18 @@ class EtcdStore:
                     return
                 rev = int(kv.mod_revision) + 1
                 watch = await self.conn.watch(self.lock_key, start_revision=rev)
+                self._lock_watch = watch
                 backoff = 0.05
                 try:
+                    if self._closed:
+                        return
                     while True:
                         events = await watch.next()
                         if any(ev.type == EVENT_DELETE for ev in events):
                             self._set_lost("our lock key was deleted (lease revoked or expired)")
                             return
                 finally:
+                    self._lock_watch = None
                     watch.cancel()
             except asyncio.CancelledError:
                 return
@@ -685,12 +692,13 @@ class EtcdStore:
             return
         self._closed = True
         self._leader = False
+        if self._lock_watch is not None:
+            self._lock_watch.cancel()  # ends the stream even if a task cancel got lost in gRPC
         tasks = [t for t in (self._keepalive_task, self._watch_task, *self._bg) if t is not None]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)  # they all check _closed; never hang here
         if self.lease_id:
             try:
                 await self.conn.lease_revoke(self.lease_id, timeout=min(self.timeout, 3.0))

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: Large enough for any response we ask for: reads are paginated to a few tens of MiB.
 MAX_RECEIVE_BYTES = 512 * 1024 * 1024
 
-_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     # Notice a hung (SIGSTOPped, partitioned) server on an open watch stream. etcd refuses pings
@@ -154,6 +154,33 @@ def _map_error(exc: grpc.aio.AioRpcError, target: str) -> StoreError:
     return EtcdRequestError(text)
 
 
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # retrieved: no "exception was never retrieved" noise
+
+
+async def _guarded(call: Any, aw: Any, timeout: float | None) -> Any:
+    """Await one gRPC step so that cancellation and timeouts are prompt and never lost.
+
+    grpc.aio can swallow a task cancellation that lands just as a call completes (the call
+    then returns normally and the task runs on), and cancelling a task blocked in a stream
+    read can stall until the next message. So the step runs in its own future; on
+    cancellation or timeout we cancel the call (or that future) and leave at once.
+    """
+    fut = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({fut}, timeout=timeout)
+    except asyncio.CancelledError:
+        (call or fut).cancel()
+        fut.add_done_callback(_consume)
+        raise
+    if not done:
+        (call or fut).cancel()
+        fut.add_done_callback(_consume)
+        raise TimeoutError
+    return fut.result()
+
+
 class EtcdWatch:
     """One watch on its own gRPC stream. `next()` returns the next batch of events."""
 
@@ -165,10 +192,7 @@ class EtcdWatch:
 
     async def _read(self, timeout: float | None) -> Any:
         try:
-            if timeout is None:
-                resp = await self._call.read()
-            else:
-                resp = await asyncio.wait_for(self._call.read(), timeout)
+            resp = await _guarded(self._call, self._call.read(), timeout)
         except TimeoutError as exc:
             raise EtcdTimeout(f"etcd {self._target}: watch did not answer") from exc
         except grpc.aio.AioRpcError as exc:
@@ -183,7 +207,7 @@ class EtcdWatch:
 
     async def _start(self, request: Any) -> None:
         try:
-            await asyncio.wait_for(self._call.write(request), self._timeout)
+            await _guarded(self._call, self._call.write(request), self._timeout)
         except TimeoutError as exc:
             raise EtcdTimeout(f"etcd {self._target}: watch create timed out") from exc
         except grpc.aio.AioRpcError as exc:
@@ -274,9 +298,9 @@ class EtcdConnection:
                 return self._channel_gen
             ep = self.current
             if ep.tls or self._ca_cert is not None:
-                channel = grpc.aio.secure_channel(ep.target, self._credentials(), _CHANNEL_OPTIONS)
+                channel = grpc.aio.secure_channel(ep.target, self._credentials(), CHANNEL_OPTIONS)
             else:
-                channel = grpc.aio.insecure_channel(ep.target, _CHANNEL_OPTIONS)
+                channel = grpc.aio.insecure_channel(ep.target, CHANNEL_OPTIONS)
             stubs = {
                 "kv": aetcd_rpc.KVStub(channel),
                 "lease": aetcd_rpc.LeaseStub(channel),
@@ -296,6 +320,16 @@ class EtcdConnection:
             self._channel, self._stubs, self._metadata = channel, stubs, metadata
             self._channel_gen += 1
             return self._channel_gen
+
+    async def _connected(self, timeout: float) -> int:
+        """The current channel generation, connecting first if needed.
+
+        Not `asyncio.wait_for`: on Python 3.11 it can swallow a cancellation that arrives as
+        the inner call completes, and a background task would then never stop.
+        """
+        if self._channel is not None and not self._closed:
+            return self._channel_gen
+        return int(await _guarded(None, self._ensure(), timeout))
 
     def _drop_channel(self, gen: int, rotate: bool) -> None:
         """Forget a broken channel (once, even if several calls saw it break) and maybe rotate."""
@@ -328,10 +362,11 @@ class EtcdConnection:
                 break
             target = self.current.target
             try:
-                gen = await asyncio.wait_for(self._ensure(), remaining)
+                gen = await self._connected(remaining)
                 remaining = deadline - loop.time()
                 fn = getattr(self._stubs[stub], method)
-                return await fn(request, timeout=max(remaining, 0.001), metadata=self._metadata)
+                call = fn(request, timeout=max(remaining, 0.001), metadata=self._metadata)
+                return await _guarded(call, call, None)
             except TimeoutError as exc:
                 raise EtcdTimeout(f"etcd {target}: {method} timed out") from exc
             except grpc.aio.AioRpcError as exc:
@@ -399,13 +434,14 @@ class EtcdConnection:
     async def lease_keepalive(self, lease_id: int, timeout: float | None = None) -> int:
         """Refresh once; returns the new TTL, 0 when the lease no longer exists."""
         budget = self.timeout if timeout is None else timeout
-        gen = await asyncio.wait_for(self._ensure(), budget)
+        gen = await self._connected(budget)
         target = self.current.target
         call = self._stubs["lease"].LeaseKeepAlive(metadata=self._metadata)
         try:
             async with asyncio.timeout(budget):
-                await call.write(aetcd_rpc.LeaseKeepAliveRequest(ID=lease_id))
-                resp = await call.read()
+                req = aetcd_rpc.LeaseKeepAliveRequest(ID=lease_id)
+                await _guarded(call, call.write(req), None)
+                resp = await _guarded(call, call.read(), None)
         except TimeoutError as exc:
             raise EtcdTimeout(f"etcd {target}: lease keepalive timed out") from exc
         except grpc.aio.AioRpcError as exc:
@@ -443,7 +479,7 @@ class EtcdConnection:
         prev_kv: bool = False,
     ) -> EtcdWatch:
         """Open a watch on its own stream; raises (e.g. EtcdCompacted) if it cannot start."""
-        gen = await asyncio.wait_for(self._ensure(), self.timeout)
+        gen = await self._connected(self.timeout)
         target = self.current.target
         call = self._stubs["watch"].Watch(metadata=self._metadata)
         watch = EtcdWatch(call, target, self.timeout)
