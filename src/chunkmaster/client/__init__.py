@@ -1,1 +1,13 @@
 """The trainer's side: a connection to the master, and the record-streaming client."""
+
+from chunkmaster.client.client import Client, ClientClosedError, EndOfPass, TaskReadError
+from chunkmaster.client.connection import MasterConnection, TransportError
+
+__all__ = [
+    "Client",
+    "ClientClosedError",
+    "EndOfPass",
+    "MasterConnection",
+    "TaskReadError",
+    "TransportError",
+]

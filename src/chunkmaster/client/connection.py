@@ -7,8 +7,8 @@ deadline, so nothing in this module can block forever.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -36,6 +36,42 @@ class TransportError(Exception):
         self.code = code
 
 
+class CallCancelled(Exception):
+    """A call was cancelled from another thread (the pass was abandoned or the client closed)."""
+
+
+def _closed_channel(addr: str) -> TransportError:
+    return TransportError(addr, grpc.RpcError("channel closed"))
+
+
+class PendingCall(Generic[T]):
+    """An RPC in flight that another thread may cancel, e.g. a long-polling GetTask."""
+
+    def __init__(self, addr: str, future: Any, convert: Callable[[Any], T]) -> None:
+        self._addr = addr
+        self._future = future
+        self._convert = convert
+
+    def result(self) -> T:
+        """Wait for the answer (bounded by the call's deadline); raise like a sync call."""
+        try:
+            reply = self._future.result()
+        except grpc.FutureCancelledError:
+            raise CallCancelled() from None
+        except grpc.RpcError as exc:
+            if self._future.cancelled():
+                raise CallCancelled() from None
+            err: MasterError | None = error_from_rpc(exc)
+            if err is not None:
+                raise err from None
+            raise TransportError(self._addr, exc) from None
+        return self._convert(reply)
+
+    def cancel(self) -> None:
+        """Abandon the call: `result()` raises CallCancelled, the master stops waiting."""
+        self._future.cancel()
+
+
 class MasterConnection:
     def __init__(self, addr: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.addr = addr
@@ -59,6 +95,8 @@ class MasterConnection:
             if err is not None:
                 raise err from None
             raise TransportError(self.addr, exc) from None
+        except ValueError:  # "Cannot invoke RPC on closed channel!": another thread closed it
+            raise _closed_channel(self.addr) from None
 
     def set_dataset(self, globs: Sequence[str]) -> None:
         self._call("SetDataset", pb.SetDatasetRequest(globs=list(globs)), _DATASET_TIMEOUT)
@@ -67,6 +105,17 @@ class MasterConnection:
         request = pb.GetTaskRequest(pass_id=pass_id, wait_seconds=wait, worker=worker)
         reply = self._call("GetTask", request, wait + self.timeout)
         return task_from_pb(reply.task)
+
+    def get_task_async(
+        self, pass_id: int, *, wait: float = 0.0, worker: str = ""
+    ) -> PendingCall[Task]:
+        """Start a GetTask that another thread can cancel (a long poll must not pin a pass)."""
+        request = pb.GetTaskRequest(pass_id=pass_id, wait_seconds=wait, worker=worker)
+        try:
+            future = self._stub.GetTask.future(request, timeout=wait + self.timeout)
+        except ValueError:
+            raise _closed_channel(self.addr) from None
+        return PendingCall(self.addr, future, lambda reply: task_from_pb(reply.task))
 
     def task_finished(self, task_id: int, *, epoch: int = 0, pass_id: int = -1) -> bool:
         request = pb.TaskFinishedRequest(task_id=task_id, epoch=epoch, pass_id=pass_id)

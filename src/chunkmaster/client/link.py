@@ -1,0 +1,251 @@
+"""Calling the master from trainer threads, through crashes, restarts and moves.
+
+Every call has a deadline (the connection's). Any transport failure or UnavailableError drops
+the channel, waits with exponential backoff and full jitter, and tries again on a fresh channel:
+to the same address (a master restarted in place, which the Go client never reconnected to,
+defects D4/D5) or to wherever etcd now says the master is. Waits are logged as they start and
+then periodically, so a stuck trainer always says why. Cancellation (a pass abandoned, the
+client closed) interrupts both the backoff sleep and a call in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from chunkmaster.client.connection import (
+    DEFAULT_TIMEOUT,
+    CallCancelled,
+    MasterConnection,
+    PendingCall,
+    TransportError,
+)
+from chunkmaster.core.errors import UnavailableError
+
+log = logging.getLogger("chunkmaster.client")
+
+T = TypeVar("T")
+
+LOG_EVERY = 10.0
+"""Seconds between "still waiting" log lines of one wait."""
+
+
+class Cancelled(Exception):
+    """The operation was cancelled by its owner (pass abandoned, client closed)."""
+
+
+class Locator(Protocol):
+    """What the link needs from service discovery (chunkmaster.discovery.MasterLocator)."""
+
+    @property
+    def key(self) -> bytes: ...
+
+    def current(self) -> str | None: ...
+
+    def wait_for_address(self, timeout: float) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+class CancelToken:
+    """A cancellation flag that can also abort the one RPC currently attached to it.
+
+    Tokens form a tree: cancelling a parent (the client) cancels its children (passes).
+    """
+
+    def __init__(self, parent: CancelToken | None = None) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._call: PendingCall[Any] | None = None
+        self._children: list[CancelToken] = []
+        if parent is not None:
+            with parent._lock:
+                parent._children.append(self)
+                cancelled = parent.cancelled
+            if cancelled:
+                self.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._event.set()
+            call, self._call = self._call, None
+            children = list(self._children)
+        if call is not None:
+            call.cancel()
+        for child in children:
+            child.cancel()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once and raise Cancelled if cancelled meanwhile."""
+        if self._event.wait(seconds):
+            raise Cancelled()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise Cancelled()
+
+    def run(self, call: PendingCall[T]) -> T:
+        """Wait for `call`, cancelling it if this token is (or gets) cancelled."""
+        with self._lock:
+            if self._event.is_set():
+                call.cancel()
+                raise Cancelled()
+            self._call = call
+        try:
+            return call.result()
+        except CallCancelled:
+            raise Cancelled() from None
+        finally:
+            with self._lock:
+                if self._call is call:
+                    self._call = None
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff with full jitter (spreads reconnecting trainers over time)."""
+    return random.uniform(0.0, min(cap, base * (2**attempt)))  # jitter, not crypto
+
+
+class MasterLink:
+    """The trainer's single way to the master: one channel at a time, replaced on failure."""
+
+    def __init__(
+        self,
+        addr: str | None = None,
+        locator: Locator | None = None,
+        *,
+        rpc_timeout: float = DEFAULT_TIMEOUT,
+        retry_timeout: float | None = None,
+        backoff_base: float = 0.05,
+        backoff_max: float = 2.0,
+    ) -> None:
+        if (addr is None) == (locator is None):
+            raise ValueError("give exactly one of addr and locator")
+        self._addr = addr
+        self._locator = locator
+        self.rpc_timeout = rpc_timeout
+        self.retry_timeout = retry_timeout
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self._lock = threading.Lock()
+        self._conn: MasterConnection | None = None
+        self._closed = False
+
+    @property
+    def address(self) -> str | None:
+        """The address currently used (or about to be)."""
+        if self._locator is not None:
+            return self._locator.current()
+        return self._addr
+
+    def call(self, what: str, fn: Callable[[MasterConnection], T], cancel: CancelToken) -> T:
+        """Run `fn(connection)`, retrying transport failures until it answers or is cancelled.
+
+        The master's own errors (other than UnavailableError) propagate at once: they are
+        answers, not failures. Raises Cancelled, or the last failure after `retry_timeout`.
+        """
+        attempt = 0
+        first_failure: float | None = None
+        last_log = 0.0
+        while True:
+            cancel.check()
+            conn = self._connection(cancel, what)
+            try:
+                result = fn(conn)
+            except (TransportError, UnavailableError) as exc:
+                cancel.check()  # a cancelled call shows up as a transport error: not a failure
+                if isinstance(exc, TransportError):
+                    self._drop(conn)
+                now = time.monotonic()
+                if first_failure is None:
+                    first_failure = last_log = now
+                    log.warning("%s: %s; retrying with backoff", what, exc)
+                elif now - last_log >= LOG_EVERY:
+                    last_log = now
+                    log.warning(
+                        "%s: still failing after %.0fs and %d attempts: %s",
+                        what,
+                        now - first_failure,
+                        attempt + 1,
+                        exc,
+                    )
+                if self.retry_timeout is not None and now - first_failure >= self.retry_timeout:
+                    raise
+                cancel.sleep(backoff_delay(attempt, self.backoff_base, self.backoff_max))
+                attempt += 1
+                continue
+            if first_failure is not None:
+                log.warning(
+                    "%s: master at %s answers again after %.1fs",
+                    what,
+                    conn.addr,
+                    time.monotonic() - first_failure,
+                )
+            return result
+
+    def _connection(self, cancel: CancelToken, what: str) -> MasterConnection:
+        addr = self._addr if self._locator is None else self._await_address(cancel, what)
+        with self._lock:
+            if self._closed:
+                raise Cancelled()
+            conn = self._conn
+            if conn is not None and conn.addr != addr:
+                log.warning("master moved from %s to %s; reconnecting", conn.addr, addr)
+                conn.close()
+                conn = None
+            if conn is None:
+                assert addr is not None
+                conn = self._conn = MasterConnection(addr, timeout=self.rpc_timeout)
+            return conn
+
+    def _await_address(self, cancel: CancelToken, what: str) -> str:
+        """The address etcd holds now; waits (logging why) while there is none."""
+        locator = self._locator
+        assert locator is not None
+        addr = locator.current()
+        if addr:
+            return addr
+        start = last_log = time.monotonic()
+        key = locator.key.decode(errors="replace")
+        log.warning("%s: no master address at %s in etcd; waiting for one", what, key)
+        deadline = None if self.retry_timeout is None else start + self.retry_timeout
+        while True:
+            cancel.check()
+            addr = locator.wait_for_address(0.2)
+            if addr:
+                return addr
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TransportError("etcd", _NoAddress(f"no master address at {key} in etcd"))
+            if now - last_log >= LOG_EVERY:
+                last_log = now
+                log.warning("%s: still no master address at %s after %.0fs", what, key, now - start)
+
+    def _drop(self, conn: MasterConnection) -> None:
+        """Forget a failed channel so the next attempt dials afresh."""
+        with self._lock:
+            if self._conn is conn:
+                self._conn = None
+        conn.close()
+
+    def close(self) -> None:
+        """Close the channel; calls in flight on it fail and see their cancellation."""
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+class _NoAddress(grpc.RpcError):
+    """Stands in for the gRPC error that TransportError expects when there is no address."""
