@@ -90,12 +90,17 @@ def test_lease_revoked_behind_our_back_fences_the_old_leader(etcd_server: EtcdSe
         waiting = asyncio.create_task(b.campaign())
 
         other = EtcdConnection(etcd_server.endpoint)
+        started = time.monotonic()
         await other.lease_revoke(a.lease_id)
         await other.close()
 
         await asyncio.wait_for(a.lost.wait(), 10)  # noticed through the lock-key watch
+        noticed = time.monotonic() - started
         assert not a.is_leader
         await asyncio.wait_for(waiting, 10)
+        took = time.monotonic() - started
+        print(f"revoked behind its back: lost after {noticed * 1000:.1f} ms, ", end="")
+        print(f"standby leads after {took * 1000:.1f} ms")
         got = await b.load()
         assert list(got.entries) == [(1, b"a1")]
         await b.save([(2, b"b2")])
@@ -236,5 +241,20 @@ def test_failover_between_endpoints(etcd_server: EtcdServer) -> None:
         await store.load()
         await store.save([(1, b"x")])
         await store.shutdown()
+
+    run(body())
+
+
+def test_campaign_timeout_while_another_holds_the_lock(etcd_server: EtcdServer) -> None:
+    async def body() -> None:
+        a = EtcdStore(etcd_server.endpoint, "a:1", ttl_sec=30)
+        b = EtcdStore(etcd_server.endpoint, "b:2", ttl_sec=30)
+        await a.campaign(timeout=10)
+        with pytest.raises(TimeoutError):
+            await b.campaign(timeout=0.3)
+        assert not b.is_leader
+        await b.shutdown()
+        await a.save([(1, b"a still leads")])
+        await a.shutdown()
 
     run(body())
