@@ -1,11 +1,185 @@
-"""`chunkmaster read`: placeholder until its issue lands."""
+"""`chunkmaster read`: a reference trainer that reads passes and prints what it got.
+
+Per pass it prints the record count and the order-independent digest (chunkmaster.digest), so
+the outputs of several trainers can be added up and compared with the dataset's own digest.
+With --task-lines it also prints each task it completed (its last record taken), which is what
+counts for a trainer that may be killed: its completed tasks are not handed out again.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+import logging
+import sys
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+from chunkmaster.cli.common import CliError
+
+if TYPE_CHECKING:
+    from chunkmaster.client import Client
+    from chunkmaster.core.model import Task
+    from chunkmaster.digest import Digest
+
+log = logging.getLogger("chunkmaster.cli.read")
 
 
 def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser("read", help="(not yet available)")
-    p.set_defaults(func=lambda args: 2)
+    p: argparse.ArgumentParser = sub.add_parser(
+        "read",
+        help="read passes from a master like a trainer, printing counts and digests",
+        description=(
+            "A reference trainer: sets the dataset (the first trainer's call wins), reads N "
+            "passes through the master and prints, per pass, the records it got and their "
+            "digest (sum mod 2^64 of the first 8 bytes of each record's SHA-256)."
+        ),
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--addr", help="the master's HOST:PORT")
+    where.add_argument(
+        "--endpoints",
+        nargs="+",
+        metavar="URL",
+        help="etcd endpoints: find the master at /master/addr (and follow it when it moves)",
+    )
+    p.add_argument("--job", help="etcd key namespace of the job (with --endpoints)")
+    p.add_argument(
+        "--dataset",
+        nargs="+",
+        metavar="GLOB",
+        help="dataset file patterns to set (omit when another trainer sets them)",
+    )
+    p.add_argument("--passes", type=int, required=True, help="number of passes to read")
+    p.add_argument("--first-pass", type=int, default=0, help="pass number to start at")
+    p.add_argument("--json", action="store_true", help="one JSON object per line per pass")
+    p.add_argument(
+        "--task-lines",
+        action="store_true",
+        help="with --json, also one line per completed task (task, epoch, records, digest)",
+    )
+    p.add_argument(
+        "--step-time",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sleep after each record (stands in for training)",
+    )
+    p.add_argument("--buffer-size", type=int, default=1024, help="records read ahead")
+    p.add_argument(
+        "--retry-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give up after the master has been unreachable this long (default: never)",
+    )
+    p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from chunkmaster.client import Client, TaskReadError, TransportError
+    from chunkmaster.core.errors import MasterError
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.passes < 0:
+        raise CliError("--passes must be 0 or more")
+    out = sys.stdout
+    done: list[Task] = []
+    try:
+        client = Client(
+            args.addr,
+            etcd_endpoints=args.endpoints,
+            etcd_job=args.job,
+            buffer_size=args.buffer_size,
+            retry_timeout=args.retry_timeout,
+            on_task_done=done.append,
+        )
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    with client:
+        try:
+            if args.dataset:
+                client.set_dataset(args.dataset)
+            for p in range(args.first_pass, args.first_pass + args.passes):
+                total = _read_pass(client, p, args, done, out)
+                if args.json:
+                    line = {"pass": p, "records": total.count, "digest": total.hex()}
+                    out.write(json.dumps(line) + "\n")
+                else:
+                    out.write(f"pass {p}: {total.count} records, digest {total.hex()}\n")
+                out.flush()
+        except TaskReadError as exc:
+            raise CliError(f"read error (reported to the master): {exc}") from None
+        except (MasterError, TransportError) as exc:
+            raise CliError(f"{type(exc).__name__}: {exc}") from None
+    return 0
+
+
+def _read_pass(
+    client: Client, p: int, args: argparse.Namespace, done: list[Task], out: IO[str]
+) -> Digest:
+    """Read pass `p` to its end; with --task-lines print each task as it completes.
+
+    `done` is filled by the client's on_task_done callback, during the call that returns the
+    task's last record, so after adding that record the task digest is exactly the task's.
+    """
+    from tqdm import tqdm
+
+    from chunkmaster.digest import Digest
+
+    total = Digest()
+    task_digest = Digest()
+    step = args.step_time
+    tasks = bool(args.json and args.task_lines)
+    bar = tqdm(
+        desc=f"pass {p}", unit="rec", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False
+    )
+    unshown = 0
+    done.clear()
+    try:
+        for record in client.records(p):
+            total.add(record)
+            if tasks:
+                task_digest.add(record)
+            if done:
+                if tasks:
+                    task_digest = _emit_tasks(done, task_digest, out)
+                done.clear()
+            unshown += 1
+            if unshown >= 4096:
+                bar.update(unshown)
+                unshown = 0
+            if step:
+                time.sleep(step)
+        if done and tasks:  # tasks without records, finished at the very end
+            _emit_tasks(done, Digest(), out)
+        done.clear()
+    finally:
+        bar.update(unshown)
+        bar.close()
+    return total
+
+
+def _emit_tasks(done: list[Task], task_digest: Digest, out: IO[str]) -> Digest:
+    """Print the tasks completed by the last take; returns the digest for the next task."""
+    from chunkmaster.digest import Digest
+
+    for task in done:
+        d = task_digest if task.num_records else Digest()
+        line = {
+            "task": task.meta.id,
+            "epoch": task.meta.epoch,
+            "pass": task.pass_id,
+            "records": d.count,
+            "digest": d.hex(),
+        }
+        out.write(json.dumps(line) + "\n")
+        if task.num_records:
+            task_digest = Digest()
+    out.flush()
+    return task_digest
