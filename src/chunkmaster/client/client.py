@@ -134,7 +134,8 @@ class Client:
 
     Give either `addr` ("host:port") or `etcd_endpoints` (the master is looked up at
     `/master/addr` and followed when it moves). `buffer_size` bounds the records read ahead
-    (at least one chunk is always read ahead; the next task is always requested ahead).
+    (at least one chunk is always read ahead). `prefetch_tasks` tasks are requested ahead of
+    the one being read: few, because each held task's timeout on the master is running.
     """
 
     def __init__(
@@ -145,6 +146,7 @@ class Client:
         etcd_timeout: float = 5.0,
         etcd_job: str | None = None,
         buffer_size: int = DEFAULT_BUFFER,
+        prefetch_tasks: int = 1,
         rpc_timeout: float = DEFAULT_TIMEOUT,
         poll_wait: float = 5.0,
         retry_timeout: float | None = None,
@@ -154,6 +156,7 @@ class Client:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
         self.buffer_size = max(1, buffer_size)
+        self.prefetch_tasks = max(0, prefetch_tasks)
         self.poll_wait = poll_wait
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{next(_worker_ids)}"
         self._on_task_done = on_task_done
@@ -420,6 +423,7 @@ class Client:
         since = last_log = time.monotonic()
         polls = 0
         while True:
+            self._wait_slot(ps)
             try:
                 task = self._link.call(
                     f"GetTask(pass {ps.pass_id})",
@@ -478,6 +482,13 @@ class Client:
                 self._push(ps, [(records, None, None), (tail, task, None)])
             else:
                 self._push(ps, [(records, task, None)])
+
+    def _wait_slot(self, ps: _Pass) -> None:
+        """Hold at most 1 + prefetch_tasks tasks: the master's timeout runs for each of them."""
+        with self._lock:
+            while len(ps.held) > self.prefetch_tasks and not ps.cancel.cancelled:
+                self._cond.wait()
+        ps.cancel.check()
 
     def _wait_room(self, ps: _Pass) -> None:
         with self._lock:
