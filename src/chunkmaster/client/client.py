@@ -266,6 +266,8 @@ class Client:
         ps.batches.clear()
         ps.queued = 0
         ps.held.clear()
+        self._it = _EMPTY_ITER
+        self._next = _EMPTY_ITER.__next__
         self._cond.notify_all()
 
     if _GIL:

@@ -1,0 +1,120 @@
+"""Shared by the client tests: datasets, digests, trainer processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chunkmaster.digest import Digest, file_digest
+from chunkmaster.recordio import Compressor, Writer
+
+
+def write_dataset(
+    path: Path, records: Sequence[bytes], *, max_chunk_size: int, compressor: Compressor
+) -> Path:
+    with Writer(str(path), max_chunk_size=max_chunk_size, compressor=compressor) as w:
+        for r in records:
+            w.write(r)
+    return path
+
+
+def sample_records(n: int, tag: str = "") -> list[bytes]:
+    """Binary records with NUL bytes, of varying length; record 0 is empty."""
+    out = [b""]
+    for i in range(1, n):
+        out.append(f"{tag}{i}".encode() + b"\x00" * (i % 5) + bytes(range(i % 50)))
+    return out
+
+
+def digest_of(records: Sequence[bytes]) -> Digest:
+    d = Digest()
+    for r in records:
+        d.add(r)
+    return d
+
+
+class Trainer:
+    """A `chunkmaster read --json --task-lines` process; its lines arrive on a queue."""
+
+    def __init__(self, name: str, args: Sequence[str], log_dir: Path) -> None:
+        self.name = name
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.tasks: dict[int, list[dict[str, Any]]] = {}
+        self.passes: dict[int, dict[str, Any]] = {}
+        self.log_path = log_dir / f"{name}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "chunkmaster", "read", "--json", "--task-lines", *args],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+            )
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.put(json.loads(raw))
+        self.lines.put(None)
+
+    def next_line(self, timeout: float = 60.0) -> dict[str, Any] | None:
+        """The next output line (recorded), None at exit; fails the test after `timeout`."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"{self.name}: no output for {timeout}s; log:\n{self.log()}")
+        if line is not None:
+            p = int(line["pass"])
+            if "task" in line:
+                self.tasks.setdefault(p, []).append(line)
+            else:
+                self.passes[p] = line
+        return line
+
+    def drain(self, timeout: float = 90.0) -> int:
+        """Read every line until the process exits; returns its exit status."""
+        while self.next_line(timeout) is not None:
+            pass
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def completed_tasks(trainers: Sequence[Trainer], p: int) -> dict[int, dict[str, Any]]:
+    """Task id -> task line, over every trainer's completed tasks of pass p."""
+    out: dict[int, dict[str, Any]] = {}
+    for t in trainers:
+        for line in t.tasks.get(p, []):
+            out[int(line["task"])] = line
+    return out
+
+
+def sum_lines(lines: Sequence[dict[str, Any]]) -> Digest:
+    d = Digest()
+    for line in lines:
+        d.merge(Digest(int(line["digest"], 16), int(line["records"])))
+    return d
+
+
+def dataset_digest(paths: Sequence[str]) -> Digest:
+    d = Digest()
+    for p in paths:
+        d.merge(file_digest(p))
+    return d
