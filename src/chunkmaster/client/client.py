@@ -64,6 +64,12 @@ _GIL: Final = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 DEFAULT_BUFFER = 1024
 PASS_POLL_MAX = 0.5  # seconds between GetTask calls while the master is still in an older pass
 WAIT_LOG_EVERY = 30.0
+CANCEL_LONG_POLLS = False
+"""Whether abandoning a pass cancels its GetTask in flight. Off: the master (as of this
+writing) applies a dispatch before it is durable and arms the task's timer only after, so a
+call cancelled in between leaves a pending task with no timer (orphaned, like D7). So a long
+poll is left to finish (at most poll_wait seconds) and a task it brings is dropped instead;
+the master's timeout hands it out again."""
 _worker_ids = itertools.count()
 _T = TypeVar("_T")
 
@@ -148,7 +154,7 @@ class Client:
         buffer_size: int = DEFAULT_BUFFER,
         prefetch_tasks: int = 1,
         rpc_timeout: float = DEFAULT_TIMEOUT,
-        poll_wait: float = 5.0,
+        poll_wait: float = 2.0,
         retry_timeout: float | None = None,
         worker: str | None = None,
         on_task_done: Callable[[Task], None] | None = None,
@@ -238,11 +244,7 @@ class Client:
             self._fetchers = [t for t in self._fetchers if t.is_alive()]
             self._fetchers.append(ps.thread)
             self._cond.notify_all()
-        ps.thread.start()
-        if old is not None and old.thread is not None:
-            old.thread.join(self._link.rpc_timeout)
-            if old.thread.is_alive():
-                log.warning("fetcher of abandoned pass %d is still stopping", old.pass_id)
+        ps.thread.start()  # the old fetcher stops by itself (close() waits for it)
         return ps
 
     def _abandon(self, ps: _Pass, why: str) -> None:
@@ -429,9 +431,7 @@ class Client:
             try:
                 task = self._link.call(
                     f"GetTask(pass {ps.pass_id})",
-                    lambda c: ps.cancel.run(
-                        c.get_task_async(ps.pass_id, wait=self.poll_wait, worker=self.worker)
-                    ),
+                    lambda c: self._get_task(c, ps),
                     ps.cancel,
                 )
             except PassBeforeError:
@@ -458,6 +458,12 @@ class Client:
                     return  # abandoned meanwhile; the task comes back after its timeout
                 ps.held[task.meta.id] = task
             self._read_task(ps, task)
+
+    def _get_task(self, conn: MasterConnection, ps: _Pass) -> Task:
+        call = conn.get_task_async(ps.pass_id, wait=self.poll_wait, worker=self.worker)
+        if CANCEL_LONG_POLLS:
+            return ps.cancel.run(call)
+        return call.result()
 
     def _read_task(self, ps: _Pass, task: Task) -> None:
         chunks = task.chunks
@@ -574,7 +580,9 @@ class Client:
         self._token.cancel()
         for t in self._fetchers:
             if t is not threading.current_thread():
-                t.join(self._link.rpc_timeout)
+                t.join(self.poll_wait + self._link.rpc_timeout)
+                if t.is_alive():
+                    log.warning("%s did not stop in time; closing the channel under it", t.name)
         self._reports.put(None)
         if self._reporter is not threading.current_thread():
             self._reporter.join(flush_timeout)
