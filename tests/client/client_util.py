@@ -8,6 +8,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,23 @@ def dataset_digest(paths: Sequence[str]) -> Digest:
     for p in paths:
         d.merge(file_digest(p))
     return d
+
+
+def wait_until_holding(addr: str, pid: int, n: int, timeout: float = 30.0) -> None:
+    """Wait until the trainer process `pid` holds `n` durable pending tasks on the master.
+
+    A trainer holding its current task and its prefetched one has no GetTask in flight, so a
+    SIGKILL then cannot hit the master between applying a dispatch and arming its timer.
+    """
+    from chunkmaster.client.connection import MasterConnection
+
+    deadline = time.monotonic() + timeout
+    with MasterConnection(addr) as c:
+        while time.monotonic() < deadline:
+            st = c.status()
+            mine = [p for p in st["pending_tasks"] if f":{pid}:" in p["worker"]]
+            if len(mine) >= n and st["store"]["durable_seq"] == st["store"]["seq"]:
+                c.status()  # one more round trip: the dispatch's timer is armed by now
+                return
+            threading.Event().wait(0.005)
+    pytest.fail(f"trainer {pid} never held {n} tasks: {st}")

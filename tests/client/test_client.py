@@ -147,22 +147,25 @@ def test_abandoned_pass_never_mixes_into_the_next(rio: Any) -> None:
     """D19: A leaves pass 0 half-way; its buffered records must not show up in its pass 1."""
     records = sample_records(400, "r")
     path = rio("mix.rio", records, max_chunk_size=200)
-    with InProcessMaster(chunks_per_task=1, timeout_dur=1.0, failure_max=5) as m:
-        with Client(m.addr, buffer_size=1000) as a, Client(m.addr) as b:
-            a.set_dataset([path])
-            it = a.records(0)
-            early = [next(it) for _ in range(5)]
-            assert len(early) == 5
-            it.close()  # leaving the loop early abandons pass 0 for A
-            b_pass0 = list(b.records(0))  # B finishes pass 0, incl. A's tasks after the timeout
-            a.start_get_records(1)
-            with ThreadResult(lambda: _read_all(a)) as a_pass1:
-                b_pass1 = list(b.records(1))
-            assert digest_of(a_pass1.value + b_pass1) == digest_of(records)
-            assert digest_of(b_pass0) == digest_of(records)  # A finished nothing in pass 0
-            st = m.status()
-            reasons = [r["reason"] for f in st["failed_tasks"] for r in f["reasons"]]
-            assert reasons and set(reasons) == {"timeout"}  # A's tasks: not reported finished
+    with (
+        InProcessMaster(chunks_per_task=1, timeout_dur=1.0, failure_max=5) as m,
+        Client(m.addr, buffer_size=1000) as a,
+        Client(m.addr) as b,
+    ):
+        a.set_dataset([path])
+        it = a.records(0)
+        early = [next(it) for _ in range(5)]
+        assert len(early) == 5
+        it.close()  # leaving the loop early abandons pass 0 for A
+        b_pass0 = list(b.records(0))  # B finishes pass 0, incl. A's tasks after the timeout
+        a.start_get_records(1)
+        with ThreadResult(lambda: _read_all(a)) as a_pass1:
+            b_pass1 = list(b.records(1))
+        assert digest_of(a_pass1.value + b_pass1) == digest_of(records)
+        assert digest_of(b_pass0) == digest_of(records)  # A finished nothing in pass 0
+        st = m.status()
+        reasons = [r["reason"] for f in st["failed_tasks"] for r in f["reasons"]]
+        assert reasons and set(reasons) == {"timeout"}  # A's tasks: not reported finished
     assert _client_threads() == []
 
 
