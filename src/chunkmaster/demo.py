@@ -192,7 +192,7 @@ def _demo(tmp: Path, procs: list[subprocess.Popen[str]]) -> int:
             if done_tasks[p] % 10 == 0 or done_tasks[p] == chunks:
                 say(f"   pass {p}: {done_tasks[p]} tasks completed")
             if n == VICTIM and p == 0 and not t.killed:
-                time.sleep(0.05)  # let its finish report go out; it is ~10 records into the next
+                _wait_holding(addr, t.proc.pid, 2)
                 t.proc.send_signal(signal.SIGKILL)
                 t.killed = True
                 say(
@@ -265,6 +265,26 @@ def _verdict(
         print(f"   master status unavailable: {status.stderr.strip()}", flush=True)
     say("PASS: no record lost to the crash" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def _wait_holding(addr: str, pid: int, n: int, timeout: float = 10.0) -> None:
+    """Wait until trainer `pid` durably holds `n` tasks: its current one and the prefetched one.
+
+    Then its finish report has gone out and no GetTask of it is in flight, so the kill lands
+    mid-task. (Killing a trainer during a GetTask can, with the master as of this writing,
+    leave a dispatched task without its timeout timer.)
+    """
+    from chunkmaster.client.connection import MasterConnection
+
+    end = time.monotonic() + timeout
+    with MasterConnection(addr) as c:
+        while time.monotonic() < end:
+            st = c.status()
+            mine = [x for x in st["pending_tasks"] if f":{pid}:" in x["worker"]]
+            if len(mine) >= n and st["store"]["durable_seq"] == st["store"]["seq"]:
+                c.status()
+                return
+            time.sleep(0.005)
 
 
 def _serving_address(master: subprocess.Popen[str], timeout: float = 20.0) -> str | None:
