@@ -28,15 +28,17 @@ class MasterProcess:
         self._ready = threading.Event()
         self._lock = threading.Lock()
 
-    def start(self, timeout: float = 30.0) -> MasterProcess:
+    def start(self, timeout: float = 30.0, *, wait: bool = True) -> MasterProcess:
+        """Start; with wait=False return at once (a standby serves only once it leads)."""
         self._ready.clear()
+        self.addr = None
         cmd = [sys.executable, "-m", "chunkmaster", "master", *self.args, "--port", str(self.port)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
         )
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        if not self.wait_serving(timeout):
+        if wait and not self.wait_serving(timeout):
             self.kill()
             raise RuntimeError("master did not start serving:\n" + self.log())
         return self

@@ -150,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--task-timeout-dur must be positive")
     if args.task_timeout_max < 0:
         raise CliError("--task-timeout-max must be 0 or more")
+    if args.endpoints.strip() and args.store:
+        raise CliError("--store and --endpoints exclude each other: the state lives in one place")
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port {args.port} is not a TCP port")
     setup_logging(args.log_level)

@@ -106,7 +106,6 @@ class MasterServer:
     async def start(self) -> None:
         await self.server.start()
         await self.set_serving(True)
-        log.info("serving on %s", self.address)
 
     async def set_serving(self, serving: bool) -> None:
         status = (
