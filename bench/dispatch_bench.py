@@ -117,7 +117,9 @@ def _load_process(addr: str, clients: int, warmup: float, seconds: float, out: m
         counts = [0] * clients
         start = time.monotonic()
         stop_at = start + warmup + seconds
-        tasks = [asyncio.create_task(_client_loop(addr, stop_at, counts, i)) for i in range(clients)]
+        tasks = [
+            asyncio.create_task(_client_loop(addr, stop_at, counts, i)) for i in range(clients)
+        ]
         await asyncio.sleep(warmup)
         before = sum(counts)
         t0 = time.monotonic()
@@ -141,13 +143,19 @@ def measure(addr: str, clients: int, warmup: float, seconds: float) -> float:
     return sum(n for n, _ in results) / max(dt for _, dt in results)
 
 
-def bench_rates(root: Path, sizes: list[int], clients: list[int], warmup: float, secs: float) -> list[dict]:
+def bench_rates(
+    root: Path, sizes: list[int], clients: list[int], warmup: float, secs: float
+) -> list[dict]:
     rows = []
     for store in ("memory", "sqlite"):
         for size in sizes:
             data = make_dataset(root, size)
-            store_args = ["--store", ":memory:"] if store == "memory" else ["--store", str(root / f"s-{size}-{time.time_ns()}.db")]
-            m = Master(store_args + ["--chunk-per-task", "1", "--task-timeout-dur", "10m"])
+            store_args = (
+                ["--store", ":memory:"]
+                if store == "memory"
+                else ["--store", str(root / f"s-{size}-{time.time_ns()}.db")]
+            )
+            m = Master([*store_args, "--chunk-per-task", "1", "--task-timeout-dur", "10m"])
             try:
                 t0 = time.perf_counter()
                 with MasterConnection(m.addr, timeout=600) as c:
@@ -194,7 +202,9 @@ def bench_many_files(root: Path, files: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--warmup", type=float, default=1.0)
@@ -208,7 +218,9 @@ def main() -> None:
         sizes = [int(s) for s in args.sizes.split(",")]
     clients = [int(c) for c in args.clients.split(",")]
     root = Path(tempfile.mkdtemp(prefix="dispatch-bench-"))
-    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]} window={args.seconds}s", flush=True)
+    print(
+        f"cpus={os.cpu_count()} python={sys.version.split()[0]} window={args.seconds}s", flush=True
+    )
     rows = bench_rates(root, sizes, clients, args.warmup, args.seconds)
     per_task = bench_memory(root, max(sizes))
     many = bench_many_files(root, 10_000)
@@ -226,7 +238,8 @@ def main() -> None:
         mine = {r["tasks"]: r for r in rows if r["store"] == store}
         lo, hi = min(mine), max(mine)
         for n in clients:
-            print(f"{store} {n} clients: rate at {hi} tasks / rate at {lo} = {mine[hi][f'c{n}'] / mine[lo][f'c{n}']:.2f}")
+            ratio = mine[hi][f"c{n}"] / mine[lo][f"c{n}"]
+            print(f"{store} {n} clients: rate at {hi} tasks / rate at {lo} = {ratio:.2f}")
     print(f"master memory per task (in-memory store, {max(sizes)} tasks): {per_task:.0f} bytes")
     print(f"set_dataset of 10,000 files: {many:.2f} s")
 
