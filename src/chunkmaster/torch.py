@@ -6,6 +6,10 @@ processes, every record is seen once per pass in total (at least once if a train
 `DistributedSampler.set_epoch`, call `set_pass(p)` before each epoch; without it the dataset
 asks the master which pass is current.
 
+With several workers, build the DataLoader with `in_order=False` (or use `make_loader`): a
+worker with nothing left to read waits for the pass to end, and an in-order DataLoader would
+stop taking the other workers' records while it waits, so their tasks would never finish.
+
 Needs the optional extra: `pip install 'chunkmaster[torch]'`.
 """
 
@@ -15,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 try:
-    from torch.utils.data import IterableDataset, get_worker_info
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "chunkmaster.torch needs PyTorch; install it with: pip install 'chunkmaster[torch]'"
@@ -23,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from chunkmaster.client.client import Client
 
-__all__ = ["MasterDataset"]
+__all__ = ["MasterDataset", "make_loader"]
 
 
 class MasterDataset(IterableDataset[Any]):
@@ -91,3 +95,9 @@ class MasterDataset(IterableDataset[Any]):
                     yield transform(record)
         finally:
             client.close()
+
+
+def make_loader(dataset: MasterDataset, **kwargs: Any) -> DataLoader[Any]:
+    """A DataLoader over `dataset` with `in_order=False`, which several workers need."""
+    kwargs.setdefault("in_order", False)
+    return DataLoader(dataset, **kwargs)
