@@ -116,3 +116,16 @@ def test_dataset_entry_is_compact() -> None:
     assert len(data) < 16 * n + 1000
     back = decode_event(data)
     assert isinstance(back, SetDataset) and back.dataset.num_chunks == n
+
+
+def test_d6_bytes_per_operation_do_not_grow_with_the_dataset() -> None:
+    """The original rewrote its whole state per operation; a journal entry is O(1)."""
+    sizes = []
+    for n in (10, 1_000_000):
+        st = MasterState()
+        apply(st, SetDataset(Dataset.build(["g"], ["f"], [(list(range(n)), [1] * n)], 1)))
+        task = apply(st, Dispatch(1e9, "worker-1"))
+        assert not isinstance(task, bool) and task is not None
+        entries = [Dispatch(1e9, "worker-1"), Finish(task.meta.id, task.meta.epoch, 0)]
+        sizes.append([len(encode_event(e)) for e in entries])
+    assert sizes[0] == sizes[1] and max(sizes[0]) < 64

@@ -123,3 +123,14 @@ def test_failed_report_with_reason_over_grpc(tmp_path: Path) -> None:
         assert st["cur_pass"] == 1 and st["failed"] == 0  # retry policy: back for pass 1
         (ft,) = st["failed_tasks"]
         assert ft["reasons"][0]["reason"] == "cannot open /x: permission denied"
+
+
+def test_standard_health_service_reports_serving() -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with InProcessMaster() as m, grpc.insecure_channel(m.addr) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for name in ("", "chunkmaster.v1.Master"):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
