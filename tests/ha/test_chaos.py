@@ -179,6 +179,7 @@ def test_chaos_leaders_and_trainers_killed_every_pass_delivers_every_record(
             seen: Counter[int] = Counter()
             survivors: Counter[int] = Counter()
             allowed: set[int] = set()  # tasks a killed trainer had taken records of
+            unfinished: set[int] = set()  # ...without taking the last record
             for t in trainers:
                 recs = t.log.records.get(p, [])
                 mine = set(recs)
@@ -193,6 +194,7 @@ def test_chaos_leaders_and_trainers_killed_every_pass_delivers_every_record(
                 seen.update(recs)
                 if t.killed:
                     allowed |= {r // PER_TASK for r in recs}
+                    unfinished |= {r // PER_TASK for r in recs} - t.log.done.get(p, set())
                 else:
                     survivors.update(recs)
             assert set(seen) == set(range(RECORDS)), f"pass {p}: records lost"
@@ -202,11 +204,15 @@ def test_chaos_leaders_and_trainers_killed_every_pass_delivers_every_record(
             bad = sorted(r for r in dups if r // PER_TASK not in allowed)
             assert not bad, f"pass {p}: duplicates {bad[:10]} not from a killed trainer's tasks"
             dups_total += sum(n - 1 for n in dups.values())
-            rows.append((p, sum(seen.values()), len(dups), sorted({r // PER_TASK for r in dups})))
+            dup_tasks = {r // PER_TASK for r in dups}
+            rows.append((p, sum(seen.values()), len(dups), dup_tasks, dup_tasks - unfinished))
         print()
         print(f"chaos: {RECORDS} records x {PASSES} passes, {TRAINERS} trainers, ttl {TTL}s")
-        for p, n, d, tasks in rows:
-            print(f"  pass {p}: {n} records taken, {d} records duplicated (tasks {tasks})")
+        for p, n, d, tasks, fin in rows:
+            print(
+                f"  pass {p}: {n} records taken, {d} duplicated, in tasks {sorted(tasks)}"
+                f" (finished by a killed trainer, its report lost with it: {sorted(fin)})"
+            )
         print(f"  duplicates (extra deliveries): {dups_total}; done-but-unlogged: {done_only}")
         print(f"  leader kills: {leader_kills}, trainer kills: {trainer_kills}")
         lo, mid, hi = min(failovers), statistics.median(failovers), max(failovers)
