@@ -76,6 +76,8 @@ PART_SIZE = 1024 * 1024  # one part per request: < 1.5 MiB with all overheads
 INLINE_MAX = 256 * 1024  # larger entries go to parts
 TXN_INLINE_BUDGET = 1024 * 1024  # total inline bytes in one transaction
 TXN_MAX_PUTS = 100  # etcd's default --max-txn-ops is 128; leave room for compare/deletes
+JOURNAL_WINDOW = 1024  # sequence numbers per journal read (see _scan_journal)
+JOURNAL_PAGE_KEYS = 256  # journal records are small: fewer, larger pages (each < 64 MiB)
 READ_PAGE_KEYS = 32  # ≤ 32 MiB per read response (parts are ≤ 1 MiB, inline values ≤ 256 KiB)
 PARALLEL_PARTS = 4  # part writes in flight at once
 KEEP_REVISIONS = 1000  # etcd history kept behind the latest snapshot switch
@@ -489,13 +491,52 @@ class EtcdStore:
 
     async def _scan(self, prefix: bytes, revision: int, keys_only: bool = False) -> Any:
         """Yield every KeyValue under `prefix` in key order, a page at a time, at `revision`."""
-        start, end = prefix, prefix_end(prefix)
+        async for kv in self._scan_range(prefix, prefix_end(prefix), revision, keys_only):
+            yield kv
+
+    async def _scan_journal(self, revision: int) -> Any:
+        """Yield the journal records in order, reading one window of sequence numbers at a time.
+
+        etcd 3.4 visits every key of a range request's key range, whatever its limit, so paging
+        through a long journal by limit alone costs O(n) per page. Windows of JOURNAL_WINDOW
+        sequence numbers keep each request O(window); only a gap (after a record that packs
+        many entries, or at the end) needs one look-ahead over the rest of the range.
+        """
+        journal = self.keys.journal
+        start = journal
+        while True:
+            head = await self.conn.range(
+                start, prefix_end(journal), revision=revision, limit=1, keys_only=True
+            )
+            if not head.kvs:
+                return
+            seq = int(bytes(head.kvs[0].key)[len(journal) :])
+            while True:
+                found = 0
+                lo, hi = self.keys.journal_key(seq), self.keys.journal_key(seq + JOURNAL_WINDOW)
+                async for kv in self._scan_range(lo, hi, revision, page=JOURNAL_PAGE_KEYS):
+                    found += 1
+                    yield kv
+                seq += JOURNAL_WINDOW
+                if not found:
+                    break
+            start = self.keys.journal_key(seq)
+
+    async def _scan_range(
+        self,
+        start: bytes,
+        end: bytes,
+        revision: int,
+        keys_only: bool = False,
+        page: int = READ_PAGE_KEYS,
+    ) -> Any:
+        """Yield every KeyValue in [start, end) in key order, a page at a time."""
         while True:
             resp = await self.conn.range(
                 start,
                 end,
                 revision=revision,
-                limit=READ_PAGE_KEYS,
+                limit=page,
                 sort_order=SORT_ASCEND,
                 sort_target=SORT_BY_KEY,
                 keys_only=keys_only,
@@ -526,7 +567,7 @@ class EtcdStore:
             entries: list[tuple[int, bytes]] = []
             groups: dict[int, int] = {}
             refs: set[str] = set()
-            async for kv in self._scan(self.keys.journal, revision):
+            async for kv in self._scan_journal(revision):
                 first = int(bytes(kv.key)[len(self.keys.journal) :])
                 value = bytes(kv.value)
                 tag, body = value[:1], value[1:]
@@ -660,7 +701,7 @@ class EtcdStore:
         """Remove part sets of journal records the snapshot made obsolete (best effort)."""
         try:
             refs: set[str] = set()
-            async for kv in self._scan(self.keys.journal, revision):
+            async for kv in self._scan_journal(revision):
                 value = bytes(kv.value)
                 if value[:1] == b"R":
                     refs.add(str(json.loads(value[1:])["id"]))
