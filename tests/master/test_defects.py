@@ -346,3 +346,35 @@ def test_two_masters_never_share_one_embedded_store(tmp_path: Path) -> None:
         await first.close()
 
     run(main)
+
+
+def test_a_retried_get_task_gets_the_same_task_not_a_stranded_one(tmp_path: Path) -> None:
+    """The answer to a GetTask can be lost (the master crashed after journaling the dispatch,
+    or the caller's deadline passed). Its retry, with the same request ID, must get the same
+    task back, also after recovery, instead of leaving it pending until its timeout."""
+    f = records_file(tmp_path / "a.rio", 3)
+    db = tmp_path / "state.db"
+
+    async def first() -> tuple[int, int]:
+        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=600)
+        await svc.start()
+        await svc.set_dataset([f])
+        t = await svc.get_task(0, worker="w", request_id="req-1")  # "lost" answer
+        again = await svc.get_task(0, worker="w", request_id="req-1")
+        assert (again.meta, again.chunks) == (t.meta, t.chunks)
+        assert svc.status()["pending"] == 1
+        await svc.close()
+        return t.meta.id, t.meta.epoch
+
+    async def after_restart(expected: tuple[int, int]) -> None:
+        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=600)
+        await svc.start()
+        t = await svc.get_task(0, worker="w", request_id="req-1")
+        assert (t.meta.id, t.meta.epoch) == expected
+        await svc.task_finished(t.meta.id)
+        other = await svc.get_task(0, worker="w", request_id="req-1")  # answered: a new one
+        assert other.meta.id != t.meta.id
+        await svc.close()
+
+    held = run(first)
+    run(lambda: after_restart(held))

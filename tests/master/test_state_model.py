@@ -115,6 +115,7 @@ class StateMachineVsReference(RuleBasedStateMachine):
         self.ref = Reference(ds.num_tasks, failure_max, policy)
         self.max_epoch_seen = [0] * ds.num_tasks
         self.now = 0.0
+        self.requests = 0
 
     @rule(offset=st.integers(-2, 2))
     def get_task(self, offset: int) -> None:
@@ -133,7 +134,8 @@ class StateMachineVsReference(RuleBasedStateMachine):
         if isinstance(expected, Availability):
             assert check_get_task(self.state, pass_id) is expected
             if expected is Availability.DISPATCH:
-                task = apply(self.state, Dispatch(self.now + 10, "w"))
+                self.requests += 1
+                task = apply(self.state, Dispatch(self.now + 10, "w", f"req-{self.requests}"))
                 t = self.ref.dispatch()
                 assert task.meta.id == t and task.meta.epoch == self.ref.epoch[t]
                 assert task.pass_id == self.ref.cur_pass
@@ -185,6 +187,11 @@ class StateMachineVsReference(RuleBasedStateMachine):
         assert {t: p.epoch for t, p in s.pending.items()} == r.pending_epoch
         assert s.cur_pass == r.cur_pass
         assert [s.num_failures.get(t, 0) for t in range(len(r.label))] == r.failures
+
+    @invariant()
+    def request_ids_index_exactly_the_pending_dispatches(self) -> None:
+        s = self.state
+        assert s.requests == {p.request: t for t, p in s.pending.items()}
 
     @invariant()
     def every_task_in_exactly_one_queue(self) -> None:

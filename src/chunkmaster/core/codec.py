@@ -92,8 +92,8 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
 
 def encode_event(ev: Event) -> bytes:
     match ev:
-        case Dispatch(deadline=d, worker=w):
-            return b"D" + _dumps([d, w])
+        case Dispatch(deadline=d, worker=w, request=r):
+            return b"D" + _dumps([d, w, r] if r else [d, w])
         case Finish(task_id=t, epoch=e, pass_id=p):
             return b"F" + _dumps([t, e, p])
         case Fail(task_id=t, epoch=e, reason=r):
@@ -115,7 +115,7 @@ def decode_event(data: bytes) -> Event:
             return SetDataset(_dataset_from(*unpack(body)))
         v = json.loads(body)
         if tag == b"D":
-            return Dispatch(float(v[0]), str(v[1]))
+            return Dispatch(float(v[0]), str(v[1]), str(v[2]) if len(v) > 2 else "")
         if tag == b"F":
             return Finish(int(v[0]), int(v[1]), int(v[2]))
         if tag == b"X":
@@ -135,7 +135,9 @@ def encode_snapshot(state: MasterState) -> bytes:
         "cur_pass": state.cur_pass,
         "failure_max": state.failure_max,
         "failed_policy": state.failed_policy.value,
-        "pending": [[t, p.epoch, p.deadline, p.worker] for t, p in state.pending.items()],
+        "pending": [
+            [t, p.epoch, p.deadline, p.worker, p.request] for t, p in state.pending.items()
+        ],
         "num_failures": list(state.num_failures.items()),
         "failure_log": [
             [t, state.failure_total.get(t, len(log)), [[f.pass_id, f.epoch, f.reason] for f in log]]
@@ -172,7 +174,10 @@ def decode_snapshot(data: bytes) -> MasterState:
         st.done = list(blobs["done"])
         st.failed = list(blobs["failed"])
         st.epochs = blobs["epochs"]
-        st.pending = {int(t): Pending(int(e), float(d), str(w)) for t, e, d, w in header["pending"]}
+        st.pending = {
+            int(t): Pending(int(e), float(d), str(w), str(r)) for t, e, d, w, r in header["pending"]
+        }
+        st.requests = {p.request: t for t, p in st.pending.items() if p.request}
         st.num_failures = {int(t): int(n) for t, n in header["num_failures"]}
         for t, total, log in header["failure_log"]:
             st.failure_log[int(t)] = deque(

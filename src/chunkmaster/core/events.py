@@ -29,10 +29,15 @@ class SetDataset:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """Hand the head of Todo to a trainer until `deadline` (wall-clock seconds)."""
+    """Hand the head of Todo to a trainer until `deadline` (wall-clock seconds).
+
+    `request` is the trainer's ID for this GetTask; a retry of a request whose answer was
+    lost gets the same task back instead of stranding it until its timeout.
+    """
 
     deadline: float
     worker: str = ""
+    request: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ class Pending:
     epoch: int
     deadline: float
     worker: str
+    request: str = ""
 
 
 @dataclass(slots=True)
@@ -59,6 +60,7 @@ class MasterState:
     failure_log: dict[int, deque[Failure]] = field(default_factory=dict)
     failure_total: dict[int, int] = field(default_factory=dict)
     saver: SaveApproval | None = None
+    requests: dict[str, int] = field(default_factory=dict)  # GetTask request ID -> pending task
 
     @property
     def ready(self) -> bool:
@@ -157,14 +159,22 @@ def _dispatch(state: MasterState, ev: Dispatch) -> Task:
         raise InvalidEvent("dispatch with an empty todo queue")
     task_id = state.todo.popleft()
     state.epochs[task_id] += 1
-    state.pending[task_id] = Pending(state.epochs[task_id], ev.deadline, ev.worker)
+    state.pending[task_id] = Pending(state.epochs[task_id], ev.deadline, ev.worker, ev.request)
+    if ev.request:
+        state.requests[ev.request] = task_id
     return state.task(task_id)
+
+
+def _leave_pending(state: MasterState, task_id: int) -> None:
+    p = state.pending.pop(task_id)
+    if p.request:
+        state.requests.pop(p.request, None)
 
 
 def _finish(state: MasterState, ev: Finish) -> bool:
     if finish_ignored(state, ev) is not None:
         return False
-    del state.pending[ev.task_id]
+    _leave_pending(state, ev.task_id)
     state.num_failures.pop(ev.task_id, None)
     state.done.append(ev.task_id)
     _maybe_roll_over(state)
@@ -175,7 +185,7 @@ def _fail(state: MasterState, ev: Fail) -> bool:
     if fail_ignored(state, ev) is not None:
         return False
     task_id = ev.task_id
-    del state.pending[task_id]
+    _leave_pending(state, task_id)
     count = state.num_failures.get(task_id, 0) + 1
     state.num_failures[task_id] = count
     log = state.failure_log.get(task_id)

@@ -50,7 +50,10 @@ class MasterServicer(pb_grpc.MasterServicer):
             wait = min(wait, max(0.0, remaining - 0.25))
         worker = request.worker or context.peer()
         task = await _answer(
-            context, lambda: self.service.get_task(request.pass_id, wait=wait, worker=worker)
+            context,
+            lambda: self.service.get_task(
+                request.pass_id, wait=wait, worker=worker, request_id=request.request_id
+            ),
         )
         return pb.GetTaskResponse(task=task_to_pb(task))
 

@@ -148,20 +148,26 @@ class Service:
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset))
 
-    async def get_task(self, pass_id: int, *, wait: float = 0.0, worker: str = "") -> Task:
+    async def get_task(
+        self, pass_id: int, *, wait: float = 0.0, worker: str = "", request_id: str = ""
+    ) -> Task:
         """The next task of `pass_id`, waiting up to `wait` seconds for one to be free.
 
         Raises PassBeforeError / PassAfterError / AllTaskFailedError at once, and
-        NoMoreAvailableError (or NotReadyError) only when `wait` has passed.
+        NoMoreAvailableError (or NotReadyError) only when `wait` has passed. A retry with the
+        `request_id` of a call whose answer was lost gets the same task again.
         """
         until = time.monotonic() + max(0.0, wait)
         while True:
             if not self.ledger.available:
                 raise UnavailableError(f"master cannot persist changes: {self.ledger.error}")
+            st = self.ledger.state
+            if request_id and (held := st.requests.get(request_id)) is not None:
+                return st.task(held)
             avail = check_get_task(self.ledger.state, pass_id)
             if avail is Availability.DISPATCH:
                 deadline = self._clock() + self.timeout_dur
-                task = await self.ledger.commit(Dispatch(deadline, worker))
+                task = await self.ledger.commit(Dispatch(deadline, worker, request_id))
                 assert isinstance(task, Task)
                 self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
                 return task

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63hunkmaster/rpc/master.proto\x12\x0e\x63hunkmaster.v1\":\n\x05\x43hunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_records\x18\x03 \x01(\r\"%\n\x08TaskMeta\x12\n\n\x02id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"f\n\x04Task\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12%\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x15.chunkmaster.v1.Chunk\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\"\"\n\x11SetDatasetRequest\x12\r\n\x05globs\x18\x01 \x03(\t\"\x14\n\x12SetDatasetResponse\"G\n\x0eGetTaskRequest\x12\x0f\n\x07pass_id\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06worker\x18\x03 \x01(\t\"5\n\x0fGetTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chunkmaster.v1.Task\"F\n\x13TaskFinishedRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\"K\n\x11TaskFailedRequest\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12TaskReportResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\"=\n\x10SaveModelRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\x12\x15\n\rblock_seconds\x18\x02 \x01(\x01\"%\n\x11SaveModelResponse\x12\x10\n\x08\x61pproved\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\xf9\x03\n\x06Master\x12S\n\nSetDataset\x12!.chunkmaster.v1.SetDatasetRequest\x1a\".chunkmaster.v1.SetDatasetResponse\x12J\n\x07GetTask\x12\x1e.chunkmaster.v1.GetTaskRequest\x1a\x1f.chunkmaster.v1.GetTaskResponse\x12W\n\x0cTaskFinished\x12#.chunkmaster.v1.TaskFinishedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12S\n\nTaskFailed\x12!.chunkmaster.v1.TaskFailedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12W\n\x10RequestSaveModel\x12 .chunkmaster.v1.SaveModelRequest\x1a!.chunkmaster.v1.SaveModelResponse\x12G\n\x06Status\x12\x1d.chunkmaster.v1.StatusRequest\x1a\x1e.chunkmaster.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63hunkmaster/rpc/master.proto\x12\x0e\x63hunkmaster.v1\":\n\x05\x43hunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_records\x18\x03 \x01(\r\"%\n\x08TaskMeta\x12\n\n\x02id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"f\n\x04Task\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12%\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x15.chunkmaster.v1.Chunk\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\"\"\n\x11SetDatasetRequest\x12\r\n\x05globs\x18\x01 \x03(\t\"\x14\n\x12SetDatasetResponse\"[\n\x0eGetTaskRequest\x12\x0f\n\x07pass_id\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"5\n\x0fGetTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chunkmaster.v1.Task\"F\n\x13TaskFinishedRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\"K\n\x11TaskFailedRequest\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12TaskReportResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\"=\n\x10SaveModelRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\x12\x15\n\rblock_seconds\x18\x02 \x01(\x01\"%\n\x11SaveModelResponse\x12\x10\n\x08\x61pproved\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\xf9\x03\n\x06Master\x12S\n\nSetDataset\x12!.chunkmaster.v1.SetDatasetRequest\x1a\".chunkmaster.v1.SetDatasetResponse\x12J\n\x07GetTask\x12\x1e.chunkmaster.v1.GetTaskRequest\x1a\x1f.chunkmaster.v1.GetTaskResponse\x12W\n\x0cTaskFinished\x12#.chunkmaster.v1.TaskFinishedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12S\n\nTaskFailed\x12!.chunkmaster.v1.TaskFailedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12W\n\x10RequestSaveModel\x12 .chunkmaster.v1.SaveModelRequest\x1a!.chunkmaster.v1.SaveModelResponse\x12G\n\x06Status\x12\x1d.chunkmaster.v1.StatusRequest\x1a\x1e.chunkmaster.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,23 +42,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETDATASETRESPONSE']._serialized_start=287
   _globals['_SETDATASETRESPONSE']._serialized_end=307
   _globals['_GETTASKREQUEST']._serialized_start=309
-  _globals['_GETTASKREQUEST']._serialized_end=380
-  _globals['_GETTASKRESPONSE']._serialized_start=382
-  _globals['_GETTASKRESPONSE']._serialized_end=435
-  _globals['_TASKFINISHEDREQUEST']._serialized_start=437
-  _globals['_TASKFINISHEDREQUEST']._serialized_end=507
-  _globals['_TASKFAILEDREQUEST']._serialized_start=509
-  _globals['_TASKFAILEDREQUEST']._serialized_end=584
-  _globals['_TASKREPORTRESPONSE']._serialized_start=586
-  _globals['_TASKREPORTRESPONSE']._serialized_end=623
-  _globals['_SAVEMODELREQUEST']._serialized_start=625
-  _globals['_SAVEMODELREQUEST']._serialized_end=686
-  _globals['_SAVEMODELRESPONSE']._serialized_start=688
-  _globals['_SAVEMODELRESPONSE']._serialized_end=725
-  _globals['_STATUSREQUEST']._serialized_start=727
-  _globals['_STATUSREQUEST']._serialized_end=742
-  _globals['_STATUSRESPONSE']._serialized_start=744
-  _globals['_STATUSRESPONSE']._serialized_end=774
-  _globals['_MASTER']._serialized_start=777
-  _globals['_MASTER']._serialized_end=1282
+  _globals['_GETTASKREQUEST']._serialized_end=400
+  _globals['_GETTASKRESPONSE']._serialized_start=402
+  _globals['_GETTASKRESPONSE']._serialized_end=455
+  _globals['_TASKFINISHEDREQUEST']._serialized_start=457
+  _globals['_TASKFINISHEDREQUEST']._serialized_end=527
+  _globals['_TASKFAILEDREQUEST']._serialized_start=529
+  _globals['_TASKFAILEDREQUEST']._serialized_end=604
+  _globals['_TASKREPORTRESPONSE']._serialized_start=606
+  _globals['_TASKREPORTRESPONSE']._serialized_end=643
+  _globals['_SAVEMODELREQUEST']._serialized_start=645
+  _globals['_SAVEMODELREQUEST']._serialized_end=706
+  _globals['_SAVEMODELRESPONSE']._serialized_start=708
+  _globals['_SAVEMODELRESPONSE']._serialized_end=745
+  _globals['_STATUSREQUEST']._serialized_start=747
+  _globals['_STATUSREQUEST']._serialized_end=762
+  _globals['_STATUSRESPONSE']._serialized_start=764
+  _globals['_STATUSRESPONSE']._serialized_end=794
+  _globals['_MASTER']._serialized_start=797
+  _globals['_MASTER']._serialized_end=1302
 # @@protoc_insertion_point(module_scope)

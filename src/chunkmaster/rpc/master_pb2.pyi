@@ -45,14 +45,16 @@ class SetDatasetResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("pass_id", "wait_seconds", "worker")
+    __slots__ = ("pass_id", "wait_seconds", "worker", "request_id")
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     pass_id: int
     wait_seconds: float
     worker: str
-    def __init__(self, pass_id: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., worker: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, pass_id: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., worker: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
     __slots__ = ("task",)
