@@ -34,7 +34,8 @@ def comparable(s: MasterState) -> tuple[object, ...]:
         s.done,
         s.failed,
         list(s.epochs),
-        {t: (p.epoch, p.deadline, p.worker) for t, p in s.pending.items()},
+        {t: (p.epoch, p.deadline, p.worker, p.request) for t, p in s.pending.items()},
+        s.requests,
         s.num_failures,
         {t: list(v) for t, v in s.failure_log.items()},
         s.failure_total,
@@ -66,7 +67,7 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
         if kind == "D":
             if not live.todo:
                 continue
-            ev = Dispatch(1000.0 + x, f"worker-{x}")
+            ev = Dispatch(1000.0 + x, f"worker-{x}", f"req-{len(journal)}" if x % 2 else "")
         elif kind == "F":
             ev = Finish(x % live.num_tasks, x % 3, -1)
         elif kind == "X":
