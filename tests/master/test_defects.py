@@ -17,6 +17,7 @@ from chunkmaster import (
     DatasetError,
     InMemStore,
     NoMoreAvailableError,
+    PassAfterError,
     PassBeforeError,
     Service,
     SqliteStore,
@@ -147,8 +148,6 @@ def test_d7_a_failed_write_leaves_no_half_applied_state(tmp_path: Path) -> None:
         blocker.execute("BEGIN EXCLUSIVE")
         with pytest.raises(UnavailableError, match="database is locked"):
             await svc.get_task(0)
-        st = svc.status()
-        assert st["store"]["healthy"] is False
         blocker.execute("ROLLBACK")
         blocker.close()
         # the repair loop rebuilds the state from the store: nothing pending, no orphan
@@ -378,3 +377,44 @@ def test_a_retried_get_task_gets_the_same_task_not_a_stranded_one(tmp_path: Path
 
     held = run(first)
     run(lambda: after_restart(held))
+
+
+def test_a_get_task_cancelled_mid_commit_still_times_out_its_task(tmp_path: Path) -> None:
+    """The caller goes away while its dispatch is being made durable: the task must still get
+    its timer, or it would stay pending for ever and the pass would never end."""
+    f = records_file(tmp_path / "a.rio", 1)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=0.2, failure_max=5)
+        await svc.start()
+        await svc.set_dataset([f])
+        call = asyncio.create_task(svc.get_task(0))
+        while svc.status()["pending"] == 0:  # until applied; it now waits for durability
+            await asyncio.sleep(0)
+        assert not call.done()
+        call.cancel()
+        again = await svc.get_task(0, wait=30.0)  # comes back by timeout
+        assert again.meta.epoch == 2
+        await svc.close()
+
+    run(main)
+
+
+def test_a_trainer_ahead_of_the_master_waits_for_the_rollover(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 1)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60)
+        await svc.start()
+        await svc.set_dataset([f])
+        t = await svc.get_task(0)
+        with pytest.raises(PassAfterError, match="^pass number larger than master$"):
+            await svc.get_task(1)
+        ahead = asyncio.create_task(svc.get_task(1, wait=30.0))
+        await asyncio.sleep(0)
+        assert not ahead.done()
+        await svc.task_finished(t.meta.id)
+        assert (await ahead).pass_id == 1
+        await svc.close()
+
+    run(main)

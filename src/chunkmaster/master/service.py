@@ -17,6 +17,7 @@ from chunkmaster.core.errors import (
     NoDatasetError,
     NoMoreAvailableError,
     NotReadyError,
+    PassAfterError,
     TrainerIdEmptyError,
     UnavailableError,
 )
@@ -153,9 +154,10 @@ class Service:
     ) -> Task:
         """The next task of `pass_id`, waiting up to `wait` seconds for one to be free.
 
-        Raises PassBeforeError / PassAfterError / AllTaskFailedError at once, and
-        NoMoreAvailableError (or NotReadyError) only when `wait` has passed. A retry with the
-        `request_id` of a call whose answer was lost gets the same task again.
+        Raises PassBeforeError and AllTaskFailedError at once; PassAfterError,
+        NoMoreAvailableError and NotReadyError only when `wait` has passed (a pass may roll
+        over, a task come back, a dataset arrive meanwhile). A retry with the `request_id` of
+        a call whose answer was lost gets the same task again.
         """
         until = time.monotonic() + max(0.0, wait)
         while True:
@@ -164,17 +166,27 @@ class Service:
             st = self.ledger.state
             if request_id and (held := st.requests.get(request_id)) is not None:
                 return st.task(held)
-            avail = check_get_task(self.ledger.state, pass_id)
+            try:
+                avail = check_get_task(st, pass_id)
+            except PassAfterError:
+                if not await self._wait_change(until):
+                    raise
+                continue
             if avail is Availability.DISPATCH:
-                deadline = self._clock() + self.timeout_dur
-                task = await self.ledger.commit(Dispatch(deadline, worker, request_id))
-                assert isinstance(task, Task)
-                self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
-                return task
+                # Shielded: a caller that goes away mid-commit must not leave the task
+                # pending without a timer (it would never come back).
+                return await asyncio.shield(self._dispatch(worker, request_id))
             if not await self._wait_change(until):
                 if avail is Availability.NOT_READY:
                     raise NotReadyError()
                 raise NoMoreAvailableError()
+
+    async def _dispatch(self, worker: str, request_id: str) -> Task:
+        deadline = self._clock() + self.timeout_dur
+        task = await self.ledger.commit(Dispatch(deadline, worker, request_id))
+        assert isinstance(task, Task)
+        self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
+        return task
 
     async def task_finished(self, task_id: int, *, epoch: int = 0, pass_id: int = -1) -> bool:
         """Complete a pending task; a report about anything else is answered, harmlessly."""
