@@ -18,6 +18,12 @@ test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+bench: $(STAMP)
+	$(PY) bench/recordio_bench.py
+	$(PY) bench/dispatch_bench.py
+	$(PY) bench/stream_bench.py
+	$(PY) bench/failover_bench.py
+
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench
 	$(PY) -m mypy

@@ -5,6 +5,7 @@ The names most users need are here; the layers live in subpackages:
 `client` (the trainer's side), `recordio` (the file format).
 """
 
+from chunkmaster.client.client import Client, EndOfPass, TaskReadError
 from chunkmaster.core.errors import (
     AllTaskFailedError,
     DatasetError,
@@ -25,7 +26,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AllTaskFailedError",
     "Chunk",
+    "Client",
     "DatasetError",
+    "EndOfPass",
     "FailedPolicy",
     "InMemStore",
     "MasterError",
@@ -38,6 +41,7 @@ __all__ = [
     "SqliteStore",
     "Task",
     "TaskMeta",
+    "TaskReadError",
     "UnavailableError",
     "__version__",
 ]
