@@ -134,3 +134,35 @@ def test_standard_health_service_reports_serving() -> None:
         for name in ("", "chunkmaster.v1.Master"):
             reply = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_get_task_retried_after_a_lost_answer_gets_the_same_task(tmp_path: Path) -> None:
+    """The store stalls (another process holds the SQLite lock), so the master answers after
+    the caller's deadline: the caller sees a transport error and retries with the same ID."""
+    import sqlite3
+
+    from chunkmaster import SqliteStore
+    from chunkmaster.client.connection import TransportError
+
+    path = tmp_path / "d.rio"
+    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
+        for i in range(3):
+            w.write(b"%d" % i)
+    db = tmp_path / "state.db"
+    store = SqliteStore(db, busy_timeout=30.0)
+    with InProcessMaster(store, chunks_per_task=1, timeout_dur=600.0) as m:
+        with MasterConnection(m.addr, timeout=0.5) as c:
+            c.set_dataset([str(path)])
+            blocker = sqlite3.connect(db, isolation_level=None)
+            blocker.execute("BEGIN EXCLUSIVE")
+            try:
+                with pytest.raises(TransportError, match="DEADLINE_EXCEEDED"):
+                    c.get_task(0, worker="w", request_id="attempt-1")
+            finally:
+                blocker.execute("ROLLBACK")
+                blocker.close()
+        with MasterConnection(m.addr, timeout=30.0) as c:
+            again = c.get_task(0, worker="w", request_id="attempt-1")
+            st = c.status()
+        assert st["pending"] == 1  # one task held, not one stranded plus one new
+        assert st["pending_tasks"][0]["id"] == again.meta.id

@@ -22,6 +22,7 @@ Guarantees (the original's defects in brackets):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import operator
@@ -31,6 +32,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
@@ -64,12 +66,6 @@ _GIL: Final = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 DEFAULT_BUFFER = 1024
 PASS_POLL_MAX = 0.5  # seconds between GetTask calls while the master is still in an older pass
 WAIT_LOG_EVERY = 30.0
-CANCEL_LONG_POLLS = False
-"""Whether abandoning a pass cancels its GetTask in flight. Off: the master (as of this
-writing) applies a dispatch before it is durable and arms the task's timer only after, so a
-call cancelled in between leaves a pending task with no timer (orphaned, like D7). So a long
-poll is left to finish (at most poll_wait seconds) and a task it brings is dropped instead;
-the master's timeout hands it out again."""
 _worker_ids = itertools.count()
 _T = TypeVar("_T")
 
@@ -428,10 +424,13 @@ class Client:
         polls = 0
         while True:
             self._wait_slot(ps)
+            # One ID per GetTask, the same for its retries: if an answer is lost (the master
+            # failed over, a deadline passed), the retry gets that same task back.
+            request_id = uuid.uuid4().hex
             try:
                 task = self._link.call(
                     f"GetTask(pass {ps.pass_id})",
-                    lambda c: self._get_task(c, ps),
+                    functools.partial(self._get_task, ps=ps, request_id=request_id),
                     ps.cancel,
                 )
             except PassBeforeError:
@@ -459,11 +458,13 @@ class Client:
                 ps.held[task.meta.id] = task
             self._read_task(ps, task)
 
-    def _get_task(self, conn: MasterConnection, ps: _Pass) -> Task:
-        call = conn.get_task_async(ps.pass_id, wait=self.poll_wait, worker=self.worker)
-        if CANCEL_LONG_POLLS:
-            return ps.cancel.run(call)
-        return call.result()
+    def _get_task(self, conn: MasterConnection, ps: _Pass, request_id: str) -> Task:
+        # Abandoning the pass cancels the long poll; a task the master dispatched meanwhile
+        # keeps its timer there (the dispatch is shielded) and comes back after its timeout.
+        call = conn.get_task_async(
+            ps.pass_id, wait=self.poll_wait, worker=self.worker, request_id=request_id
+        )
+        return ps.cancel.run(call)
 
     def _read_task(self, ps: _Pass, task: Task) -> None:
         chunks = task.chunks

@@ -101,16 +101,22 @@ class MasterConnection:
     def set_dataset(self, globs: Sequence[str]) -> None:
         self._call("SetDataset", pb.SetDatasetRequest(globs=list(globs)), _DATASET_TIMEOUT)
 
-    def get_task(self, pass_id: int, *, wait: float = 0.0, worker: str = "") -> Task:
-        request = pb.GetTaskRequest(pass_id=pass_id, wait_seconds=wait, worker=worker)
+    def get_task(
+        self, pass_id: int, *, wait: float = 0.0, worker: str = "", request_id: str = ""
+    ) -> Task:
+        request = pb.GetTaskRequest(
+            pass_id=pass_id, wait_seconds=wait, worker=worker, request_id=request_id
+        )
         reply = self._call("GetTask", request, wait + self.timeout)
         return task_from_pb(reply.task)
 
     def get_task_async(
-        self, pass_id: int, *, wait: float = 0.0, worker: str = ""
+        self, pass_id: int, *, wait: float = 0.0, worker: str = "", request_id: str = ""
     ) -> PendingCall[Task]:
         """Start a GetTask that another thread can cancel (a long poll must not pin a pass)."""
-        request = pb.GetTaskRequest(pass_id=pass_id, wait_seconds=wait, worker=worker)
+        request = pb.GetTaskRequest(
+            pass_id=pass_id, wait_seconds=wait, worker=worker, request_id=request_id
+        )
         try:
             future = self._stub.GetTask.future(request, timeout=wait + self.timeout)
         except ValueError:
