@@ -1,12 +1,15 @@
 """The trainer's client: records of the tasks the master hands out, one pass at a time.
 
 Threads and hand-over. One fetcher thread per pass asks the master for tasks (long-polling),
-reads each chunk whole with `recordio.scan` and appends its records, as one list, to the pass's
-deque. The trainer takes records from the current list; only at a list boundary does it touch
-the deque (under the lock). So the per-record cost is one list-iterator step, and the fetcher
-asks for the next task as soon as it has read the current one: the trainer never waits on the
-network between tasks. A reporter thread sends TaskFinished/TaskFailed, so a report never waits
-behind a long poll.
+reads each chunk whole and checks it (CRC, decompression, the framing of every record:
+`recordio.scanner.load_chunk`), and appends the checked chunk data to the pass's deque. The
+trainer's thread cuts the records out of it one at a time, as a direct `recordio.scan` does
+(each record is created and consumed while cache-hot; the fetcher never materialises them).
+The records of a chunk come from one C-level iterator (`map` over slices), so one step of it
+is atomic under the GIL and several trainer threads may share it; only at a chunk boundary does
+the trainer touch the deque (under the lock). The fetcher asks for the next task as soon as it
+has read the current one: the trainer never waits on the network between tasks. A reporter
+thread sends TaskFinished/TaskFailed, so a report never waits behind a long poll.
 
 Guarantees (the original's defects in brackets):
 * A task is reported finished when the trainer *takes* its last record, not when the record
@@ -35,6 +38,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from itertools import chain, islice, repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, TypeVar
 
@@ -50,8 +54,7 @@ from chunkmaster.core.errors import (
 )
 from chunkmaster.core.model import Chunk, Task
 from chunkmaster.recordio.errors import RecordIOError
-from chunkmaster.recordio.index import Index
-from chunkmaster.recordio.scanner import scan
+from chunkmaster.recordio.scanner import load_chunk
 
 if TYPE_CHECKING:
     from chunkmaster.discovery import MasterLocator
@@ -61,7 +64,7 @@ __all__ = ["Client", "ClientClosedError", "EndOfPass", "TaskReadError"]
 log = logging.getLogger("chunkmaster.client")
 
 _GIL: Final = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
-"""With the GIL, one list-iterator step is atomic, so the fast path needs no lock."""
+"""With the GIL, one step of a C-level iterator is atomic, so the fast path needs no lock."""
 
 DEFAULT_BUFFER = 1024
 PASS_POLL_MAX = 0.5  # seconds between GetTask calls while the master is still in an older pass
@@ -110,11 +113,27 @@ def describe_read_error(chunk: Chunk, cause: BaseException) -> str:
 
 def read_chunk(chunk: Chunk) -> list[bytes]:
     """All records of one chunk, checksum and framing verified before any is returned."""
-    return list(scan(chunk.path, Index([chunk.offset], [chunk.num_records])))
+    data, ends = load_chunk(chunk.path, chunk.offset, chunk.num_records)
+    return list(cut_records(data, ends, len(ends)))
 
 
-# A batch: (records, task finished once these are taken, error to raise instead).
-_Batch = tuple[list[bytes], Task | None, BaseException | None]
+def cut_records(data: bytes, ends: list[int], n: int) -> Iterator[bytes]:
+    """Records 0..n-1 of a checked chunk (`load_chunk`), each cut out when it is asked for.
+
+    Only C-level iterators (no generator): one next() of it is atomic under the GIL, so
+    several threads may share it, and a record is created just before it is consumed.
+    """
+    starts = map(operator.add, chain((0,), ends), repeat(4))
+    return map(data.__getitem__, map(slice, starts, islice(ends, n) if n < len(ends) else ends))
+
+
+def last_record(data: bytes, ends: list[int]) -> bytes:
+    """The last record of a checked, non-empty chunk."""
+    return data[ends[-2] + 4 if len(ends) > 1 else 4 : ends[-1]]
+
+
+# A batch: (records, how many, task finished once these are taken, error to raise instead).
+_Batch = tuple[Iterator[bytes], int, Task | None, BaseException | None]
 _EMPTY_ITER: Final[Iterator[bytes]] = iter(())
 
 
@@ -247,9 +266,10 @@ class Client:
         """Cancel a pass's fetcher and drop its buffer. Called with the lock held."""
         ps.cancel.cancel()
         if ps.end is None:
-            dropped = ps.queued + operator.length_hint(self._it)
+            dropped = ps.queued
             log.info(
-                "pass %d abandoned (%s): %d buffered records dropped%s",
+                "pass %d abandoned (%s): %d buffered records dropped (and the rest of the "
+                "chunk being read)%s",
                 ps.pass_id,
                 why,
                 dropped,
@@ -277,7 +297,7 @@ class Client:
             TimeoutError if `timeout` seconds pass without a record.
             """
             try:
-                return self._next()  # the fast path: one list-iterator step
+                return self._next()  # the fast path: one step of the chunk's record iterator
             except StopIteration:
                 pass
             done: list[Task] = []
@@ -316,18 +336,18 @@ class Client:
             except StopIteration:
                 pass
             if ps.batches:
-                records, task, error = ps.batches.popleft()
+                records, count, task, error = ps.batches.popleft()
                 if error is not None:
                     raise error
-                ps.queued -= len(records)
+                ps.queued -= count
                 self._cond.notify_all()  # room for the fetcher
                 if task is not None:  # the task's last record (or an empty task)
                     self._task_taken(ps, task, done)
-                    if records:
-                        return records[0]
+                    if count:
+                        return next(records)
                     continue
-                self._it = it = iter(records)
-                self._next = it.__next__
+                self._it = records
+                self._next = records.__next__
                 continue
             if ps.end is not None:
                 self._check_open()
@@ -376,7 +396,7 @@ class Client:
                     if self._pass is ps:
                         self._abandon(ps, "records() left early")
 
-    def _take(self, ps: _Pass, done: list[Task]) -> Iterator[bytes] | list[bytes] | None:
+    def _take(self, ps: _Pass, done: list[Task]) -> Iterator[bytes] | None:
         """The next run of records for records(): None at the end of the pass. Lock held."""
         while True:
             if self._pass is not ps:
@@ -384,20 +404,20 @@ class Client:
                 now = None if self._pass is None else self._pass.pass_id
                 log.warning("pass %d was replaced by pass %s while iterating it", ps.pass_id, now)
                 return None
-            if operator.length_hint(self._it):  # left over by next_record calls
+            if self._it is not _EMPTY_ITER:  # left over by next_record calls (maybe none)
                 rest = self._it
                 self._it = _EMPTY_ITER
                 self._next = _EMPTY_ITER.__next__
                 return rest
             if ps.batches:
-                records, task, error = ps.batches.popleft()
+                records, count, task, error = ps.batches.popleft()
                 if error is not None:
                     raise error
-                ps.queued -= len(records)
+                ps.queued -= count
                 self._cond.notify_all()
                 if task is not None:
                     self._task_taken(ps, task, done)
-                    if not records:
+                    if not count:
                         continue
                 return records
             if ps.end is not None:
@@ -469,28 +489,33 @@ class Client:
     def _read_task(self, ps: _Pass, task: Task) -> None:
         chunks = task.chunks
         if not chunks:
-            self._push(ps, [([], task, None)])
+            self._push(ps, [(_EMPTY_ITER, 0, task, None)])
             return
         last = len(chunks) - 1
         for i, chunk in enumerate(chunks):
             self._wait_room(ps)
             try:
-                records = read_chunk(chunk)
+                data, ends = load_chunk(chunk.path, chunk.offset, chunk.num_records)
             except (RecordIOError, OSError) as exc:
                 err = TaskReadError(task, chunk, exc)
                 log.error("%s; reporting the task failed", err)
                 with self._lock:
                     ps.held.pop(task.meta.id, None)
                 self._reports.put(("fail", task, err.reason))
-                self._push(ps, [([], None, err)])
+                self._push(ps, [(_EMPTY_ITER, 0, None, err)])
                 return
+            n = len(ends)
             if i < last:
-                self._push(ps, [(records, None, None)])
-            elif len(records) > 1:
-                tail = [records.pop()]  # taken alone, so "finished" means taken (D10)
-                self._push(ps, [(records, None, None), (tail, task, None)])
+                self._push(ps, [(cut_records(data, ends, n), n, None, None)])
+            elif n:  # the last record is taken alone, so "finished" means taken (D10)
+                tail = iter((last_record(data, ends),))
+                batches: list[_Batch] = [(tail, 1, task, None)]
+                if n > 1:
+                    batches.insert(0, (cut_records(data, ends, n - 1), n - 1, None, None))
+                self._push(ps, batches)
             else:
-                self._push(ps, [(records, task, None)])
+                self._push(ps, [(_EMPTY_ITER, 0, task, None)])
+            del data, ends
 
     def _wait_slot(self, ps: _Pass) -> None:
         """Hold at most 1 + prefetch_tasks tasks: the master's timeout runs for each of them."""
@@ -511,7 +536,7 @@ class Client:
                 raise Cancelled()
             for b in batches:
                 ps.batches.append(b)
-                ps.queued += len(b[0])
+                ps.queued += b[1]
             self._cond.notify_all()
 
     def _end_pass(self, ps: _Pass, end: BaseException) -> None:

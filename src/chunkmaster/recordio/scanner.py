@@ -84,6 +84,13 @@ def _load(
     count = header.num_records
     if header.compressor == 0 and count and size // count >= _LARGE_RECORD and _has_readinto(src):
         return _load_large(src, header, where, lo, hi)
+    data, ends = _decode(src, header, where)
+    return iter_records(data, ends, lo, hi)
+
+
+def _decode(src: Opened, header: ChunkHeader, where: Where) -> tuple[bytes, list[int]]:
+    """Read the payload following `header`; check its CRC, decompress it, validate framing."""
+    size = header.compressed_size
     payload = read_exact(src.file, size)
     if len(payload) != size:
         raise TruncatedChunkError(
@@ -97,8 +104,21 @@ def _load(
         )
     data = decompress(header.compressor, payload, where)
     del payload
-    ends = frame_ends(data, header.num_records, where)
-    return iter_records(data, ends, lo, hi)
+    return data, frame_ends(data, header.num_records, where)
+
+
+def load_chunk(source: Source, offset: int, num_records: int) -> tuple[bytes, list[int]]:
+    """One chunk read whole and checked like scan() checks it: its record data and record ends.
+
+    Record i is `data[start : ends[i]]` with start 4 past the previous end (0 for i == 0). The
+    same checks and errors as `scan(source, Index([offset], [num_records]))`; nothing is
+    returned unless the chunk's CRC, compression and framing are all valid. For callers that
+    cut records out later, in another thread (the client).
+    """
+    with open_source(source) as src:
+        src.file.seek(src.base + offset)
+        header = read_chunk(src, 0, offset, num_records)
+        return _decode(src, header, {"path": src.name, "chunk": 0, "offset": offset})
 
 
 _LARGE_RECORD = 4096
