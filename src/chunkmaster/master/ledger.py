@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from chunkmaster.core.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from chunkmaster.core.errors import UnavailableError
@@ -69,6 +69,16 @@ class Ledger:
 
     async def commit(self, event: Event) -> Task | bool | None:
         """Apply `event` now; return its result once it is durable (else raise)."""
+        result, durable = self.submit(event)
+        await durable
+        return result
+
+    def submit(self, event: Event) -> tuple[Task | bool | None, Awaitable[None]]:
+        """Apply `event` now, synchronously; the awaitable completes once it is durable.
+
+        For callers that must act on the result before yielding (e.g. arm a timer), so
+        that neither a concurrent caller nor a cancellation can come in between.
+        """
         if not self.available:
             raise UnavailableError(f"master cannot persist changes: {self.error or 'closed'}")
         data = encode_event(event)
@@ -82,8 +92,7 @@ class Ledger:
             self._flusher = asyncio.create_task(self._flush_loop(), name="ledger-flush")
         for cb in self.on_change:
             cb()
-        await asyncio.shield(done)
-        return result
+        return result, asyncio.shield(done)  # one caller's cancellation must not fail the batch
 
     async def _flush_loop(self) -> None:
         while self._queue:

@@ -173,19 +173,21 @@ class Service:
                     raise
                 continue
             if avail is Availability.DISPATCH:
-                # Shielded: a caller that goes away mid-commit must not leave the task
-                # pending without a timer (it would never come back).
-                return await asyncio.shield(self._dispatch(worker, request_id))
+                return await self._dispatch(worker, request_id)
             if not await self._wait_change(until):
                 if avail is Availability.NOT_READY:
                     raise NotReadyError()
                 raise NoMoreAvailableError()
 
     async def _dispatch(self, worker: str, request_id: str) -> Task:
+        """Dispatch the head of Todo. Apply and arm the timer before yielding: a caller that
+        goes away while the dispatch is made durable must not leave the task pending without
+        a timer (it would never come back); a failed write resets the timers anyway."""
         deadline = self._clock() + self.timeout_dur
-        task = await self.ledger.commit(Dispatch(deadline, worker, request_id))
+        task, durable = self.ledger.submit(Dispatch(deadline, worker, request_id))
         assert isinstance(task, Task)
         self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
+        await durable
         return task
 
     async def task_finished(self, task_id: int, *, epoch: int = 0, pass_id: int = -1) -> bool:
@@ -209,6 +211,8 @@ class Service:
         return applied
 
     async def _expire(self, task_id: int, epoch: int) -> None:
+        if not self.ledger.available:
+            return  # the state is being rebuilt; every timer is re-armed from it after
         ev = Fail(task_id, epoch, TIMEOUT_REASON)
         if fail_ignored(self.ledger.state, ev) is None:
             await self.ledger.commit(ev)
