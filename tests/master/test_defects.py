@@ -418,3 +418,21 @@ def test_a_trainer_ahead_of_the_master_waits_for_the_rollover(tmp_path: Path) ->
         await svc.close()
 
     run(main)
+
+
+def test_concurrent_get_tasks_race_for_the_last_task_cleanly(tmp_path: Path) -> None:
+    f = records_file(tmp_path / "a.rio", 2)
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60)
+        await svc.start()
+        await svc.set_dataset([f])
+        results = await asyncio.gather(
+            *(svc.get_task(0, worker=f"w{i}") for i in range(10)), return_exceptions=True
+        )
+        got = [r for r in results if not isinstance(r, BaseException)]
+        assert sorted(t.meta.id for t in got) == [0, 1]
+        assert all(isinstance(r, NoMoreAvailableError) for r in results if r not in got)
+        await svc.close()
+
+    run(main)
