@@ -82,6 +82,28 @@ class ChunkInfo(NamedTuple):
     header: ChunkHeader
 
 
+def next_header(src: Opened, chunk: int, pos: int, end: int | None) -> ChunkHeader | None:
+    """Read the header of chunk `chunk` at `pos`: None at a clean end of file.
+
+    Raises when the payload it announces runs past `end` (the file's size, when known):
+    the reference only finds that out when it reads the chunk.
+    """
+    raw = read_exact(src.file, HEADER_SIZE)
+    if not raw:
+        return None
+    header = parse_header(raw, path=src.name, chunk=chunk, offset=pos)
+    nxt = pos + HEADER_SIZE + header.compressed_size
+    if end is not None and nxt > end:
+        raise TruncatedChunkError(
+            f"payload of {header.compressed_size} bytes runs {nxt - end} bytes past the end "
+            f"of the file (Failed to read chunk data: EOF)",
+            path=src.name,
+            chunk=chunk,
+            offset=pos,
+        )
+    return header
+
+
 def walk_headers(src: Opened) -> Iterator[ChunkInfo]:
     """Read every chunk header from the file's start, seeking past payloads.
 
@@ -97,22 +119,12 @@ def walk_headers(src: Opened) -> Iterator[ChunkInfo]:
     while True:
         if end is not None and pos >= end:
             return
-        raw = read_exact(f, HEADER_SIZE)
-        if not raw:
+        header = next_header(src, chunk, pos, end)
+        if header is None:
             return
-        header = parse_header(raw, path=src.name, chunk=chunk, offset=pos)
-        nxt = pos + HEADER_SIZE + header.compressed_size
-        if end is not None and nxt > end:
-            raise TruncatedChunkError(
-                f"payload of {header.compressed_size} bytes runs {nxt - end} bytes past the end "
-                f"of the file (Failed to read chunk data: EOF)",
-                path=src.name,
-                chunk=chunk,
-                offset=pos,
-            )
         yield ChunkInfo(chunk, pos, header)
         f.seek(header.compressed_size, os.SEEK_CUR)
-        pos = nxt
+        pos += HEADER_SIZE + header.compressed_size
         chunk += 1
 
 

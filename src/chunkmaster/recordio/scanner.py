@@ -26,7 +26,7 @@ from chunkmaster.recordio.errors import (
     Where,
 )
 from chunkmaster.recordio.header import HEADER_SIZE, ChunkHeader, parse_header
-from chunkmaster.recordio.index import Index
+from chunkmaster.recordio.index import Index, next_header
 from chunkmaster.recordio.source import Opened, Source, file_size, open_source, read_exact
 
 
@@ -220,19 +220,9 @@ def _stream_chunks(source: Source, start: int, length: int) -> Iterator[Iterator
         chunk = 0
         first = 0  # global number of the chunk's first record
         while stop is None or first < stop:
-            raw = read_exact(f, HEADER_SIZE)
-            if not raw:
+            header = next_header(src, chunk, pos, end)
+            if header is None:
                 return
-            header = parse_header(raw, path=src.name, chunk=chunk, offset=pos)
-            nxt = pos + HEADER_SIZE + header.compressed_size
-            if end is not None and nxt > end:
-                raise TruncatedChunkError(
-                    f"payload of {header.compressed_size} bytes runs {nxt - end} bytes past "
-                    f"the end of the file (Failed to read chunk data: EOF)",
-                    path=src.name,
-                    chunk=chunk,
-                    offset=pos,
-                )
             n = header.num_records
             if first < start and first + n <= start:  # wholly before the range: skip it
                 if seekable:
@@ -245,7 +235,7 @@ def _stream_chunks(source: Source, start: int, length: int) -> Iterator[Iterator
                 lo = max(start - first, 0)
                 hi = None if stop is None or stop >= first + n else stop - first
                 yield _load(src, header, chunk, pos, lo, hi)
-            pos = nxt
+            pos += HEADER_SIZE + header.compressed_size
             chunk += 1
             first += n
 
