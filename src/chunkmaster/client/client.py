@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from itertools import chain, islice, repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -135,6 +135,21 @@ def last_record(data: bytes, ends: list[int]) -> bytes:
 # A batch: (records, how many, task finished once these are taken, error to raise instead).
 _Batch = tuple[Iterator[bytes], int, Task | None, BaseException | None]
 _EMPTY_ITER: Final[Iterator[bytes]] = iter(())
+
+
+class _PassRecords(chain[bytes]):
+    """What records() returns: a chain of runs, closable like the generator it replaces."""
+
+    _runs: Generator[Iterator[bytes], None, None]
+
+    def __new__(cls, runs: Generator[Iterator[bytes], None, None]) -> _PassRecords:
+        self: _PassRecords = cls.from_iterable(runs)  # type: ignore[assignment]
+        self._runs = runs
+        return self
+
+    def close(self) -> None:
+        """Stop reading the pass now (as leaving a for loop over it does)."""
+        self._runs.close()
 
 
 class _Pass:
@@ -374,6 +389,15 @@ class Client:
         """Run one whole pass: `for record in client.records(p): ...`.
 
         Leaving the loop early abandons the pass (its fetcher stops, its buffer is dropped).
+        A C-level chain over the pass's runs of records: no Python frame per record.
+        """
+        return _PassRecords(self._runs(pass_id))
+
+    def _runs(self, pass_id: int) -> Generator[Iterator[bytes], None, None]:
+        """The runs of records of one pass, each taken when the previous one is used up.
+
+        Dropping the iterator early (a `break` out of records()) closes this generator,
+        whose `finally` abandons the pass.
         """
         ps = self._start(pass_id)
         finished = False
@@ -389,7 +413,7 @@ class Client:
                 if batch is None:
                     finished = True
                     return
-                yield from batch
+                yield batch
         finally:
             if not finished:
                 with self._lock:
