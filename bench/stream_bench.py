@@ -29,6 +29,7 @@ from chunkmaster.client import Client, EndOfPass
 from chunkmaster.recordio import Compressor, Writer, scan
 
 CHUNK = 4 << 20
+CHUNKS_PER_TASK = 10  # the master's default
 
 
 def make_files(directory: Path, size: int, total_mb: int, files: int = 4) -> tuple[list[str], int]:
@@ -118,7 +119,7 @@ def bench_procs(addr: str, pass_id: int, procs: int) -> tuple[int, float]:
 def start_master(directory: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "chunkmaster", "master", "--port", "0", "--store", ":memory:",
-         "--chunk-per-task", "1", "--task-timeout-dur", "10m"],
+         "--chunk-per-task", str(CHUNKS_PER_TASK), "--task-timeout-dur", "10m"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stderr is not None
@@ -163,7 +164,10 @@ def main() -> None:
     if args.worker:
         worker(args.worker[0], int(args.worker[1]))
         return
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, ~{args.mb} MB per size")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, ~{args.mb} MB per size, "
+        f"{CHUNK >> 20} MiB chunks, {CHUNKS_PER_TASK} chunks per task"
+    )
     print(f"{'records':>9} {'mode':>12} {'records/s':>12} {'MB/s':>9} {'vs scan':>8}")
     with tempfile.TemporaryDirectory(prefix="stream-bench-") as tmp:
         for size in (100, 64 << 10):
