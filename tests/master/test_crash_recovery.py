@@ -134,3 +134,16 @@ def test_bad_go_duration() -> None:
 
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration("20 minutes")
+
+
+def test_t6_external_ip_is_a_non_loopback_ipv4_or_a_clear_error() -> None:
+    import ipaddress
+
+    from chunkmaster.master.runner import external_ip
+
+    try:
+        ip = ipaddress.IPv4Address(external_ip())
+    except OSError as exc:  # a sandbox without a network
+        assert "are you connected to the network?" in str(exc)
+    else:
+        assert not ip.is_loopback

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import logging
 import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -22,20 +24,24 @@ log = logging.getLogger("chunkmaster.master")
 
 
 def external_ip() -> str:
-    """This host's first non-loopback IPv4 address (what trainers elsewhere can reach)."""
-    try:
+    """This host's first non-loopback IPv4 address on an interface that is up (what trainers
+    elsewhere can reach), read from the interfaces themselves: no packet is sent."""
+    for _, name in socket.if_nameindex():
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("192.0.2.1", 9))  # TEST-NET address: no packet is sent for UDP connect
-            ip = str(s.getsockname()[0])
-            if not ip.startswith("127."):
-                return ip
-    except OSError:
-        pass
-    for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
-        ip = str(info[4][0])
+            req = struct.pack("256s", name[:15].encode())
+            try:
+                flags = struct.unpack_from("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req), 16)[0]
+                if not flags & _IFF_UP:
+                    continue
+                ip = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
+            except OSError:  # no IPv4 address on this interface
+                continue
         if not ip.startswith("127."):
             return ip
     raise OSError("no non-loopback IPv4 address: are you connected to the network?")
+
+
+_SIOCGIFFLAGS, _SIOCGIFADDR, _IFF_UP = 0x8913, 0x8915, 0x1  # Linux ioctl numbers
 
 
 def build_store(args: argparse.Namespace) -> Store:
