@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
-from pathlib import Path
 from typing import Any
 
 from chunkmaster.cli.common import CliError, env_default, parse_duration
@@ -32,13 +30,6 @@ LOG_LEVELS = {
 
 def _env(name: str, default: str) -> str:
     return env_default((f"CHUNKMASTER_{name}", name), default)
-
-
-def default_store_path(job: str) -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
-    return Path(base) / "chunkmaster" / f"{job}.db"
 
 
 def register(sub: Any) -> None:

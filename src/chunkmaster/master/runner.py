@@ -11,9 +11,11 @@ import argparse
 import asyncio
 import fcntl
 import logging
+import os
 import socket
 import struct
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from chunkmaster.master.server import MasterServer
@@ -44,8 +46,15 @@ def external_ip() -> str:
 _SIOCGIFFLAGS, _SIOCGIFADDR, _IFF_UP = 0x8913, 0x8915, 0x1  # Linux ioctl numbers
 
 
+def default_store_path(job: str) -> Path:
+    """Where a job's embedded store lives unless --store says otherwise (XDG state dir)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return Path(base) / "chunkmaster" / f"{job}.db"
+
+
 def build_store(args: argparse.Namespace) -> Store:
-    from chunkmaster.cli.master_cmd import default_store_path
     from chunkmaster.store.memory import InMemStore
     from chunkmaster.store.sqlite import SqliteStore
 
