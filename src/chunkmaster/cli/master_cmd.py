@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from typing import Any
 
@@ -72,6 +73,15 @@ def register(sub: Any) -> None:
         default=_env("JOB", ""),
         help="job name: namespaces the etcd keys and names the default store file",
     )
+    p.add_argument("--etcd-ca", default=_env("ETCD_CA", "") or None,
+                   help="CA certificate file to verify etcd's TLS certificate")
+    p.add_argument("--etcd-cert", default=_env("ETCD_CERT", "") or None,
+                   help="client certificate file for etcd (with --etcd-key)")
+    p.add_argument("--etcd-key", default=_env("ETCD_KEY", "") or None,
+                   help="client private key file for etcd (with --etcd-cert)")
+    p.add_argument("--etcd-user", default=_env("ETCD_USER", "") or None,
+                   help="etcd user name; the password comes from CHUNKMASTER_ETCD_PASSWORD "
+                        "(never from the command line, where other users could read it)")
     timeout_default = env_default(
         ("CHUNKMASTER_TASK_TIMEOUT_DUR", "TASK_TIMEOUT_DUR", "TASK_TIMOUT_DUR"), "20m"
     )
@@ -141,6 +151,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--task-timeout-dur must be positive")
     if args.task_timeout_max < 0:
         raise CliError("--task-timeout-max must be 0 or more")
+    if (args.etcd_cert is None) != (args.etcd_key is None):
+        raise CliError("--etcd-cert and --etcd-key go together")
+    args.etcd_password = os.environ.get("CHUNKMASTER_ETCD_PASSWORD") or None
+    if args.etcd_user and args.etcd_password is None:
+        raise CliError("--etcd-user needs the password in CHUNKMASTER_ETCD_PASSWORD")
     if args.endpoints.strip() and args.store:
         raise CliError("--store and --endpoints exclude each other: the state lives in one place")
     if not 0 <= args.port <= 65535:

@@ -76,7 +76,17 @@ async def run_master(
         from chunkmaster.store.etcd import EtcdStore
 
         advertise = f"{host}:{args.port}"  # fixed up below when --port 0
-        etcd = EtcdStore(endpoints, advertise, ttl_sec=args.ttl, job=args.job or None)
+        etcd = EtcdStore(
+            endpoints,
+            advertise,
+            ttl_sec=args.ttl,
+            job=args.job or None,
+            ca_cert=args.etcd_ca,
+            cert_cert=args.etcd_cert,
+            cert_key=args.etcd_key,
+            user=args.etcd_user,
+            password=args.etcd_password,
+        )
         store: Store = etcd
         log.info("state: %s", etcd.describe())
         campaign = asyncio.create_task(etcd.campaign())
