@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from itertools import chain, islice, repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -169,9 +169,10 @@ class Client:
     """Reads the records of the tasks a master hands out. Thread-safe; a context manager.
 
     Give either `addr` ("host:port") or `etcd_endpoints` (the master is looked up at
-    `/master/addr` and followed when it moves). `buffer_size` bounds the records read ahead
-    (at least one chunk is always read ahead). `prefetch_tasks` tasks are requested ahead of
-    the one being read: few, because each held task's timeout on the master is running.
+    `/master/addr` and followed when it moves; `etcd_options` passes TLS and auth to the etcd
+    client: ca_cert, cert_cert, cert_key, user, password). `buffer_size` bounds the records
+    read ahead (at least one chunk is always read ahead). `prefetch_tasks` tasks are requested
+    ahead of the one being read: few, because each held task's timeout on the master is running.
     """
 
     def __init__(
@@ -181,6 +182,7 @@ class Client:
         etcd_endpoints: Sequence[str] | str | None = None,
         etcd_timeout: float = 5.0,
         etcd_job: str | None = None,
+        etcd_options: Mapping[str, str] | None = None,
         buffer_size: int = DEFAULT_BUFFER,
         prefetch_tasks: int = 1,
         rpc_timeout: float = DEFAULT_TIMEOUT,
@@ -199,7 +201,9 @@ class Client:
         self._locator: MasterLocator | None = None
         locator: Locator | None = None
         if etcd_endpoints is not None:
-            self._locator = locator = _make_locator(etcd_endpoints, etcd_timeout, etcd_job)
+            self._locator = locator = _make_locator(
+                etcd_endpoints, etcd_timeout, etcd_job, etcd_options
+            )
         self._link = MasterLink(addr, locator, rpc_timeout=rpc_timeout, retry_timeout=retry_timeout)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -670,10 +674,13 @@ def _log_wait(pass_id: int, exc: Exception, waited: float, level: int) -> None:
     log.log(level, "pass %d: %s%s", pass_id, what, suffix)
 
 
-def _make_locator(endpoints: Sequence[str] | str, timeout: float, job: str | None) -> MasterLocator:
-    try:
-        from chunkmaster.discovery import MasterLocator
-    except ImportError as exc:
-        raise RuntimeError(f"etcd discovery not available: {exc}") from exc
+def _make_locator(
+    endpoints: Sequence[str] | str,
+    timeout: float,
+    job: str | None,
+    options: Mapping[str, str] | None,
+) -> MasterLocator:
+    from chunkmaster.discovery import MasterLocator  # only trainers that use etcd need it
+
     eps = [e for e in endpoints.split(",") if e] if isinstance(endpoints, str) else list(endpoints)
-    return MasterLocator(eps, job=job, timeout=timeout)
+    return MasterLocator(eps, job=job, timeout=timeout, **dict(options or {}))
