@@ -14,18 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.datasets import write_records
 
 from chunkmaster.digest import Digest, file_digest
-from chunkmaster.recordio import Compressor, Writer
+from chunkmaster.recordio import Compressor
 
 
 def write_dataset(
     path: Path, records: Sequence[bytes], *, max_chunk_size: int, compressor: Compressor
 ) -> Path:
-    with Writer(str(path), max_chunk_size=max_chunk_size, compressor=compressor) as w:
-        for r in records:
-            w.write(r)
-    return path
+    return write_records(path, records, max_chunk_size=max_chunk_size, compressor=compressor)
 
 
 def sample_records(n: int, tag: str = "") -> list[bytes]:

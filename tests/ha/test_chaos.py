@@ -26,10 +26,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
-
-from chunkmaster.recordio import Compressor, Writer
 
 RECORDS = 480
 PER_TASK = 8  # chunks (= records) per task: record i is in task i // PER_TASK
@@ -107,10 +106,7 @@ class Trainer:
 
 
 def write_dataset(path: Path) -> Path:
-    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
-        for i in range(RECORDS):
-            w.write(b"%06d" % i)
-    return path
+    return Path(numbered_records(path, RECORDS))
 
 
 def test_chaos_leaders_and_trainers_killed_every_pass_delivers_every_record(

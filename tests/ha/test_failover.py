@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 
@@ -27,7 +28,6 @@ from chunkmaster.client.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.model import Task
 from chunkmaster.digest import Digest, file_digest
-from chunkmaster.recordio import Compressor, Writer
 
 TTL = 2
 # Several failovers long (TTL + campaign + reconnect, about 2-4 s here): a task a trainer holds
@@ -38,11 +38,7 @@ TASK_TIMEOUT = "10s"
 
 
 def write_dataset(path: Path, n: int) -> Path:
-    """n records b"%06d", one chunk each (so a task of k chunks is k consecutive records)."""
-    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
-        for i in range(n):
-            w.write(b"%06d" % i)
-    return path
+    return Path(numbered_records(path, n))
 
 
 def start_master(etcd: EtcdServer, log: Path, *, wait: bool, port: int = 0) -> MasterProcess:

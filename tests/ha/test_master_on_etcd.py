@@ -9,20 +9,17 @@ from pathlib import Path
 
 import aetcd
 import pytest
+from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 
 from chunkmaster import PassBeforeError, UnavailableError
 from chunkmaster.client.connection import MasterConnection, TransportError
-from chunkmaster.recordio import Compressor, Writer
 from chunkmaster.store.etcd import get_key
 
 
 def dataset(path: Path, n: int) -> str:
-    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
-        for i in range(n):
-            w.write(b"%04d" % i)
-    return str(path)
+    return numbered_records(path, n, b"%04d")
 
 
 def master(etcd: EtcdServer, *extra: str, ttl: int = 5) -> MasterProcess:

@@ -8,18 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
 
 from chunkmaster import PassBeforeError
 from chunkmaster.client.connection import MasterConnection
-from chunkmaster.recordio import Compressor, Writer
 
 
 def dataset(path: Path, n: int) -> str:
-    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
-        for i in range(n):
-            w.write(b"%03d" % i)
-    return str(path)
+    return numbered_records(path, n, b"%03d")
 
 
 def test_kill_9_mid_pass_loses_nothing_acknowledged(tmp_path: Path) -> None:

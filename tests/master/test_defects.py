@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from helpers.datasets import numbered_records
 
 from chunkmaster import (
     AllTaskFailedError,
@@ -25,7 +26,6 @@ from chunkmaster import (
     UnavailableError,
 )
 from chunkmaster.core.errors import NoDatasetError, NotReadyError, TrainerIdEmptyError
-from chunkmaster.recordio import Compressor, Writer
 from chunkmaster.store.base import StoreError
 
 T = TypeVar("T")
@@ -39,10 +39,7 @@ def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
 
 
 def records_file(path: Path, n: int) -> str:
-    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
-        for i in range(n):
-            w.write(b"r%d" % i)
-    return str(path)
+    return numbered_records(path, n, b"r%d")
 
 
 class Clock:

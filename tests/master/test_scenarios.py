@@ -7,12 +7,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 
 from chunkmaster import NoMoreAvailableError, PassBeforeError, TaskMeta
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.dataset import Dataset, count_tasks
-from chunkmaster.recordio import Compressor, Index, Writer, scan
+from chunkmaster.recordio import Index, Writer, scan
 
 
 @pytest.mark.parametrize(
@@ -67,9 +68,7 @@ def test_t3_get_finish_fail_over_ten_passes(tmp_path: Path) -> None:
 
 def test_t4_concurrent_clients_each_record_once_per_pass(tmp_path: Path) -> None:
     path = tmp_path / "t4.rio"
-    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
-        for i in range(50):
-            w.write(bytes([i]))
+    write_records(path, [bytes([i]) for i in range(50)])
     seen: dict[int, Counter[int]] = {p: Counter() for p in range(10)}
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -110,8 +109,7 @@ def test_t4_concurrent_clients_each_record_once_per_pass(tmp_path: Path) -> None
 
 def test_failed_report_with_reason_over_grpc(tmp_path: Path) -> None:
     path = tmp_path / "one.rio"
-    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
-        w.write(b"a")
+    write_records(path, [b"a"])
     with InProcessMaster(chunks_per_task=1, timeout_dur=60.0, failure_max=0) as m:
         with MasterConnection(m.addr) as c:
             c.set_dataset([str(path)])
@@ -145,9 +143,7 @@ def test_a_get_task_retried_after_a_lost_answer_gets_the_same_task(tmp_path: Pat
     from chunkmaster.client.connection import TransportError
 
     path = tmp_path / "d.rio"
-    with Writer(str(path), max_chunk_size=1, compressor=Compressor.NONE) as w:
-        for i in range(3):
-            w.write(b"%d" % i)
+    write_records(path, [b"%d" % i for i in range(3)])
     db = tmp_path / "state.db"
     store = SqliteStore(db, busy_timeout=30.0)
     with InProcessMaster(store, chunks_per_task=1, timeout_dur=600.0) as m:
