@@ -111,12 +111,6 @@ def describe_read_error(chunk: Chunk, cause: BaseException) -> str:
     )
 
 
-def read_chunk(chunk: Chunk) -> list[bytes]:
-    """All records of one chunk, checksum and framing verified before any is returned."""
-    data, ends = load_chunk(chunk.path, chunk.offset, chunk.num_records)
-    return list(cut_records(data, ends, len(ends)))
-
-
 def cut_records(data: bytes, ends: list[int], n: int) -> Iterator[bytes]:
     """Records 0..n-1 of a checked chunk (`load_chunk`), each cut out when it is asked for.
 

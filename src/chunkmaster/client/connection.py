@@ -142,13 +142,6 @@ class MasterConnection:
         result: dict[str, Any] = json.loads(reply.json)
         return result
 
-    def wait_ready(self, timeout: float) -> None:
-        """Block until the channel connects (or raise TransportError after `timeout`)."""
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise TransportError(self.addr, grpc.RpcError("not reachable in time")) from None
-
     def close(self) -> None:
         self._channel.close()
 

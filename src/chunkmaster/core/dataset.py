@@ -81,7 +81,3 @@ class Dataset:
     def task_chunks(self, task_id: int) -> tuple[Chunk, ...]:
         files, cf, co, cr = self.files, self.chunk_file, self.chunk_offset, self.chunk_records
         return tuple(Chunk(files[cf[i]], co[i], cr[i]) for i in self.chunk_range(task_id))
-
-    def task_records(self, task_id: int) -> int:
-        r = self.chunk_range(task_id)
-        return sum(self.chunk_records[r.start : r.stop])
