@@ -1,16 +1,14 @@
-"""Locating the shared reference vectors and regenerating their records from the manifests."""
+"""The RecordIO reference vectors (tests/data/recordio) and their records regenerated from the manifests."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # The manifests the reference produced; listed so that a vanished file fails loudly.
 MANIFESTS = [
@@ -29,16 +27,15 @@ MANIFESTS = [
 ]
 
 
+# Files written by the reference Go library, kept in the repository so that a bare clone tests itself.
+VECTORS_DIR = Path(__file__).resolve().parents[1] / "data" / "recordio"
+
+
 def vectors_dir() -> Path:
-    """The vectors folder ($CHUNKMASTER_VECTORS or ../shared/vectors); fails if it is missing."""
-    folder = Path(os.environ.get("CHUNKMASTER_VECTORS", REPO_ROOT.parent / "shared" / "vectors"))
-    if not (folder / "errors" / "errors.json").is_file():
-        pytest.fail(
-            f"RecordIO reference vectors not found at {folder}: set CHUNKMASTER_VECTORS to the "
-            f"folder holding *.recordio, *.recordio.json and errors/errors.json",
-            pytrace=False,
-        )
-    return folder
+    """The vectors folder; fails loudly if the repository lost it."""
+    if not (VECTORS_DIR / "errors" / "errors.json").is_file():
+        pytest.fail(f"RecordIO reference vectors missing from {VECTORS_DIR}", pytrace=False)
+    return VECTORS_DIR
 
 
 def load_manifest(name: str) -> dict[str, Any]:
