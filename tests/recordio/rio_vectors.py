@@ -1,4 +1,4 @@
-"""The RecordIO reference vectors (tests/data/recordio) and their records regenerated from the manifests."""
+"""The RecordIO reference vectors (tests/data/recordio), records regenerated from manifests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 
 # The manifests the reference produced; listed so that a vanished file fails loudly.
 MANIFESTS = [
@@ -27,7 +26,7 @@ MANIFESTS = [
 ]
 
 
-# Files written by the reference Go library, kept in the repository so that a bare clone tests itself.
+# Written by the reference Go library; kept in the repository so that a bare clone tests itself.
 VECTORS_DIR = Path(__file__).resolve().parents[1] / "data" / "recordio"
 
 
