@@ -50,8 +50,6 @@ def cloud_reader(
     master's current pass to a restarted trainer so it does not replay finished passes).
     The reader has `close()`; its client is also closed when the reader is collected.
     """
-    if isinstance(etcd_endpoints, str):
-        etcd_endpoints = [e for e in etcd_endpoints.split(",") if e]
     client = Client(
         addr,
         etcd_endpoints=None if addr is not None else etcd_endpoints,

@@ -8,9 +8,11 @@ import time
 from helpers.aio import run
 from helpers.etcd_server import EtcdServer
 
-from chunkmaster.discovery import MasterLocator
-from chunkmaster.store.etcd import DEFAULT_ADDR_PATH, EtcdStore
-from chunkmaster.store.etcd_client import EtcdConnection
+from chunkmaster.etcd.connection import EtcdConnection
+from chunkmaster.etcd.discovery import MasterLocator
+from chunkmaster.etcd.keys import DEFAULT_ADDR_PATH
+from chunkmaster.etcd.options import EtcdOptions
+from chunkmaster.store.etcd import EtcdStore
 
 WAIT = 10.0
 KEY = DEFAULT_ADDR_PATH.encode()
@@ -18,7 +20,7 @@ KEY = DEFAULT_ADDR_PATH.encode()
 
 def put(endpoint: str, key: bytes, value: bytes) -> None:
     async def body() -> None:
-        conn = EtcdConnection(endpoint)
+        conn = EtcdConnection(EtcdOptions.parse(endpoint))
         try:
             await conn.put(key, value)
         finally:
@@ -29,7 +31,7 @@ def put(endpoint: str, key: bytes, value: bytes) -> None:
 
 def delete(endpoint: str, key: bytes) -> None:
     async def body() -> None:
-        conn = EtcdConnection(endpoint)
+        conn = EtcdConnection(EtcdOptions.parse(endpoint))
         try:
             await conn.delete(key)
         finally:
@@ -40,7 +42,7 @@ def delete(endpoint: str, key: bytes) -> None:
 
 def test_follows_changes_deletes_and_rewrites(etcd_server: EtcdServer) -> None:
     ep = etcd_server.endpoint
-    with MasterLocator(ep, timeout=2.0) as loc:
+    with MasterLocator(EtcdOptions.parse(ep), timeout=2.0) as loc:
         assert loc.wait_for_address(0.05) is None  # nothing registered yet, and no hang
         put(ep, KEY, b"10.0.0.1:8080")
         assert loc.wait_for_address(WAIT) == "10.0.0.1:8080"
@@ -65,20 +67,20 @@ def test_follows_changes_deletes_and_rewrites(etcd_server: EtcdServer) -> None:
 def test_follows_a_real_leader_and_its_death(etcd_server: EtcdServer) -> None:
     async def body(loc: MasterLocator) -> None:
         # The store lives in this loop; the locator's blocking waits run in worker threads.
-        store = EtcdStore(etcd_server.endpoint, "10.1.1.1:7000", job="j", ttl_sec=10)
+        store = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), job="j", ttl_sec=10)
         await store.campaign(timeout=10)
-        await store.publish_addr()
+        await store.publish_addr("10.1.1.1:7000")
         assert await asyncio.to_thread(loc.wait_for_address, WAIT) == "10.1.1.1:7000"
         await store.shutdown()  # revoking the lease deletes the address
         assert await asyncio.to_thread(loc.wait_change, "10.1.1.1:7000", WAIT) is None
 
-    with MasterLocator(etcd_server.endpoint, job="j") as loc:
+    with MasterLocator(EtcdOptions.parse(etcd_server.endpoint), job="j") as loc:
         run(body(loc))
 
 
 def test_survives_an_etcd_restart(etcd_server: EtcdServer) -> None:
     ep = etcd_server.endpoint
-    with MasterLocator(ep, timeout=1.0) as loc:
+    with MasterLocator(EtcdOptions.parse(ep), timeout=1.0) as loc:
         put(ep, KEY, b"a:1")
         assert loc.wait_for_address(WAIT) == "a:1"
         gen = loc.generation
@@ -94,7 +96,7 @@ def test_survives_an_etcd_restart(etcd_server: EtcdServer) -> None:
 
 def test_waits_return_while_etcd_is_down_and_close_is_prompt(etcd_server: EtcdServer) -> None:
     ep = etcd_server.endpoint
-    loc = MasterLocator(ep, timeout=0.5)
+    loc = MasterLocator(EtcdOptions.parse(ep), timeout=0.5)
     put(ep, KEY, b"a:1")
     assert loc.wait_for_address(WAIT) == "a:1"
     etcd_server.kill()

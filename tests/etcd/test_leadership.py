@@ -11,13 +11,15 @@ import pytest
 from helpers.aio import eventually, run
 from helpers.etcd_server import EtcdServer
 
+from chunkmaster.etcd.connection import EtcdConnection, get_key
+from chunkmaster.etcd.keys import DEFAULT_ADDR_PATH
+from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.store.base import NotLeaderError, StoreError
-from chunkmaster.store.etcd import DEFAULT_ADDR_PATH, EtcdStore, get_key
-from chunkmaster.store.etcd_client import EtcdConnection
+from chunkmaster.store.etcd import EtcdStore
 
 
 async def read_raw(endpoint: str, key: str) -> bytes | None:
-    conn = EtcdConnection(endpoint)
+    conn = EtcdConnection(EtcdOptions.parse(endpoint))
     try:
         return await get_key(conn, key, 3.0)
     finally:
@@ -28,15 +30,15 @@ def test_t5_registered_address_is_readable_by_another_client(etcd_server: EtcdSe
     """The Go TestNewServiceWithEtcd, with the address registered after campaign."""
 
     async def body() -> None:
-        store = EtcdStore(etcd_server.host_port, "127.0.0.1:3306", ttl_sec=30)
+        store = EtcdStore(EtcdOptions.parse(etcd_server.host_port), ttl_sec=30)
         await store.campaign(timeout=10)
         await store.load()
-        await store.publish_addr()
+        await store.publish_addr("127.0.0.1:3306")
         client = aetcd.Client(host="127.0.0.1", port=etcd_server.client_port, timeout=3)
         try:
             assert await get_key(client, DEFAULT_ADDR_PATH, 3.0) == b"127.0.0.1:3306"
             got = await client.get(DEFAULT_ADDR_PATH.encode())
-            assert got.lease == store.lease_id  # leased: it dies with the master
+            assert got.lease == store.election.lease_id  # leased: it dies with the master
         finally:
             await client.close()
         await store.shutdown()
@@ -48,14 +50,14 @@ def test_t5_registered_address_is_readable_by_another_client(etcd_server: EtcdSe
 def test_standby_takes_over_when_leader_shuts_down(
     etcd_server: EtcdServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="chunkmaster.store.etcd")
+    caplog.set_level(logging.INFO, logger="chunkmaster.etcd.election")
 
     async def body() -> float:
-        a = EtcdStore(etcd_server.endpoint, "a:1", ttl_sec=30)
-        b = EtcdStore(etcd_server.endpoint, "b:2", ttl_sec=30)
+        a = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=30)
+        b = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=30)
         await a.campaign(timeout=10)
         await a.load()
-        await a.publish_addr()
+        await a.publish_addr("a:1")
         await a.save([(1, b"from a")])
         waiting = asyncio.create_task(b.campaign())
         # b is queued behind a: wait for its log line, then check it does not hold the lock.
@@ -70,7 +72,7 @@ def test_standby_takes_over_when_leader_shuts_down(
         assert b.is_leader and not a.lost.is_set()
         got = await b.load()
         assert list(got.entries) == [(1, b"from a"), (2, b"still a")]
-        await b.publish_addr()
+        await b.publish_addr("b:2")
         assert await read_raw(etcd_server.endpoint, DEFAULT_ADDR_PATH) == b"b:2"
         await b.shutdown()
         return took
@@ -81,17 +83,17 @@ def test_standby_takes_over_when_leader_shuts_down(
 
 def test_lease_revoked_behind_our_back_fences_the_old_leader(etcd_server: EtcdServer) -> None:
     async def body() -> None:
-        a = EtcdStore(etcd_server.endpoint, "a:1", ttl_sec=30)
-        b = EtcdStore(etcd_server.endpoint, "b:2", ttl_sec=30)
+        a = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=30)
+        b = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=30)
         await a.campaign(timeout=10)
         await a.load()
-        await a.publish_addr()
+        await a.publish_addr("a:1")
         await a.save([(1, b"a1")])
         waiting = asyncio.create_task(b.campaign())
 
-        other = EtcdConnection(etcd_server.endpoint)
+        other = EtcdConnection(EtcdOptions.parse(etcd_server.endpoint))
         started = time.monotonic()
-        await other.lease_revoke(a.lease_id)
+        await other.lease_revoke(a.election.lease_id)
         await other.close()
 
         await asyncio.wait_for(a.lost.wait(), 10)  # noticed through the lock-key watch
@@ -109,11 +111,11 @@ def test_lease_revoked_behind_our_back_fences_the_old_leader(etcd_server: EtcdSe
         with pytest.raises(NotLeaderError):
             await a.compact(b"stale snapshot", 2)
         with pytest.raises(NotLeaderError):
-            await a.publish_addr()
+            await a.publish_addr("a:1")
         await a.shutdown()
         await b.shutdown()
 
-        c = EtcdStore(etcd_server.endpoint, "c:3", ttl_sec=30)
+        c = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=30)
         await c.campaign(timeout=10)
         got = await c.load()
         assert got.snapshot is None and list(got.entries) == [(1, b"a1"), (2, b"b2")]
@@ -126,13 +128,13 @@ def test_fence_fails_even_before_the_watch_notices(etcd_server: EtcdServer) -> N
     """Deleting the lock key (not the lease) makes the very next write fail."""
 
     async def body() -> None:
-        a = EtcdStore(etcd_server.endpoint, "a:1", ttl_sec=30)
+        a = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=30)
         await a.campaign(timeout=10)
         await a.load()
-        if a._watch_task is not None:  # take the watch away: only the fence is left
-            a._watch_task.cancel()
-        other = EtcdConnection(etcd_server.endpoint)
-        await other.delete(a.lock_key)
+        if a.election._watch_task is not None:  # take the watch away: only the fence is left
+            a.election._watch_task.cancel()
+        other = EtcdConnection(EtcdOptions.parse(etcd_server.endpoint))
+        await other.delete(a.election.lock_key)
         await other.close()
         with pytest.raises(NotLeaderError):
             await a.save([(1, b"x")])
@@ -144,13 +146,13 @@ def test_fence_fails_even_before_the_watch_notices(etcd_server: EtcdServer) -> N
 
 def test_jobs_are_isolated_by_prefix(etcd_server: EtcdServer) -> None:
     async def body() -> None:
-        one = EtcdStore(etcd_server.endpoint, "one:1", job="one", ttl_sec=30)
-        two = EtcdStore(etcd_server.endpoint, "two:2", job="two", ttl_sec=30)
+        one = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), job="one", ttl_sec=30)
+        two = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), job="two", ttl_sec=30)
         await one.campaign(timeout=10)
         await two.campaign(timeout=10)  # both lead: different locks
-        for store, name in ((one, b"one"), (two, b"two")):
+        for store, name, addr in ((one, b"one", "one:1"), (two, b"two", "two:2")):
             await store.load()
-            await store.publish_addr()
+            await store.publish_addr(addr)
             await store.save([(1, name)])
         await one.compact(b"snap one", 1)
         assert (await read_raw(etcd_server.endpoint, "/chunkmaster/one/master/addr")) == b"one:1"
@@ -158,20 +160,20 @@ def test_jobs_are_isolated_by_prefix(etcd_server: EtcdServer) -> None:
         assert await read_raw(etcd_server.endpoint, DEFAULT_ADDR_PATH) is None
         await one.shutdown()
         await two.shutdown()
-        again = EtcdStore(etcd_server.endpoint, "two:3", job="two", ttl_sec=30)
+        again = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), job="two", ttl_sec=30)
         await again.campaign(timeout=10)
         got = await again.load()
         assert got.snapshot is None and list(got.entries) == [(1, b"two")]
         await again.shutdown()
         with pytest.raises(ValueError):
-            EtcdStore(etcd_server.endpoint, "x:1", job="a/b")
+            EtcdStore(EtcdOptions.parse(etcd_server.endpoint), job="a/b")
 
     run(body())
 
 
 def test_etcd_restart_fails_saves_then_recovers_without_loss(etcd_server: EtcdServer) -> None:
     async def body() -> None:
-        store = EtcdStore(etcd_server.endpoint, "a:1", ttl_sec=20, timeout=2.0)
+        store = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=20, timeout=2.0)
         await store.campaign(timeout=10)
         await store.load()
         acked = []
@@ -190,7 +192,7 @@ def test_etcd_restart_fails_saves_then_recovers_without_loss(etcd_server: EtcdSe
         assert store.is_leader and not store.lost.is_set()
         await store.shutdown()
 
-        again = EtcdStore(etcd_server.endpoint, "b:2", ttl_sec=20)
+        again = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=20)
         await again.campaign(timeout=10)
         assert list((await again.load()).entries) == acked
         await again.shutdown()
@@ -200,7 +202,7 @@ def test_etcd_restart_fails_saves_then_recovers_without_loss(etcd_server: EtcdSe
 
 def test_hung_etcd_gives_a_timeout_not_a_hang(etcd_server: EtcdServer) -> None:
     async def body() -> None:
-        store = EtcdStore(etcd_server.endpoint, "a:1", ttl_sec=20, timeout=0.5)
+        store = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=20, timeout=0.5)
         await store.campaign(timeout=10)
         await store.load()
         etcd_server.pause()
@@ -217,11 +219,11 @@ def test_hung_etcd_gives_a_timeout_not_a_hang(etcd_server: EtcdServer) -> None:
 
 def test_lost_fires_when_keepalive_cannot_reach_etcd_for_a_ttl(etcd_server: EtcdServer) -> None:
     async def body() -> None:
-        store = EtcdStore(etcd_server.endpoint, "a:1", ttl_sec=1, timeout=0.5)
+        store = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=1, timeout=0.5)
         await store.campaign(timeout=10)
         etcd_server.kill()  # no etcd at all: the lease cannot be refreshed
         await asyncio.wait_for(store.lost.wait(), 10)
-        assert "keepalive" in store.lost_reason
+        assert "keepalive" in store.election.lost_reason
         with pytest.raises(NotLeaderError):
             await store.save([(1, b"x")])
         await store.shutdown()
@@ -236,7 +238,7 @@ def test_failover_between_endpoints(etcd_server: EtcdServer) -> None:
     dead = f"127.0.0.1:{_free_ports(1)[0]}"
 
     async def body() -> None:
-        store = EtcdStore([dead, etcd_server.endpoint], "a:1", ttl_sec=10)
+        store = EtcdStore(EtcdOptions.parse([dead, etcd_server.endpoint]), ttl_sec=10)
         await store.campaign(timeout=10)
         await store.load()
         await store.save([(1, b"x")])
@@ -247,8 +249,8 @@ def test_failover_between_endpoints(etcd_server: EtcdServer) -> None:
 
 def test_campaign_timeout_while_another_holds_the_lock(etcd_server: EtcdServer) -> None:
     async def body() -> None:
-        a = EtcdStore(etcd_server.endpoint, "a:1", ttl_sec=30)
-        b = EtcdStore(etcd_server.endpoint, "b:2", ttl_sec=30)
+        a = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=30)
+        b = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=30)
         await a.campaign(timeout=10)
         with pytest.raises(TimeoutError):
             await b.campaign(timeout=0.3)

@@ -9,25 +9,25 @@ import pytest
 from helpers.aio import run
 from helpers.etcd_server import EtcdServer
 
+from chunkmaster.etcd.chunked import PART_SIZE
+from chunkmaster.etcd.connection import EtcdConnection
+from chunkmaster.etcd.keys import DEFAULT_STATE_PATH
+from chunkmaster.etcd.options import EtcdOptions
+from chunkmaster.etcd.rpc import prefix_end
 from chunkmaster.store.base import NotLeaderError, Store
-from chunkmaster.store.etcd import (
-    DEFAULT_STATE_PATH,
-    PART_SIZE,
-    EtcdStore,
-)
-from chunkmaster.store.etcd_client import EtcdConnection, prefix_end
+from chunkmaster.store.etcd import EtcdStore
 
 MiB = 1024 * 1024
 
 
 async def leader(endpoint: str, **kw: Any) -> EtcdStore:
-    store = EtcdStore(endpoint, "127.0.0.1:3306", ttl_sec=kw.pop("ttl_sec", 10), **kw)
+    store = EtcdStore(EtcdOptions.parse(endpoint), ttl_sec=kw.pop("ttl_sec", 10), **kw)
     await store.campaign(timeout=10)
     return store
 
 
 async def keys_under(endpoint: str, prefix: str) -> list[bytes]:
-    conn = EtcdConnection(endpoint)
+    conn = EtcdConnection(EtcdOptions.parse(endpoint))
     try:
         p = prefix.encode()
         resp = await conn.range(p, prefix_end(p), keys_only=True)
@@ -37,14 +37,14 @@ async def keys_under(endpoint: str, prefix: str) -> list[bytes]:
 
 
 def test_is_a_store(etcd_server: EtcdServer) -> None:
-    store = EtcdStore(etcd_server.endpoint, "x:1")
+    store = EtcdStore(EtcdOptions.parse(etcd_server.endpoint))
     assert isinstance(store, Store)
     assert etcd_server.host_port in store.describe()
 
 
 def test_load_requires_the_lock(etcd_server: EtcdServer) -> None:
     async def body() -> None:
-        store = EtcdStore(etcd_server.host_port, "x:1")  # host:port form, no scheme
+        store = EtcdStore(EtcdOptions.parse(etcd_server.host_port))  # host:port form, no scheme
         with pytest.raises(NotLeaderError):
             await store.load()
         with pytest.raises(NotLeaderError):

@@ -15,7 +15,7 @@ from helpers.master_process import MasterProcess
 
 from chunkmaster import PassBeforeError, UnavailableError
 from chunkmaster.client.connection import MasterConnection, TransportError
-from chunkmaster.store.etcd import get_key
+from chunkmaster.etcd.connection import get_key
 
 
 def dataset(path: Path, n: int) -> str:

@@ -57,7 +57,7 @@ from chunkmaster.recordio.errors import RecordIOError
 from chunkmaster.recordio.scanner import load_chunk
 
 if TYPE_CHECKING:
-    from chunkmaster.discovery import MasterLocator
+    from chunkmaster.etcd.discovery import MasterLocator
 
 __all__ = ["Client", "ClientClosedError", "EndOfPass", "TaskReadError"]
 
@@ -674,7 +674,8 @@ def _make_locator(
     job: str | None,
     options: Mapping[str, str] | None,
 ) -> MasterLocator:
-    from chunkmaster.discovery import MasterLocator  # only trainers that use etcd need it
+    from chunkmaster.etcd.discovery import MasterLocator  # only trainers that use etcd need it
+    from chunkmaster.etcd.options import EtcdOptions
 
-    eps = [e for e in endpoints.split(",") if e] if isinstance(endpoints, str) else list(endpoints)
-    return MasterLocator(eps, job=job, timeout=timeout, **dict(options or {}))
+    etcd = EtcdOptions.parse(endpoints, **dict(options or {}))
+    return MasterLocator(etcd, job=job, timeout=timeout)

@@ -41,7 +41,7 @@ class Cancelled(Exception):
 
 
 class Locator(Protocol):
-    """What the link needs from service discovery (chunkmaster.discovery.MasterLocator)."""
+    """What the link needs from service discovery (chunkmaster.etcd.discovery.MasterLocator)."""
 
     @property
     def key(self) -> bytes: ...

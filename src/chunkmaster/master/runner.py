@@ -69,24 +69,24 @@ async def run_master(
 ) -> int:
     stop = asyncio.Event()
     install_signals(stop)
-    endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
-    host = args.host or ("127.0.0.1" if not endpoints else external_ip())
-    etcd: Any = None
-    if endpoints:
-        from chunkmaster.store.etcd import EtcdStore
+    from chunkmaster.etcd.options import EtcdOptions
 
-        advertise = f"{host}:{args.port}"  # fixed up below when --port 0
-        etcd = EtcdStore(
-            endpoints,
-            advertise,
-            ttl_sec=args.ttl,
-            job=args.job or None,
+    options = None
+    if args.endpoints.strip():
+        options = EtcdOptions.parse(
+            args.endpoints,
             ca_cert=args.etcd_ca,
             cert_cert=args.etcd_cert,
             cert_key=args.etcd_key,
             user=args.etcd_user,
             password=args.etcd_password,
         )
+    host = args.host or ("127.0.0.1" if options is None else external_ip())
+    etcd: Any = None
+    if options is not None:
+        from chunkmaster.store.etcd import EtcdStore
+
+        etcd = EtcdStore(options, ttl_sec=args.ttl, job=args.job or None)
         store: Store = etcd
         log.info("state: %s", etcd.describe())
         campaign = asyncio.create_task(etcd.campaign())
@@ -117,8 +117,7 @@ async def run_master(
     server = MasterServer(service, host, args.port)
     await server.start()
     if etcd is not None:
-        etcd.addr = f"{host}:{server.port}"
-        await etcd.publish_addr()
+        await etcd.publish_addr(f"{host}:{server.port}")
     log.info("serving on %s", server.address)
     lost = asyncio.create_task(etcd.lost.wait()) if etcd is not None else None
     waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]

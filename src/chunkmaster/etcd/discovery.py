@@ -18,19 +18,15 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
 import grpc
 
-from chunkmaster.store.etcd import (
-    DEFAULT_ADDR_PATH,
-    DEFAULT_LOCK_PATH,
-    DEFAULT_STATE_PATH,
-    KeyLayout,
-)
-from chunkmaster.store.etcd_client import CHANNEL_OPTIONS, EVENT_PUT, aetcd_rpc, parse_endpoints
+from chunkmaster.etcd.keys import DEFAULT_ADDR_PATH, KeyLayout
+from chunkmaster.etcd.options import CHANNEL_OPTIONS, EtcdOptions
+from chunkmaster.etcd.rpc import EVENT_PUT, aetcd_rpc
 
 __all__ = ["MasterLocator"]
 
@@ -48,32 +44,20 @@ class MasterLocator:
 
     def __init__(
         self,
-        endpoints: str | Sequence[str],
-        addr_path: str = DEFAULT_ADDR_PATH,
-        job: str | None = None,
-        timeout: float = 5.0,
+        options: EtcdOptions,
         *,
-        ca_cert: str | None = None,
-        cert_key: str | None = None,
-        cert_cert: str | None = None,
-        user: str | None = None,
-        password: str | None = None,
+        job: str | None = None,
+        addr_path: str = DEFAULT_ADDR_PATH,
+        timeout: float = 5.0,
     ) -> None:
-        if (user is None) != (password is None):
-            raise ValueError("etcd user and password must be given together")
-        self.key = KeyLayout.build(job, DEFAULT_LOCK_PATH, addr_path, DEFAULT_STATE_PATH).addr
-        self._endpoints = parse_endpoints(endpoints)
+        self.key = KeyLayout.build(job, addr_path=addr_path).addr
+        self._options = options
         self._index = 0
         self._timeout = timeout
-        self._tls_files = (ca_cert, cert_key, cert_cert)
-        self._user = user
-        self._password = password
         self._cond = threading.Condition()
         self._addr: str | None = None
         self._mod_revision = 0
         self._generation = 0
-        self._synced = False
-        self._last_error: str | None = None
         self._closed = False
         self._stop = threading.Event()
         self._call: Any = None  # the live watch call, so close() can cancel it
@@ -92,17 +76,6 @@ class MasterLocator:
         """Grows by one with every observed put (even of the same value) and every delete."""
         with self._cond:
             return self._generation
-
-    @property
-    def connected(self) -> bool:
-        """True while the watch on etcd is established."""
-        with self._cond:
-            return self._synced
-
-    @property
-    def last_error(self) -> str | None:
-        with self._cond:
-            return self._last_error
 
     def wait_for_address(self, timeout: float) -> str | None:
         """Block until an address exists (or `timeout` passes: None)."""
@@ -167,26 +140,11 @@ class MasterLocator:
                 log.info("master address is now %s (generation %d)", addr, self._generation)
                 self._cond.notify_all()
 
-    def _set_synced(self, synced: bool, error: str | None = None) -> None:
-        with self._cond:
-            self._synced = synced
-            if error is not None:
-                self._last_error = error
-
     def _channel(self) -> grpc.Channel:
-        ep = self._endpoints[self._index]
-        ca, key, cert = self._tls_files
-        if not (ep.tls or ca is not None):
+        ep = self._options.endpoints[self._index]
+        if not self._options.secure(ep):
             return grpc.insecure_channel(ep.target, CHANNEL_OPTIONS)
-
-        def read(path: str | None) -> bytes | None:
-            if path is None:
-                return None
-            with open(path, "rb") as fh:
-                return fh.read()
-
-        creds = grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
-        return grpc.secure_channel(ep.target, creds, CHANNEL_OPTIONS)
+        return grpc.secure_channel(ep.target, self._options.credentials(), CHANNEL_OPTIONS)
 
     def _run(self) -> None:
         backoff = 0.05
@@ -198,25 +156,25 @@ class MasterLocator:
             except (grpc.RpcError, _WatchEnded) as exc:
                 text = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
                 log.debug("master address watch broke: %s", text)
-                self._set_synced(False, str(text))
             finally:
-                self._set_synced(False)
                 channel.close()
             if self._stop.is_set():
                 break
             if established:
                 backoff = 0.05  # the watch had worked: the first retry comes fast
             else:
-                self._index = (self._index + 1) % len(self._endpoints)
+                self._index = (self._index + 1) % len(self._options.endpoints)
             self._stop.wait(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, _MAX_BACKOFF)
 
     def _follow(self, channel: grpc.Channel) -> bool:
         """Read the key, then apply watch events until stopped (True) or the stream breaks."""
         metadata: tuple[tuple[str, str], ...] | None = None
-        if self._user is not None:
+        if self._options.user is not None:
             auth = aetcd_rpc.AuthStub(channel)
-            req = aetcd_rpc.AuthenticateRequest(name=self._user, password=self._password)
+            req = aetcd_rpc.AuthenticateRequest(
+                name=self._options.user, password=self._options.password
+            )
             metadata = (("token", str(auth.Authenticate(req, timeout=self._timeout).token)),)
         kv = aetcd_rpc.KVStub(channel)
         resp = kv.Range(
@@ -247,7 +205,6 @@ class MasterLocator:
                     raise _WatchEnded(f"watch canceled: {wresp.cancel_reason}")
                 if wresp.created:
                     established = True
-                    self._set_synced(True)
                 for ev in wresp.events:
                     if ev.type == EVENT_PUT:
                         self._apply(bytes(ev.kv.value), int(ev.kv.mod_revision))

@@ -16,39 +16,18 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 import grpc.aio
-from aetcd import rpc as _aetcd_rpc
 
+from chunkmaster.etcd.options import CHANNEL_OPTIONS, Endpoint, EtcdOptions
+from chunkmaster.etcd.rpc import aetcd_rpc
 from chunkmaster.store.base import StoreError
 
-aetcd_rpc: Any = _aetcd_rpc  # untyped generated code, kept behind Any
 _EOF: Any = getattr(grpc.aio, "EOF")  # noqa: B009  (missing from grpc-stubs)
 
 log = logging.getLogger(__name__)
-
-#: Large enough for any response we ask for: reads are paginated to a few tens of MiB.
-MAX_RECEIVE_BYTES = 512 * 1024 * 1024
-
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    # Notice a hung (SIGSTOPped, partitioned) server on an open watch stream. etcd refuses pings
-    # more often than every 5 s, and pings without an active call.
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 0),
-    ("grpc.http2.max_pings_without_data", 0),
-    # Come back quickly after an etcd restart.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1_000),
-]
-
 
 class EtcdUnavailable(StoreError):
     """No etcd endpoint could be reached (or the connection broke mid-call)."""
@@ -68,80 +47,6 @@ class EtcdCompacted(StoreError):
     def __init__(self, compact_revision: int) -> None:
         super().__init__(f"etcd revision compacted (oldest available {compact_revision})")
         self.compact_revision = compact_revision
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-    tls: bool
-
-    @property
-    def target(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_endpoints(endpoints: str | Sequence[str]) -> list[Endpoint]:
-    """Accept `http://h:p`, `https://h:p`, `h:p` or `h`, as a list or a comma-separated string."""
-    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
-    out: list[Endpoint] = []
-    for raw in items:
-        text = raw.strip()
-        if not text:
-            continue
-        parts = urlsplit(text if "://" in text else "http://" + text)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"bad etcd endpoint {raw!r}")
-        out.append(Endpoint(parts.hostname, parts.port or 2379, parts.scheme == "https"))
-    if not out:
-        raise ValueError("no etcd endpoints given")
-    return out
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """The range end that selects every key starting with `prefix` (etcd's convention)."""
-    buf = bytearray(prefix)
-    while buf:
-        if buf[-1] < 0xFF:
-            buf[-1] += 1
-            return bytes(buf)
-        buf.pop()
-    return b"\0"
-
-
-# --- request builders (kept tiny so the store reads like the etcd API) ---------------------------
-
-
-def op_put(key: bytes, value: bytes, lease: int = 0) -> Any:
-    return aetcd_rpc.RequestOp(request_put=aetcd_rpc.PutRequest(key=key, value=value, lease=lease))
-
-
-def op_delete(key: bytes, range_end: bytes = b"") -> Any:
-    req = aetcd_rpc.DeleteRangeRequest(key=key, range_end=range_end)
-    return aetcd_rpc.RequestOp(request_delete_range=req)
-
-
-def op_range(key: bytes, range_end: bytes = b"", **kw: Any) -> Any:
-    req = aetcd_rpc.RangeRequest(key=key, range_end=range_end, **kw)
-    return aetcd_rpc.RequestOp(request_range=req)
-
-
-def cmp_create_revision(key: bytes, revision: int) -> Any:
-    """True while `key` exists with exactly this create revision (0: the key must be absent)."""
-    return aetcd_rpc.Compare(
-        key=key,
-        result=aetcd_rpc.Compare.EQUAL,
-        target=aetcd_rpc.Compare.CREATE,
-        create_revision=revision,
-    )
-
-
-SORT_ASCEND: int = aetcd_rpc.RangeRequest.ASCEND
-SORT_DESCEND: int = aetcd_rpc.RangeRequest.DESCEND
-SORT_BY_KEY: int = aetcd_rpc.RangeRequest.KEY
-SORT_BY_CREATE: int = aetcd_rpc.RangeRequest.CREATE
-EVENT_PUT: int = aetcd_rpc.Event.PUT
-EVENT_DELETE: int = aetcd_rpc.Event.DELETE
 
 
 def _map_error(exc: grpc.aio.AioRpcError, target: str) -> StoreError:
@@ -235,28 +140,11 @@ class EtcdConnection:
     the channel is created lazily on the first call.
     """
 
-    def __init__(
-        self,
-        endpoints: str | Sequence[str],
-        *,
-        timeout: float = 5.0,
-        ca_cert: str | None = None,
-        cert_key: str | None = None,
-        cert_cert: str | None = None,
-        user: str | None = None,
-        password: str | None = None,
-    ) -> None:
-        self.endpoints = parse_endpoints(endpoints)
-        if (user is None) != (password is None):
-            raise ValueError("etcd user and password must be given together")
-        if (cert_key is None) != (cert_cert is None):
-            raise ValueError("etcd client cert and key must be given together")
+    def __init__(self, options: EtcdOptions, *, timeout: float = 5.0) -> None:
+        self.options = options
+        self.endpoints = options.endpoints
         self.timeout = timeout
-        self._ca_cert = ca_cert
-        self._cert_key = cert_key
-        self._cert_cert = cert_cert
-        self._user = user
-        self._password = password
+        self._user = options.user
         self._index = 0
         self._channel: grpc.aio.Channel | None = None
         self._stubs: dict[str, Any] = {}
@@ -270,20 +158,7 @@ class EtcdConnection:
         return self.endpoints[self._index]
 
     def describe(self) -> str:
-        return ",".join(("https://" if e.tls else "") + e.target for e in self.endpoints)
-
-    def _credentials(self) -> grpc.ChannelCredentials:
-        def read(path: str | None) -> bytes | None:
-            if path is None:
-                return None
-            with open(path, "rb") as fh:
-                return fh.read()
-
-        return grpc.ssl_channel_credentials(
-            root_certificates=read(self._ca_cert),
-            private_key=read(self._cert_key),
-            certificate_chain=read(self._cert_cert),
-        )
+        return self.options.describe()
 
     async def _ensure(self) -> int:
         """Open a channel to the current endpoint (and log in) if there is none."""
@@ -297,8 +172,9 @@ class EtcdConnection:
             if self._channel is not None:
                 return self._channel_gen
             ep = self.current
-            if ep.tls or self._ca_cert is not None:
-                channel = grpc.aio.secure_channel(ep.target, self._credentials(), CHANNEL_OPTIONS)
+            if self.options.secure(ep):
+                creds = self.options.credentials()
+                channel = grpc.aio.secure_channel(ep.target, creds, CHANNEL_OPTIONS)
             else:
                 channel = grpc.aio.insecure_channel(ep.target, CHANNEL_OPTIONS)
             stubs = {
@@ -310,7 +186,9 @@ class EtcdConnection:
             }
             metadata = None
             if self._user is not None:
-                req = aetcd_rpc.AuthenticateRequest(name=self._user, password=self._password)
+                req = aetcd_rpc.AuthenticateRequest(
+                    name=self._user, password=self.options.password
+                )
                 try:
                     resp = await stubs["auth"].Authenticate(req, timeout=self.timeout)
                 except grpc.aio.AioRpcError as exc:
@@ -501,3 +379,14 @@ class EtcdConnection:
         if channel is not None:
             with contextlib.suppress(Exception):
                 await channel.close(None)
+
+
+async def get_key(client: Any, key: str | bytes, timeout: float) -> bytes | None:
+    """Read one key's value with a deadline; works with `EtcdConnection` and `aetcd.Client`."""
+    raw = key.encode() if isinstance(key, str) else key
+    try:
+        async with asyncio.timeout(timeout):
+            kv = await client.get(raw)
+    except TimeoutError as exc:
+        raise StoreError(f"reading {raw!r} from etcd timed out after {timeout}s") from exc
+    return None if kv is None else bytes(kv.value)
