@@ -232,17 +232,28 @@ def test_lost_fires_when_keepalive_cannot_reach_etcd_for_a_ttl(etcd_server: Etcd
 
 
 def test_failover_between_endpoints(etcd_server: EtcdServer) -> None:
-    """A dead first endpoint is skipped."""
+    """A dead first endpoint is skipped: the store leads, and what it saves is in the live etcd."""
     from helpers.etcd_server import _free_ports
 
     dead = f"127.0.0.1:{_free_ports(1)[0]}"
 
     async def body() -> None:
         store = EtcdStore(EtcdOptions.parse([dead, etcd_server.endpoint]), ttl_sec=10)
+        assert store.conn.current.target == dead  # the dead endpoint is tried first
         await store.campaign(timeout=10)
+        assert store.is_leader
+        assert store.conn.current.target == etcd_server.host_port  # moved on to the live one
         await store.load()
         await store.save([(1, b"x")])
+        await store.publish_addr("a:1")
+        assert await read_raw(etcd_server.endpoint, DEFAULT_ADDR_PATH) == b"a:1"
         await store.shutdown()
+        # A store on the live endpoint alone finds the saved entry.
+        again = EtcdStore(EtcdOptions.parse(etcd_server.endpoint), ttl_sec=10)
+        await again.campaign(timeout=10)
+        got = await again.load()
+        assert list(got.entries) == [(1, b"x")]
+        await again.shutdown()
 
     run(body())
 
