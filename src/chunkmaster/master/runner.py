@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chunkmaster.master.leadership import Leadership
 from chunkmaster.master.server import MasterServer
 from chunkmaster.master.service import Service
 from chunkmaster.store.base import Store
@@ -82,19 +83,20 @@ async def run_master(
             password=args.etcd_password,
         )
     host = args.host or ("127.0.0.1" if options is None else external_ip())
-    etcd: Any = None
+    leadership: Leadership | None = None
     if options is not None:
         from chunkmaster.store.etcd import EtcdStore
 
-        etcd = EtcdStore(options, ttl_sec=args.ttl, job=args.job or None)
-        store: Store = etcd
-        log.info("state: %s", etcd.describe())
-        campaign = asyncio.create_task(etcd.campaign())
+        etcd_store = EtcdStore(options, ttl_sec=args.ttl, job=args.job or None)
+        store: Store = etcd_store
+        leadership = etcd_store
+        log.info("state: %s", store.describe())
+        campaign = asyncio.create_task(leadership.campaign())
         waiter = asyncio.create_task(stop.wait())
         await asyncio.wait([campaign, waiter], return_when=asyncio.FIRST_COMPLETED)
         if not campaign.done():
             campaign.cancel()
-            await etcd.shutdown()
+            await leadership.shutdown()
             return 0
         waiter.cancel()
         campaign.result()
@@ -116,10 +118,10 @@ async def run_master(
         raise
     server = MasterServer(service, host, args.port)
     await server.start()
-    if etcd is not None:
-        await etcd.publish_addr(f"{host}:{server.port}")
+    if leadership is not None:
+        await leadership.publish_addr(f"{host}:{server.port}")
     log.info("serving on %s", server.address)
-    lost = asyncio.create_task(etcd.lost.wait()) if etcd is not None else None
+    lost = asyncio.create_task(leadership.lost.wait()) if leadership is not None else None
     waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
     if lost is not None:
         waiters.append(lost)
