@@ -2,7 +2,8 @@
 
 Each flag can also come from the environment: CHUNKMASTER_<NAME>, or the original's bare
 <NAME> (PORT, TTL, ENDPOINTS, TASK_TIMOUT_DUR, ...). The command line wins over the
-environment, which wins over the default.
+environment, which wins over the default. Flags and variables are read as text here and turned
+into a `MasterConfig`, whose errors are reported naming the flag or the variable at fault.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from chunkmaster.cli.common import CliError, env_default, parse_duration
-from chunkmaster.core.model import FailedPolicy
+from chunkmaster.cli.common import CliError
+from chunkmaster.master.config import ConfigError, MasterConfig
 
 log = logging.getLogger("chunkmaster.cli.master")
 
@@ -28,9 +31,136 @@ LOG_LEVELS = {
     "crit": logging.CRITICAL,
 }
 
+#: Exit code of a command line or environment the master cannot run with (as argparse's).
+USAGE_EXIT = 2
 
-def _env(name: str, default: str) -> str:
-    return env_default((f"CHUNKMASTER_{name}", name), default)
+
+@dataclass(frozen=True)
+class Setting:
+    """One flag: the config field it fills, its spellings and its environment variables."""
+
+    field: str
+    flags: tuple[str, ...]
+    env: tuple[str, ...]
+    help: str
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+
+def _env(name: str) -> tuple[str, ...]:
+    return (f"CHUNKMASTER_{name}", name)
+
+
+SETTINGS = (
+    Setting("port", ("--port",), _env("PORT"), "RPC port; 0 picks a free one (default 8080)"),
+    Setting(
+        "host",
+        ("--host",),
+        _env("HOST"),
+        "interface to listen on (default 127.0.0.1 with the embedded store; "
+        "with --endpoints, this host's first non-loopback IPv4 address). "
+        "Use 0.0.0.0 to accept trainers from every interface",
+    ),
+    Setting(
+        "endpoints",
+        ("--endpoints",),
+        _env("ENDPOINTS"),
+        "comma-separated etcd endpoints; empty (default) uses the embedded store",
+    ),
+    Setting(
+        "ttl_sec",
+        ("--ttl",),
+        _env("TTL"),
+        "etcd lease TTL in seconds: bounds failover after a crash (default 60)",
+    ),
+    Setting(
+        "job",
+        ("--job",),
+        _env("JOB"),
+        "job name: namespaces the etcd keys and names the default store file",
+    ),
+    Setting(
+        "etcd_ca",
+        ("--etcd-ca",),
+        _env("ETCD_CA"),
+        "CA certificate file to verify etcd's TLS certificate",
+    ),
+    Setting(
+        "etcd_cert",
+        ("--etcd-cert",),
+        _env("ETCD_CERT"),
+        "client certificate file for etcd (with --etcd-key)",
+    ),
+    Setting(
+        "etcd_key",
+        ("--etcd-key",),
+        _env("ETCD_KEY"),
+        "client private key file for etcd (with --etcd-cert)",
+    ),
+    Setting(
+        "etcd_user",
+        ("--etcd-user",),
+        _env("ETCD_USER"),
+        "etcd user name; the password comes from CHUNKMASTER_ETCD_PASSWORD "
+        "(never from the command line, where other users could read it)",
+    ),
+    Setting(
+        "task_timeout",
+        ("--task-timeout-dur", "--task-timout-dur"),
+        ("CHUNKMASTER_TASK_TIMEOUT_DUR", "TASK_TIMEOUT_DUR", "TASK_TIMOUT_DUR"),
+        "time a trainer has for one task before it is handed out again "
+        "(Go-style duration: 20m, 90s, 1.5h; default 20m). "
+        "--task-timout-dur is the original's spelling",
+    ),
+    Setting(
+        "task_timeout_max",
+        ("--task-timeout-max",),
+        _env("TASK_TIMEOUT_MAX"),
+        "failures a task may have before it is set aside as failed (default 3)",
+    ),
+    Setting(
+        "chunks_per_task",
+        ("--chunk-per-task",),
+        _env("CHUNK_PER_TASK"),
+        "RecordIO chunks per task; 0 or less means 1 (default 10)",
+    ),
+    Setting(
+        "failed_policy",
+        ("--failed-policy",),
+        _env("FAILED_POLICY"),
+        "at a pass rollover, 'retry' puts failed tasks back with a fresh count; "
+        "'keep' keeps them out and reports them (default retry)",
+        "{retry,keep}",
+    ),
+    Setting(
+        "store",
+        ("--store",),
+        _env("STORE"),
+        "embedded store file (default ~/.local/state/chunkmaster/<job>.db); "
+        "':memory:' keeps state in memory only",
+    ),
+    Setting(
+        "store_sync",
+        ("--store-sync",),
+        _env("STORE_SYNC"),
+        "SQLite synchronous mode: full survives power loss, normal only a "
+        "killed process (default full)",
+        "{full,normal}",
+    ),
+    Setting(
+        "log_level",
+        ("--log-level",),
+        _env("LOG_LEVEL"),
+        "debug, info, warn, error or crit (default info)",
+        "LEVEL",
+    ),
+)
+
+#: Settings that come only from the environment.
+ENV_ONLY = {"etcd_password": ("CHUNKMASTER_ETCD_PASSWORD",)}
 
 
 def register(sub: Any) -> None:
@@ -44,95 +174,54 @@ def register(sub: Any) -> None:
             "original's <FLAG> (e.g. PORT, TASK_TIMOUT_DUR)."
         ),
     )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=int(_env("PORT", "8080")),
-        help="RPC port; 0 picks a free one (default 8080)",
-    )
-    p.add_argument(
-        "--host",
-        default=_env("HOST", ""),
-        help="interface to listen on (default 127.0.0.1 with the embedded store; "
-        "with --endpoints, this host's first non-loopback IPv4 address). "
-        "Use 0.0.0.0 to accept trainers from every interface",
-    )
-    p.add_argument(
-        "--endpoints",
-        default=_env("ENDPOINTS", ""),
-        help="comma-separated etcd endpoints; empty (default) uses the embedded store",
-    )
-    p.add_argument(
-        "--ttl",
-        type=int,
-        default=int(_env("TTL", "60")),
-        help="etcd lease TTL in seconds: bounds failover after a crash (default 60)",
-    )
-    p.add_argument(
-        "--job",
-        default=_env("JOB", ""),
-        help="job name: namespaces the etcd keys and names the default store file",
-    )
-    p.add_argument("--etcd-ca", default=_env("ETCD_CA", "") or None,
-                   help="CA certificate file to verify etcd's TLS certificate")
-    p.add_argument("--etcd-cert", default=_env("ETCD_CERT", "") or None,
-                   help="client certificate file for etcd (with --etcd-key)")
-    p.add_argument("--etcd-key", default=_env("ETCD_KEY", "") or None,
-                   help="client private key file for etcd (with --etcd-cert)")
-    p.add_argument("--etcd-user", default=_env("ETCD_USER", "") or None,
-                   help="etcd user name; the password comes from CHUNKMASTER_ETCD_PASSWORD "
-                        "(never from the command line, where other users could read it)")
-    timeout_default = env_default(
-        ("CHUNKMASTER_TASK_TIMEOUT_DUR", "TASK_TIMEOUT_DUR", "TASK_TIMOUT_DUR"), "20m"
-    )
-    p.add_argument(
-        "--task-timeout-dur",
-        "--task-timout-dur",
-        dest="task_timeout_dur",
-        default=timeout_default,
-        help="time a trainer has for one task before it is handed out again "
-        "(Go-style duration: 20m, 90s, 1.5h; default 20m). "
-        "--task-timout-dur is the original's spelling",
-    )
-    p.add_argument(
-        "--task-timeout-max",
-        type=int,
-        default=int(_env("TASK_TIMEOUT_MAX", "3")),
-        help="failures a task may have before it is set aside as failed (default 3)",
-    )
-    p.add_argument(
-        "--chunk-per-task",
-        type=int,
-        default=int(_env("CHUNK_PER_TASK", "10")),
-        help="RecordIO chunks per task; 0 or less means 1 (default 10)",
-    )
-    p.add_argument(
-        "--failed-policy",
-        choices=[x.value for x in FailedPolicy],
-        default=_env("FAILED_POLICY", "retry"),
-        help="at a pass rollover, 'retry' puts failed tasks back with a fresh count; "
-        "'keep' keeps them out and reports them (default retry)",
-    )
-    p.add_argument(
-        "--store",
-        default=_env("STORE", ""),
-        help="embedded store file (default ~/.local/state/chunkmaster/<job>.db); "
-        "':memory:' keeps state in memory only",
-    )
-    p.add_argument(
-        "--store-sync",
-        choices=["full", "normal"],
-        default=_env("STORE_SYNC", "full"),
-        help="SQLite synchronous mode: full survives power loss, normal only a "
-        "killed process (default full)",
-    )
-    p.add_argument(
-        "--log-level",
-        choices=sorted(LOG_LEVELS),
-        default=_env("LOG_LEVEL", "info"),
-        help="debug, info, warn, error or crit (default info)",
-    )
+    for s in SETTINGS:
+        # Text only, no default: the value and where it came from are settled in `gather`.
+        p.add_argument(*s.flags, dest=s.field, default=None, metavar=s.metavar, help=s.help)
     p.set_defaults(func=run)
+
+
+def gather(
+    args: argparse.Namespace, environ: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The text of every setting given, and where each came from (a flag or a variable).
+
+    A setting that was not given is named by its flag, so errors about it still read well.
+    """
+    texts: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for s in SETTINGS:
+        sources[s.field] = s.flag
+        value = getattr(args, s.field)
+        if value is not None:
+            texts[s.field] = value
+            continue
+        for name in s.env:
+            if environ.get(name):
+                texts[s.field], sources[s.field] = environ[name], name
+                break
+    for field, names in ENV_ONLY.items():
+        sources[field] = names[0]
+        for name in names:
+            if environ.get(name):
+                texts[field] = environ[name]
+                break
+    return texts, sources
+
+
+def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[MasterConfig, str]:
+    """The master's config and the log level, or a CliError naming the flag or variable."""
+    texts, sources = gather(args, environ)
+    level = texts.pop("log_level", "info")
+    if level not in LOG_LEVELS:
+        raise CliError(
+            f"{sources['log_level']}: {level!r} is not one of {', '.join(sorted(LOG_LEVELS))}",
+            USAGE_EXIT,
+        )
+    try:
+        return MasterConfig.from_text(texts), level
+    except ConfigError as exc:
+        named = " and ".join(sources.get(f, f) for f in exc.fields)
+        raise CliError(f"{named}: {exc.message}", USAGE_EXIT) from None
 
 
 def setup_logging(level: str) -> None:
@@ -143,27 +232,11 @@ def setup_logging(level: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        args.timeout_seconds = parse_duration(args.task_timeout_dur)
-    except ValueError as exc:
-        raise CliError(f"--task-timeout-dur: {exc}") from None
-    if args.timeout_seconds <= 0:
-        raise CliError("--task-timeout-dur must be positive")
-    if args.task_timeout_max < 0:
-        raise CliError("--task-timeout-max must be 0 or more")
-    if (args.etcd_cert is None) != (args.etcd_key is None):
-        raise CliError("--etcd-cert and --etcd-key go together")
-    args.etcd_password = os.environ.get("CHUNKMASTER_ETCD_PASSWORD") or None
-    if args.etcd_user and args.etcd_password is None:
-        raise CliError("--etcd-user needs the password in CHUNKMASTER_ETCD_PASSWORD")
-    if args.endpoints.strip() and args.store:
-        raise CliError("--store and --endpoints exclude each other: the state lives in one place")
-    if not 0 <= args.port <= 65535:
-        raise CliError(f"--port {args.port} is not a TCP port")
-    setup_logging(args.log_level)
+    config, level = config_from(args, os.environ)
+    setup_logging(level)
     from chunkmaster.master.runner import run_master
 
-    return asyncio.run(run_master(args, _install_stop_signals))
+    return asyncio.run(run_master(config, _install_stop_signals))
 
 
 def _install_stop_signals(stop: asyncio.Event) -> None:

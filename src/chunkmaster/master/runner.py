@@ -7,7 +7,6 @@ master that cannot answer. Losing the lock stops serving at once.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import fcntl
 import logging
@@ -18,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chunkmaster.master.config import MasterConfig
 from chunkmaster.master.leadership import Leadership
 from chunkmaster.master.server import MasterServer
 from chunkmaster.master.service import Service
@@ -55,39 +55,28 @@ def default_store_path(job: str) -> Path:
     return Path(base) / "chunkmaster" / f"{job}.db"
 
 
-def build_store(args: argparse.Namespace) -> Store:
+def build_store(config: MasterConfig) -> Store:
+    """The embedded store the config names (not etcd: that one comes with its leadership)."""
     from chunkmaster.store.memory import InMemStore
     from chunkmaster.store.sqlite import SqliteStore
 
-    if args.store == ":memory:":
+    if config.store == ":memory:":
         return InMemStore()
-    path = args.store or default_store_path(args.job or "default")
-    return SqliteStore(path, synchronous=args.store_sync)
+    path = config.store or default_store_path(config.job or "default")
+    return SqliteStore(path, synchronous=config.store_sync)
 
 
 async def run_master(
-    args: argparse.Namespace, install_signals: Callable[[asyncio.Event], None]
+    config: MasterConfig, install_signals: Callable[[asyncio.Event], None]
 ) -> int:
     stop = asyncio.Event()
     install_signals(stop)
-    from chunkmaster.etcd.options import EtcdOptions
-
-    options = None
-    if args.endpoints.strip():
-        options = EtcdOptions.parse(
-            args.endpoints,
-            ca_cert=args.etcd_ca,
-            cert_cert=args.etcd_cert,
-            cert_key=args.etcd_key,
-            user=args.etcd_user,
-            password=args.etcd_password,
-        )
-    host = args.host or ("127.0.0.1" if options is None else external_ip())
+    host = config.host or ("127.0.0.1" if config.etcd is None else external_ip())
     leadership: Leadership | None = None
-    if options is not None:
+    if config.etcd is not None:
         from chunkmaster.store.etcd import EtcdStore
 
-        etcd_store = EtcdStore(options, ttl_sec=args.ttl, job=args.job or None)
+        etcd_store = EtcdStore(config.etcd, ttl_sec=config.ttl_sec, job=config.job)
         store: Store = etcd_store
         leadership = etcd_store
         log.info("state: %s", store.describe())
@@ -101,22 +90,22 @@ async def run_master(
         waiter.cancel()
         campaign.result()
     else:
-        store = build_store(args)
+        store = build_store(config)
         log.info("state: %s", store.describe())
 
     service = Service(
         store,
-        chunks_per_task=args.chunk_per_task,
-        timeout_dur=args.timeout_seconds,
-        failure_max=args.task_timeout_max,
-        failed_policy=args.failed_policy,
+        chunks_per_task=config.chunks_per_task,
+        timeout_dur=config.task_timeout,
+        failure_max=config.task_timeout_max,
+        failed_policy=config.failed_policy,
     )
     try:
         await service.start()
     except Exception:
         await store.shutdown()
         raise
-    server = MasterServer(service, host, args.port)
+    server = MasterServer(service, host, config.port)
     await server.start()
     if leadership is not None:
         await leadership.publish_addr(f"{host}:{server.port}")

@@ -1,0 +1,194 @@
+"""The master's configuration: one typed, validated value between the command line and the runner.
+
+`MasterConfig.from_text` turns the texts a user wrote (flags or environment variables, keyed
+by field name) into a config; the constructor checks every value. Both raise `ConfigError`
+naming the fields at fault, so the caller can name the flag or the variable they came from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from chunkmaster.core.model import FailedPolicy
+from chunkmaster.etcd.options import EtcdOptions
+
+__all__ = ["ETCD_FIELDS", "TEXT_FIELDS", "ConfigError", "MasterConfig", "parse_duration"]
+
+STORE_SYNC_MODES = ("full", "normal")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; `fields` names the fields at fault."""
+
+    def __init__(self, fields: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.fields = fields
+        self.message = message
+
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go-style duration ("20m", "1.5s", "1h2m3s", "300ms") into seconds.
+
+    A bare number is taken as seconds, which Go would reject; users type it.
+    """
+    s = text.strip()
+    if not s:
+        raise ValueError("empty duration")
+    sign = 1.0
+    if s[0] in "+-":
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if s == "0":
+        return 0.0
+    try:
+        return sign * float(s)
+    except ValueError:
+        pass
+    total = 0.0
+    pos = 0
+    while pos < len(s):
+        m = _PART.match(s, pos)
+        if m is None:
+            raise ValueError(f"invalid duration {text!r} (examples: 20m, 1.5s, 1h30m, 500ms)")
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    return sign * total
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
+def _optional(text: str) -> str | None:
+    return text or None
+
+
+def _policy(text: str) -> FailedPolicy:
+    try:
+        return FailedPolicy(text)
+    except ValueError:
+        names = ", ".join(p.value for p in FailedPolicy)
+        raise ValueError(f"{text!r} is not one of {names}") from None
+
+
+def _store_sync(text: str) -> str:
+    if text not in STORE_SYNC_MODES:
+        raise ValueError(f"{text!r} is not one of {', '.join(STORE_SYNC_MODES)}")
+    return text
+
+
+#: How each plain field is read from text.
+TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
+    "port": _integer,
+    "host": _optional,
+    "ttl_sec": _integer,
+    "job": _optional,
+    "task_timeout": parse_duration,
+    "task_timeout_max": _integer,
+    "chunks_per_task": _integer,
+    "failed_policy": _policy,
+    "store": _optional,
+    "store_sync": _store_sync,
+}
+
+#: The texts that make up `MasterConfig.etcd` (empty `endpoints`: no etcd).
+ETCD_FIELDS = ("endpoints", "etcd_ca", "etcd_cert", "etcd_key", "etcd_user", "etcd_password")
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    """Everything a master process needs to run; see `chunkmaster master --help`."""
+
+    port: int = 8080
+    #: Interface to listen on; None means loopback, or with etcd the first external address.
+    host: str | None = None
+    #: Where the shared state and the lock live; None means the embedded store.
+    etcd: EtcdOptions | None = None
+    ttl_sec: int = 60
+    job: str | None = None
+    task_timeout: float = 20 * 60.0
+    task_timeout_max: int = 3
+    chunks_per_task: int = 10
+    failed_policy: FailedPolicy = FailedPolicy.RETRY
+    #: Embedded store file or ":memory:"; None means the default file of the job.
+    store: str | None = None
+    store_sync: str = "full"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(("port",), f"{self.port} is not a TCP port (0 to 65535)")
+        if self.ttl_sec < 1:
+            raise ConfigError(("ttl_sec",), f"{self.ttl_sec} is not a TTL: at least 1 second")
+        if self.job is not None and (not self.job or "/" in self.job):
+            raise ConfigError(("job",), f"bad job name {self.job!r}: non-empty, without '/'")
+        if not self.task_timeout > 0:
+            raise ConfigError(("task_timeout",), "must be positive")
+        if self.task_timeout_max < 0:
+            raise ConfigError(("task_timeout_max",), "must be 0 or more")
+        if self.store_sync not in STORE_SYNC_MODES:
+            raise ConfigError(("store_sync",), f"{self.store_sync!r} is not full or normal")
+        if self.etcd is not None and self.store is not None:
+            raise ConfigError(
+                ("store", "endpoints"), "cannot both be set (the state lives in one place)"
+            )
+
+    @property
+    def store_name(self) -> str:
+        """What keeps the state: "etcd", "memory" or "sqlite"."""
+        if self.etcd is not None:
+            return "etcd"
+        return "memory" if self.store == ":memory:" else "sqlite"
+
+    @classmethod
+    def from_text(cls, texts: Mapping[str, str]) -> MasterConfig:
+        """A config from user-written texts keyed by field name (and ETCD_FIELDS); fields
+        not given keep their defaults."""
+        values: dict[str, Any] = {}
+        for name, text in texts.items():
+            if name in ETCD_FIELDS:
+                continue
+            if name not in TEXT_FIELDS:
+                raise KeyError(f"no master setting called {name!r}")
+            try:
+                values[name] = TEXT_FIELDS[name](text)
+            except ValueError as exc:
+                raise ConfigError((name,), str(exc)) from None
+        values["etcd"] = _etcd_options(texts)
+        return cls(**values)
+
+
+def _etcd_options(texts: Mapping[str, str]) -> EtcdOptions | None:
+    def get(name: str) -> str | None:
+        return texts.get(name) or None
+
+    cert, key = get("etcd_cert"), get("etcd_key")
+    if (cert is None) != (key is None):
+        raise ConfigError(("etcd_cert", "etcd_key"), "a client certificate and its key go together")
+    user = get("etcd_user")
+    password = get("etcd_password") if user is not None else None
+    if user is not None and password is None:
+        raise ConfigError(("etcd_user", "etcd_password"), "the etcd user needs its password")
+    endpoints = texts.get("endpoints", "")
+    if not endpoints.strip():
+        return None
+    try:
+        return EtcdOptions.parse(
+            endpoints,
+            ca_cert=get("etcd_ca"),
+            cert_cert=cert,
+            cert_key=key,
+            user=user,
+            password=password,
+        )
+    except ValueError as exc:
+        raise ConfigError(("endpoints",), str(exc)) from None

@@ -1,0 +1,115 @@
+"""The master's configuration: bad flags and environment variables are refused in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from chunkmaster.cli.master_cmd import SETTINGS
+from chunkmaster.core.model import FailedPolicy
+from chunkmaster.master.config import ConfigError, MasterConfig
+
+# Variables the master reads that a developer's shell may set; cleared so each case is alone.
+_MASTER_VARS = {s for setting in SETTINGS for s in setting.env}
+
+
+def run_master(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in _MASTER_VARS}
+    base = {k: v for k, v in base.items() if not k.startswith("CHUNKMASTER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "chunkmaster", "master", "--store", ":memory:", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"PORT": "abc"}, "PORT"),
+        ({"CHUNKMASTER_PORT": "70000"}, "CHUNKMASTER_PORT"),
+        ({"CHUNKMASTER_TTL": "-1"}, "CHUNKMASTER_TTL"),
+        ({"TASK_TIMOUT_DUR": "banana"}, "TASK_TIMOUT_DUR"),
+        ({"TASK_TIMEOUT_MAX": "-2"}, "TASK_TIMEOUT_MAX"),
+        ({"CHUNK_PER_TASK": "ten"}, "CHUNK_PER_TASK"),
+        ({"FAILED_POLICY": "forget"}, "FAILED_POLICY"),
+        ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
+        ({"CHUNKMASTER_STORE_SYNC": "sometimes"}, "CHUNKMASTER_STORE_SYNC"),
+    ],
+)
+def test_a_bad_environment_variable_is_one_line_naming_it(env: dict[str, str], named: str) -> None:
+    done = run_master([], env)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"chunkmaster: error: {named}: "), lines
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--port", "abc"], "--port"),
+        (["--port", "-1"], "--port"),
+        (["--ttl", "0"], "--ttl"),
+        (["--task-timout-dur", "0"], "--task-timeout-dur"),
+        (["--task-timeout-dur", "banana"], "--task-timeout-dur"),
+        (["--failed-policy", "forget"], "--failed-policy"),
+        (["--endpoints", "ftp://etcd:2379"], "--endpoints"),
+        (["--endpoints", "127.0.0.1:2379"], "--store and --endpoints"),
+        (["--etcd-cert", "c.pem"], "--etcd-cert and --etcd-key"),
+        (["--job", "a/b"], "--job"),
+    ],
+)
+def test_a_bad_flag_is_one_line_naming_it(args: list[str], named: str) -> None:
+    done = run_master(args, {})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"chunkmaster: error: {named}: "), lines
+
+
+def test_the_flag_wins_over_the_environment() -> None:
+    """PORT is wrong, but --port is given: the variable is never read."""
+    done = run_master(["--port", "-5"], {"PORT": "abc"})
+    assert done.returncode == 2 and "error: --port: " in done.stderr, done.stderr
+
+
+def test_from_text_types_every_field() -> None:
+    config = MasterConfig.from_text(
+        {
+            "port": "0",
+            "ttl_sec": "5",
+            "task_timeout": "1m30s",
+            "task_timeout_max": "0",
+            "chunks_per_task": "4",
+            "failed_policy": "keep",
+            "job": "j1",
+            "endpoints": "http://a:2379, b",
+            "etcd_user": "u",
+            "etcd_password": "s3cret-pw",
+        }
+    )
+    assert config.port == 0 and config.ttl_sec == 5 and config.task_timeout == 90.0
+    assert config.failed_policy is FailedPolicy.KEEP and config.job == "j1"
+    assert config.etcd is not None and config.store_name == "etcd"
+    assert [e.target for e in config.etcd.endpoints] == ["a:2379", "b:2379"]
+    assert "s3cret-pw" not in repr(config)  # the password is never printed
+
+
+def test_defaults_and_the_embedded_stores() -> None:
+    assert MasterConfig.from_text({}) == MasterConfig()
+    assert MasterConfig().store_name == "sqlite"
+    assert MasterConfig(store=":memory:").store_name == "memory"
+
+
+def test_the_constructor_validates_too() -> None:
+    with pytest.raises(ConfigError) as info:
+        MasterConfig(task_timeout=0)
+    assert info.value.fields == ("task_timeout",)
+    with pytest.raises(ConfigError):
+        MasterConfig(port=65536)
