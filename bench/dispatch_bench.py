@@ -17,7 +17,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 import grpc
 
 from chunkmaster.client.connection import MasterConnection
+from chunkmaster.master.readiness import MasterNotReady, wait_ready
 from chunkmaster.recordio import Compressor, Writer
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc
@@ -54,28 +54,31 @@ def make_dataset(root: Path, tasks: int) -> str:
 
 
 class Master:
+    """A master process on a free port; its address comes from its ready file."""
+
     def __init__(self, args: list[str]) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="dispatch-bench-"))
+        ready = self.dir / "ready.json"
         cmd = [sys.executable, "-m", "chunkmaster", "master", "--port", "0", "--log-level", "info"]
+        cmd += ["--ready-file", str(ready)]
         self.proc = subprocess.Popen(
             cmd + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
-        self.addr = ""
-        ready = threading.Event()
+        lines: list[str] = []
 
         def pump() -> None:
             assert self.proc.stderr is not None
             for line in self.proc.stderr:
-                m = re.search(r"serving on (\S+)", line)
-                if m:
-                    self.addr = m.group(1)
-                    ready.set()
-                elif "ERROR" in line or "CRITICAL" in line or "Traceback" in line:
+                lines.append(line)
+                if "ERROR" in line or "CRITICAL" in line or "Traceback" in line:
                     sys.stderr.write("master: " + line)
 
         threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(60):
+        try:
+            self.addr = str(wait_ready(ready, self.proc, 60, lambda: "".join(lines))["addr"])
+        except MasterNotReady:
             self.proc.kill()
-            raise RuntimeError("master did not start")
+            raise
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from chunkmaster.client import Client, EndOfPass
+from chunkmaster.master.readiness import wait_ready
 from chunkmaster.recordio import Compressor, Writer, scan
 
 CHUNK = 4 << 20
@@ -117,20 +116,15 @@ def bench_procs(addr: str, pass_id: int, procs: int) -> tuple[int, float]:
 
 
 def start_master(directory: Path) -> tuple[subprocess.Popen[str], str]:
+    ready = directory / "master.ready.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "chunkmaster", "master", "--port", "0", "--store", ":memory:",
-         "--chunk-per-task", str(CHUNKS_PER_TASK), "--task-timeout-dur", "10m"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+         "--chunk-per-task", str(CHUNKS_PER_TASK), "--task-timeout-dur", "10m",
+         "--ready-file", str(ready)],
+        stdout=subprocess.DEVNULL, stderr=open(directory / "master.log", "w"), text=True,  # noqa: SIM115
     )  # fmt: skip
-    assert proc.stderr is not None
-    lines: list[str] = []
-    for line in proc.stderr:
-        lines.append(line)
-        m = re.search(r"serving on (\S+)", line)
-        if m:
-            threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()
-            return proc, m.group(1)
-    raise RuntimeError("master did not start:\n" + "".join(lines))
+    info = wait_ready(ready, proc, 60, (directory / "master.log").read_text)
+    return proc, str(info["addr"])
 
 
 class Runner:

@@ -17,7 +17,6 @@ import json
 import os
 import queue
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from chunkmaster.digest import Digest, file_digest
+from chunkmaster.master.readiness import MasterNotReady, wait_ready
 from chunkmaster.recordio import Compressor, Writer, load_index
 
 TRAINERS = 3
@@ -111,6 +111,8 @@ def _demo(tmp: Path, procs: list[subprocess.Popen[str]]) -> int:
         print("      " + text, flush=True)
 
     say(f"2. a master on the embedded store (task timeout {TIMEOUT}, 1 chunk per task)")
+    master_log = tmp / "master.log"
+    ready_file = tmp / "master.ready.json"
     master = subprocess.Popen(
         [
             *py,
@@ -123,16 +125,19 @@ def _demo(tmp: Path, procs: list[subprocess.Popen[str]]) -> int:
             TIMEOUT,
             "--chunk-per-task",
             "1",
+            "--ready-file",
+            str(ready_file),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=open(master_log, "w"),  # noqa: SIM115
         text=True,
         env=env,
     )
     procs.append(master)
-    addr = _serving_address(master)
-    if addr is None:
-        say("   the master did not start")
+    try:
+        addr = str(wait_ready(ready_file, master, 20.0, master_log.read_text)["addr"])
+    except MasterNotReady as exc:
+        say(f"   the master did not start: {exc}")
         return 1
     say(f"   serving on {addr}")
 
@@ -285,27 +290,6 @@ def _wait_holding(addr: str, pid: int, n: int, timeout: float = 10.0) -> None:
                 c.status()
                 return
             time.sleep(0.005)
-
-
-def _serving_address(master: subprocess.Popen[str], timeout: float = 20.0) -> str | None:
-    found: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert master.stderr is not None
-        sent = False
-        for line in master.stderr:
-            m = re.search(r"serving on (\S+)", line)
-            if m and not sent:
-                found.put(m.group(1))
-                sent = True
-        if not sent:
-            found.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        return found.get(timeout=timeout)
-    except queue.Empty:
-        return None
 
 
 def _pump(n: int, stream: IO[str], events: queue.Queue[tuple[int, dict[str, Any] | None]]) -> None:

@@ -48,7 +48,7 @@ def start_master(etcd: EtcdServer, log: Path, *, wait: bool, port: int = 0) -> M
 
 
 def wait_leader(candidates: Sequence[MasterProcess], timeout: float = 30.0) -> MasterProcess:
-    """The candidate that logs "serving on" first (only the lock holder does)."""
+    """The candidate that writes its ready file first (only the lock holder does)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         for m in candidates:

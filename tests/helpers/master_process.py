@@ -2,50 +2,83 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-_SERVING = re.compile(r"serving on (\S+)")
+from chunkmaster.master.readiness import (
+    MasterNotReady,
+    read_ready_file,
+    remove_ready_file,
+    wait_ready,
+)
+
+_names = itertools.count()
 
 
 class MasterProcess:
-    """Runs `python -m chunkmaster master ARGS --port PORT` and learns its address from the log."""
+    """Runs `python -m chunkmaster master ARGS --port PORT` and learns its address from the
+    master's ready file (`--ready-file`)."""
 
     def __init__(self, args: Sequence[str], *, port: int = 0, log_path: Path | None = None) -> None:
         self.args = list(args)
         self.port = port
-        self.addr: str | None = None
         self.log_path = log_path
         self.proc: subprocess.Popen[str] | None = None
         self.lines: list[str] = []
-        self._ready = threading.Event()
+        self.ready_file = Path(tempfile.mkdtemp(prefix="master-")) / f"ready-{next(_names)}.json"
+        self._addr: str | None = None
         self._lock = threading.Lock()
 
     def start(self, timeout: float = 30.0, *, wait: bool = True) -> MasterProcess:
         """Start; with wait=False return at once (a standby serves only once it leads)."""
-        self._ready.clear()
-        self.addr = None
+        self._addr = None
+        remove_ready_file(self.ready_file)
         cmd = [sys.executable, "-m", "chunkmaster", "master", *self.args, "--port", str(self.port)]
+        cmd += ["--ready-file", str(self.ready_file)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
         )
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        if wait and not self.wait_serving(timeout):
-            self.kill()
-            raise RuntimeError("master did not start serving:\n" + self.log())
+        if wait:
+            try:
+                self._learn(wait_ready(self.ready_file, self.proc, timeout, self.log))
+            except MasterNotReady as exc:
+                self.kill()
+                raise RuntimeError(f"master did not start serving: {exc}\n{self.log()}") from None
         return self
 
+    @property
+    def addr(self) -> str | None:
+        """The address from the ready file; None until this run of the master serves."""
+        if self._addr is None and self.proc is not None:
+            info = read_ready_file(self.ready_file)
+            if info is not None:
+                self._learn(info)
+        return self._addr
+
+    def _learn(self, info: dict[str, object]) -> None:
+        self._addr = str(info["addr"])
+        self.port = int(self._addr.rsplit(":", 1)[1])
+
     def wait_serving(self, timeout: float) -> bool:
-        """Wait for the "serving on" line (a standby prints it only once it leads)."""
-        return self._ready.wait(timeout)
+        """Wait for the ready file (a standby writes it only once it leads); False if the
+        master exits first or `timeout` passes."""
+        assert self.proc is not None
+        try:
+            self._learn(wait_ready(self.ready_file, self.proc, timeout, self.log))
+        except MasterNotReady:
+            return False
+        return True
 
     def _pump(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stderr is not None
@@ -55,11 +88,6 @@ class MasterProcess:
             if self.log_path is not None:
                 with open(self.log_path, "a") as f:
                     f.write(line)
-            m = _SERVING.search(line)
-            if m:
-                self.addr = m.group(1)
-                self.port = int(self.addr.rsplit(":", 1)[1])
-                self._ready.set()
 
     def log(self) -> str:
         with self._lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,40 @@ def test_the_constructor_validates_too() -> None:
     assert info.value.fields == ("task_timeout",)
     with pytest.raises(ConfigError):
         MasterConfig(port=65536)
+
+
+def test_the_ready_file_names_the_address_and_goes_at_a_clean_exit() -> None:
+    from helpers.master_process import MasterProcess
+
+    from chunkmaster.client.connection import MasterConnection
+    from chunkmaster.master.readiness import read_ready_file
+
+    m = MasterProcess(["--store", ":memory:"]).start()
+    try:
+        info = read_ready_file(m.ready_file)
+        assert info is not None and m.proc is not None
+        assert info == {"addr": m.addr, "pid": m.proc.pid, "store": "memory"}
+        with MasterConnection(str(info["addr"])) as c:
+            assert c.status()["cur_pass"] == 0
+        assert m.terminate() == 0
+        assert read_ready_file(m.ready_file) is None
+    finally:
+        m.kill()
+
+
+def test_waiting_for_a_master_that_exits_fails_at_once_with_its_log(tmp_path: Path) -> None:
+    from chunkmaster.master.readiness import MasterNotReady, wait_ready
+
+    (tmp_path / "state.db").mkdir()  # a folder where the store file should be: it cannot open
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chunkmaster", "master", "--store", str(tmp_path / "state.db"),
+         "--port", "0", "--ready-file", str(tmp_path / "ready.json")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with pytest.raises(MasterNotReady, match="exited with code") as info:
+            wait_ready(tmp_path / "ready.json", proc, 60)
+        assert "state.db" in str(info.value)
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -151,6 +151,15 @@ SETTINGS = (
         "{full,normal}",
     ),
     Setting(
+        "ready_file",
+        ("--ready-file",),
+        _env("READY_FILE"),
+        "once the master serves (on etcd: leads and has published its address), atomically "
+        'write {"addr": "HOST:PORT", "pid": N, "store": "sqlite"|"memory"|"etcd"} as JSON '
+        "to this file; removed at a clean exit",
+        "PATH",
+    ),
+    Setting(
         "log_level",
         ("--log-level",),
         _env("LOG_LEVEL"),
@@ -176,7 +185,8 @@ def register(sub: Any) -> None:
     )
     for s in SETTINGS:
         # Text only, no default: the value and where it came from are settled in `gather`.
-        p.add_argument(*s.flags, dest=s.field, default=None, metavar=s.metavar, help=s.help)
+        metavar = s.metavar or s.flag.removeprefix("--").upper().replace("-", "_")
+        p.add_argument(*s.flags, dest=s.field, default=None, metavar=metavar, help=s.help)
     p.set_defaults(func=run)
 
 

@@ -7,6 +7,7 @@ naming the fields at fault, so the caller can name the flag or the variable they
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -99,6 +100,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "failed_policy": _policy,
     "store": _optional,
     "store_sync": _store_sync,
+    "ready_file": _optional,
 }
 
 #: The texts that make up `MasterConfig.etcd` (empty `endpoints`: no etcd).
@@ -123,6 +125,8 @@ class MasterConfig:
     #: Embedded store file or ":memory:"; None means the default file of the job.
     store: str | None = None
     store_sync: str = "full"
+    #: Where to write the ready file (see chunkmaster.master.readiness); None: none.
+    ready_file: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -137,6 +141,10 @@ class MasterConfig:
             raise ConfigError(("task_timeout_max",), "must be 0 or more")
         if self.store_sync not in STORE_SYNC_MODES:
             raise ConfigError(("store_sync",), f"{self.store_sync!r} is not full or normal")
+        if self.ready_file is not None and not os.path.isdir(
+            os.path.dirname(os.path.abspath(self.ready_file))
+        ):
+            raise ConfigError(("ready_file",), f"the folder of {self.ready_file} does not exist")
         if self.etcd is not None and self.store is not None:
             raise ConfigError(
                 ("store", "endpoints"), "cannot both be set (the state lives in one place)"

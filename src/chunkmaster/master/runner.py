@@ -2,7 +2,8 @@
 
 Embedded store: recover, then listen. etcd: campaign for the lock (a standby waits here),
 recover, listen, and only then publish the address under the lease, so it never points at a
-master that cannot answer. Losing the lock stops serving at once.
+master that cannot answer. Losing the lock stops serving at once. The ready file, if asked
+for, is written last: once it exists, the master answers at the address it holds.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from chunkmaster.master.config import MasterConfig
 from chunkmaster.master.leadership import Leadership
+from chunkmaster.master.readiness import remove_ready_file, write_ready_file
 from chunkmaster.master.server import MasterServer
 from chunkmaster.master.service import Service
 from chunkmaster.store.base import Store
@@ -71,6 +73,8 @@ async def run_master(
 ) -> int:
     stop = asyncio.Event()
     install_signals(stop)
+    if config.ready_file is not None:
+        remove_ready_file(config.ready_file)  # a stale one must not pass for this master's
     host = config.host or ("127.0.0.1" if config.etcd is None else external_ip())
     leadership: Leadership | None = None
     if config.etcd is not None:
@@ -110,6 +114,8 @@ async def run_master(
     if leadership is not None:
         await leadership.publish_addr(f"{host}:{server.port}")
     log.info("serving on %s", server.address)
+    if config.ready_file is not None:
+        write_ready_file(config.ready_file, server.address, config.store_name)
     lost = asyncio.create_task(leadership.lost.wait()) if leadership is not None else None
     waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
     if lost is not None:
@@ -126,5 +132,7 @@ async def run_master(
     for w in waiters:
         w.cancel()
     await service.close()
+    if config.ready_file is not None:
+        remove_ready_file(config.ready_file)
     log.info("stopped")
     return code
