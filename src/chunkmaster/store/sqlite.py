@@ -217,6 +217,7 @@ class SqliteStore:
         self._lock_key: tuple[int, int] | None = None
         self._witness: Witness | None = None
         self._witness_failed = False
+        self._wal_found = False
         self._last_seq = 0
         self._closed = False
 
@@ -354,6 +355,11 @@ class SqliteStore:
             witness_error = None
         except (ValueError, OSError) as exc:
             got, witness_error = None, str(exc)
+        # Seen before SQLite opens the database: opening may create an empty -wal file.
+        try:
+            self._wal_found = os.stat(f"{self.path}-wal").st_size > 0
+        except FileNotFoundError:
+            self._wal_found = False
         uri = f"file:{quote(str(self.path))}?mode=ro"
         ro = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         try:
@@ -391,9 +397,9 @@ class SqliteStore:
         if app_id == 0 and not tables:
             if witness is not None and witness.seq > 0:
                 raise _Damage(
-                    f"is empty ({self.path.stat().st_size} bytes), but its witness "
-                    f"{self.witness_path} records that the store held entry {witness.seq}: "
-                    "the database file was truncated, replaced or lost"
+                    f"holds no journal ({self.path.stat().st_size} bytes), but the store had "
+                    f"made entry {witness.seq} durable (its witness {self.witness_path.name} "
+                    f"says so): the database file was truncated or replaced, or {self._wal_hint()}"
                 )
             if witness_error is not None:
                 raise _Damage(
@@ -453,19 +459,19 @@ class SqliteStore:
                 sound,
             )
         if last_seq < witness.seq:
-            wal = self.path.with_name(self.path.name + "-wal")
-            why = (
-                f"its {wal.name} file is missing (a backup or copy that took only the .db?)"
-                if not wal.exists()
-                else f"its {wal.name} file is damaged or truncated"
-            )
             raise _Damage(
                 f"holds entries up to {last_seq} only, but the store had made entry "
-                f"{witness.seq} durable: {why}, or the database was copied back from an "
-                "older backup",
+                f"{witness.seq} durable: {self._wal_hint()}, or the database was copied back "
+                "from an older backup",
                 sound,
             )
         return _Found("ours", store_id, db_job, last_seq, counter)
+
+    def _wal_hint(self) -> str:
+        name = f"{self.path.name}-wal"
+        if not self._wal_found:
+            return f"its {name} file is missing (a backup or copy that took only the .db?)"
+        return f"its {name} file is damaged or truncated"
 
     def _refusal(self, damage: _Damage) -> str:
         name = self.path.name
