@@ -8,7 +8,6 @@ an older state.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import sqlite3
@@ -17,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.aio import run
 from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
 
@@ -190,7 +190,8 @@ def test_older_backup_copied_back_is_refused(tmp_path: Path) -> None:
 def test_garbage_and_foreign_databases_are_refused(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(os.urandom(8192))
-    assert_refusal(start_refused(junk), junk, "is not a readable SQLite database", accept_older=False)
+    err = start_refused(junk)
+    assert_refusal(err, junk, "is not a readable SQLite database", accept_older=False)
     other = tmp_path / "other.db"
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY, name TEXT)")
@@ -232,10 +233,6 @@ def test_two_masters_never_share_a_store_however_its_path_is_spelled(tmp_path: P
 
 
 # ---- the store's own API: job names, other stores, the ways out ------------------------
-
-
-def run(coro: object) -> object:
-    return asyncio.run(asyncio.wait_for(coro, 30))  # type: ignore[arg-type]
 
 
 async def write(store: SqliteStore, n: int) -> int:
