@@ -67,7 +67,7 @@ class Ledger:
         self._repair: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def recover(self) -> None:
+    async def recover(self, *, level: int = logging.INFO) -> None:
         """Load snapshot + journal from the store. Raises StoreError / CodecError."""
         rec = await self.store.load()
         state = MasterState() if rec.snapshot is None else decode_snapshot(rec.snapshot)
@@ -79,7 +79,8 @@ class Ledger:
             seq = entry_seq
         self.state, self.seq, self.durable_seq = state, seq, seq
         self.entries_since_snapshot = len(rec.entries)
-        log.info(
+        log.log(
+            level,
             "recovered state at entry %d (snapshot at %d + %d journal entries)",
             seq,
             rec.snapshot_seq,
@@ -193,7 +194,8 @@ class Ledger:
         while not self._closed:
             try:
                 if not rebuilt:
-                    await self.recover()  # drops the tail that was never acknowledged
+                    # drops the tail that was never acknowledged
+                    await self.recover(level=logging.DEBUG)
                     rebuilt = True
                     self._notify_reset()
                 self.next_retry_at = time.monotonic() + delay
@@ -210,8 +212,8 @@ class Ledger:
                 continue
             took = time.monotonic() - (self.failing_since or time.monotonic())
             log.warning(
-                "store works again after %d failed attempt(s) over %.1fs; taking changes "
-                "again at entry %d",
+                "store is writable again after %d failed attempt(s) over %.1fs; taking "
+                "changes again at entry %d",
                 self.failed_attempts,
                 took,
                 self.seq,
@@ -234,7 +236,7 @@ class Ledger:
         cause = _cause(exc)
         self.failed_attempts += 1
         now = time.monotonic()
-        if cause != self.error or now - self._last_log >= self._log_every:
+        if now - self._last_log >= self._log_every:
             since = now - (self.failing_since or now)
             log.error(
                 "store still failing (%d attempts over %.0fs): %s; next try in %.1fs",
