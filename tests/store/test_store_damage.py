@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,12 @@ from chunkmaster.store.sqlite import SqliteStore
 FINISHED = 6  # tasks finished (acknowledged) before the master goes down
 
 
-def populate(tmp_path: Path, db: Path, *, stop: str = "kill") -> dict[str, int]:
+def populate(
+    tmp_path: Path, db: Path, *, stop: str = "kill", extra: Sequence[str] = ()
+) -> dict[str, int]:
     """A real master on `db` finishes FINISHED tasks, then is killed (or stopped cleanly)."""
     data = numbered_records(tmp_path / "d.rio", 20, b"%03d")
-    master = MasterProcess(["--store", str(db), "--chunk-per-task", "1"]).start()
+    master = MasterProcess(["--store", str(db), "--chunk-per-task", "1", *extra]).start()
     try:
         with MasterConnection(master.addr) as c:
             c.set_dataset([data])
@@ -63,8 +66,8 @@ def start_refused(db: Path, *extra: str, cwd: Path | None = None) -> str:
     return proc.stderr
 
 
-def done_after_restart(db: Path) -> int:
-    master = MasterProcess(["--store", str(db)]).start()
+def done_after_restart(db: Path, extra: Sequence[str] = ()) -> int:
+    master = MasterProcess(["--store", str(db), *extra]).start()
     try:
         with MasterConnection(master.addr) as c:
             return int(c.status()["done"])
@@ -83,12 +86,14 @@ def assert_refusal(err: str, db: Path, *what: str, accept_older: bool | None) ->
         assert ("--store-on-damage=accept-older" in err) == accept_older
 
 
-def test_kill_9_then_restart_is_not_mistaken_for_damage(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync", ["full", "normal"])
+def test_kill_9_then_restart_is_not_mistaken_for_damage(tmp_path: Path, sync: str) -> None:
     db = tmp_path / "state.db"
-    before = populate(tmp_path, db)
+    extra = ["--store-sync", sync]
+    before = populate(tmp_path, db, extra=extra)
     assert Path(f"{db}-wal").stat().st_size > 0  # the entries live in the -wal file
-    assert done_after_restart(db) == before["done"] == FINISHED
-    assert done_after_restart(db) == FINISHED  # and again, after a second kill
+    assert done_after_restart(db, extra) == before["done"] == FINISHED
+    assert done_after_restart(db, extra) == FINISHED  # and again, after a second kill
 
 
 def test_missing_wal_file_is_refused(tmp_path: Path) -> None:
