@@ -5,28 +5,46 @@ applied in memory and queue for the next batch, so a slow store (fsync, an etcd 
 costs latency but not throughput. Callers wait for their batch. If a write fails, every
 waiting caller gets the error and the in-memory state is rebuilt from the store, so nothing
 unacknowledged survives (defect D7): the state is always "durable prefix + waiting tail".
+
+A store that keeps failing (full disk, read-only filesystem, I/O errors, etcd out of space)
+puts the ledger in a failing state: every change is refused at once with the cause, the
+cause is logged once and then at most every LOG_EVERY seconds, and a repair task retries
+with exponential backoff (capped at RETRY_MAX seconds) by writing one harmless entry (the
+limits in force, unchanged). Only when that write succeeds are changes taken again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from chunkmaster.core.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from chunkmaster.core.errors import UnavailableError
-from chunkmaster.core.events import Event
+from chunkmaster.core.events import Configure, Event
 from chunkmaster.core.model import Task
 from chunkmaster.core.state import MasterState, apply
-from chunkmaster.store.base import NotLeaderError, Store
+from chunkmaster.store.base import NotLeaderError, Store, StoreError
 
 log = logging.getLogger("chunkmaster.ledger")
 
 MIN_COMPACT_ENTRIES = 10_000
+RETRY_FIRST = 0.1  # seconds before the first retry of a failing store
+RETRY_MAX = 5.0  # the backoff's cap: how long a store that works again may wait to be used
+LOG_EVERY = 30.0  # seconds between two log lines about the same, continuing failure
 
 
 class Ledger:
-    def __init__(self, store: Store, *, compact_min: int = MIN_COMPACT_ENTRIES) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        compact_min: int = MIN_COMPACT_ENTRIES,
+        retry_first: float = RETRY_FIRST,
+        retry_max: float = RETRY_MAX,
+        log_every: float = LOG_EVERY,
+    ) -> None:
         self.store = store
         self.state = MasterState()
         self.seq = 0  # last applied entry
@@ -34,16 +52,22 @@ class Ledger:
         self.entries_since_snapshot = 0
         self.compact_min = compact_min
         self.error: str | None = None  # why we cannot commit right now, if we cannot
-        self.lost_leadership = False
+        self.failing_since: float | None = None  # time.monotonic() of the first failure
+        self.failed_attempts = 0  # writes (and rebuilds) that failed since then
+        self.next_retry_at: float | None = None  # time.monotonic() of the next attempt
         self.on_reset: list[Callable[[], None]] = []  # called after the state was rebuilt
         self.on_change: list[Callable[[], None]] = []  # called after every applied event
+        self._retry_first = retry_first
+        self._retry_max = retry_max
+        self._log_every = log_every
+        self._last_log = 0.0
         self._queue: list[tuple[int, bytes]] = []
         self._queue_done: asyncio.Future[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._repair: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def recover(self) -> None:
+    async def recover(self, *, level: int = logging.INFO) -> None:
         """Load snapshot + journal from the store. Raises StoreError / CodecError."""
         rec = await self.store.load()
         state = MasterState() if rec.snapshot is None else decode_snapshot(rec.snapshot)
@@ -55,8 +79,8 @@ class Ledger:
             seq = entry_seq
         self.state, self.seq, self.durable_seq = state, seq, seq
         self.entries_since_snapshot = len(rec.entries)
-        self.error = None
-        log.info(
+        log.log(
+            level,
             "recovered state at entry %d (snapshot at %d + %d journal entries)",
             seq,
             rec.snapshot_seq,
@@ -66,6 +90,15 @@ class Ledger:
     @property
     def available(self) -> bool:
         return self.error is None and not self._closed
+
+    def unavailable(self) -> UnavailableError:
+        """The error for a change refused now, with the store's cause."""
+        if self.error is None:
+            return UnavailableError("master cannot persist changes: it is shutting down")
+        retry = ""
+        if self.next_retry_at is not None:
+            retry = f"; retrying in {max(0.0, self.next_retry_at - time.monotonic()):.1f}s"
+        return UnavailableError(f"master cannot persist changes: {self.error}{retry}")
 
     async def commit(self, event: Event) -> Task | bool | None:
         """Apply `event` now; return its result once it is durable (else raise)."""
@@ -80,7 +113,7 @@ class Ledger:
         that neither a concurrent caller nor a cancellation can come in between.
         """
         if not self.available:
-            raise UnavailableError(f"master cannot persist changes: {self.error or 'closed'}")
+            raise self.unavailable()
         data = encode_event(event)
         result = apply(self.state, event)
         self.seq += 1
@@ -126,45 +159,100 @@ class Ledger:
         log.info("compacted the journal into a %d-byte snapshot at entry %d", len(snapshot), seq)
 
     def _fail(self, done: asyncio.Future[None], exc: Exception) -> None:
-        """A write failed: fail every waiter, then rebuild the state from the store."""
-        reason = f"{type(exc).__name__}: {exc}"
-        err = UnavailableError(f"master could not persist the change: {reason}")
+        """A write failed: fail every waiter, refuse changes, and repair in the background."""
+        cause = _cause(exc)
+        err = UnavailableError(f"master could not persist the change: {cause}")
         waiting = [done] if self._queue_done is None else [done, self._queue_done]
         for fut in waiting:
             fut.set_exception(err)
             fut.exception()  # mark it retrieved: its waiters may all have gone
         self._queue, self._queue_done = [], None
         if isinstance(exc, NotLeaderError):
-            self.lost_leadership = True
-            self.error = f"no longer the leader: {exc}"
-            log.critical("lost the master lock: %s; refusing every change from now on", exc)
+            self._lose_leadership(exc)
             return
-        self.error = reason
-        log.error("store write failed, rolling back to the durable state: %s", reason)
+        self.error = cause
+        self.failing_since = time.monotonic()
+        self.failed_attempts = 1
+        self._last_log = self.failing_since
+        log.error(
+            "store write failed: %s. Refusing changes and retrying with backoff until the "
+            "store works again (nothing acknowledged is lost)",
+            cause,
+        )
         if self._repair is None or self._repair.done():
             self._repair = asyncio.create_task(self._repair_loop(), name="ledger-repair")
 
+    def _lose_leadership(self, exc: Exception) -> None:
+        self.error = f"no longer the leader: {exc}"
+        self.next_retry_at = None
+        log.critical("lost the master lock: %s; refusing every change from now on", exc)
+
     async def _repair_loop(self) -> None:
-        delay = 0.05
+        """Rebuild the durable state, then probe with one write, backing off between tries."""
+        delay = self._retry_first
+        rebuilt = False
         while not self._closed:
             try:
-                await self.recover()
-            except Exception as exc:
-                if isinstance(exc, NotLeaderError):
-                    self.lost_leadership = True
-                    self.error = f"no longer the leader: {exc}"
-                    return
-                self.error = f"{type(exc).__name__}: {exc}"
-                log.warning("store still unavailable (%s); retrying in %.1fs", exc, delay)
+                if not rebuilt:
+                    # drops the tail that was never acknowledged
+                    await self.recover(level=logging.DEBUG)
+                    rebuilt = True
+                    self._notify_reset()
+                self.next_retry_at = time.monotonic() + delay
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await self._probe()
+            except NotLeaderError as exc:
+                self._lose_leadership(exc)
+                return
+            except Exception as exc:
+                # A failed probe may still have reached the store: rebuild before the next.
+                rebuilt = False
+                delay = min(delay * 2, self._retry_max)
+                self._note_failure(exc, delay)
                 continue
-            log.info("store is back; state rebuilt at entry %d", self.seq)
-            for cb in self.on_reset:
-                cb()
-            for cb in self.on_change:
-                cb()
+            took = time.monotonic() - (self.failing_since or time.monotonic())
+            log.warning(
+                "store is writable again after %d failed attempt(s) over %.1fs; taking "
+                "changes again at entry %d",
+                self.failed_attempts,
+                took,
+                self.seq,
+            )
+            self.error, self.failing_since, self.next_retry_at = None, None, None
+            self.failed_attempts = 0
+            self._notify_reset()
             return
+
+    async def _probe(self) -> None:
+        """Journal the limits in force, unchanged: a real write that changes nothing."""
+        event = Configure(self.state.failure_max, self.state.failed_policy)
+        seq = self.seq + 1
+        await self.store.save([(seq, encode_event(event))])
+        apply(self.state, event)
+        self.seq = self.durable_seq = seq
+        self.entries_since_snapshot += 1
+
+    def _note_failure(self, exc: Exception, delay: float) -> None:
+        cause = _cause(exc)
+        self.failed_attempts += 1
+        now = time.monotonic()
+        if now - self._last_log >= self._log_every:
+            since = now - (self.failing_since or now)
+            log.error(
+                "store still failing (%d attempts over %.0fs): %s; next try in %.1fs",
+                self.failed_attempts,
+                since,
+                cause,
+                delay,
+            )
+            self._last_log = now
+        self.error = cause
+
+    def _notify_reset(self) -> None:
+        for cb in self.on_reset:
+            cb()
+        for cb in self.on_change:
+            cb()
 
     async def close(self) -> None:
         """Let the current batch finish, then stop; later commits are refused."""
@@ -173,3 +261,10 @@ class Ledger:
         self._closed = True
         if self._repair is not None:
             self._repair.cancel()
+
+
+def _cause(exc: Exception) -> str:
+    """The failure in the user's terms: a store's own message names its file or endpoint."""
+    if isinstance(exc, StoreError) and str(exc):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

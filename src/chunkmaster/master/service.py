@@ -284,7 +284,10 @@ class Service:
                 "trainer_id": st.saver.trainer_id,
                 "expires_in": round(st.saver.until - now, 3),
             }
+        ledger = self.ledger
+        now_mono = time.monotonic()
         return {
+            "healthy": ledger.available,
             "ready": st.ready,
             "cur_pass": st.cur_pass,
             "todo": len(st.todo),
@@ -310,9 +313,16 @@ class Service:
             "save_model": saver,
             "store": {
                 "kind": self.store.describe(),
-                "healthy": self.ledger.available,
-                "error": self.ledger.error,
-                "seq": self.ledger.seq,
-                "durable_seq": self.ledger.durable_seq,
+                "healthy": ledger.available,
+                "error": ledger.error,  # the cause while changes are refused
+                "failing_for": None
+                if ledger.failing_since is None
+                else round(now_mono - ledger.failing_since, 3),
+                "failed_attempts": ledger.failed_attempts,
+                "next_retry_in": None
+                if ledger.next_retry_at is None
+                else round(max(0.0, ledger.next_retry_at - now_mono), 3),
+                "seq": ledger.seq,
+                "durable_seq": ledger.durable_seq,
             },
         }

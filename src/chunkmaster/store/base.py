@@ -21,6 +21,16 @@ class NotLeaderError(StoreError):
     """This master no longer holds the leader lock: it must stop serving at once."""
 
 
+class StoreInUseError(StoreError):
+    """Another master holds this store: two masters must never write one journal."""
+
+
+class StoreDamagedError(StoreError):
+    """The store on disk is damaged, foreign, or older than it was: the master must not start
+    from it (it would start empty or at an older state). The message names the file, what is
+    wrong and what the user can do."""
+
+
 @dataclass(frozen=True)
 class Recovered:
     """What a store hands back at start-up."""
