@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain, islice, pairwise, repeat
-from typing import Final
+from typing import Any, Final
 
 import cramjam
 from isal import igzip, isal_zlib
@@ -145,12 +145,28 @@ def iter_records(
         yield data[s + 4 : e]
 
 
-def iter_record_copies(
-    data: memoryview, ends: list[int], lo: int = 0, hi: int | None = None
-) -> Iterator[bytes]:
-    """Like iter_records, over a reused buffer: each record is copied out as bytes."""
+def iter_record_views(
+    data: memoryview,
+    ends: list[int],
+    lo: int,
+    hi: int | None,
+    copy: bool,
+    done: Callable[[], None] | None,
+) -> Iterator[Any]:
+    """Records lo..hi-1 of a validated chunk held in `data`: copied out as bytes, or as views.
+
+    `done` runs once every record has been handed out (it gives a reused buffer back).
+    """
     bounds: Iterator[tuple[int, int]] = pairwise(chain((0,), ends))
     if lo or (hi is not None and hi < len(ends)):
         bounds = islice(bounds, lo, hi)
-    for s, e in bounds:
-        yield bytes(data[s + 4 : e])
+    if copy:
+        for s, e in bounds:
+            yield data[s + 4 : e].tobytes()
+    else:
+        data = data.toreadonly()
+        for s, e in bounds:
+            yield data[s + 4 : e]
+    data.release()
+    if done is not None:
+        done()

@@ -21,7 +21,6 @@ class Opened:
     file: Any  # IO[bytes]-like; fsspec files are not typed
     name: str
     base: int  # position of the first chunk header (offsets in an Index are relative to it)
-    scratch: bytearray | None = None  # reused read buffer for chunks of large records
 
 
 def describe(source: Source) -> str:
