@@ -59,16 +59,19 @@ def compress(compressor: Compressor, data: bytes) -> bytes:
 def decompress(compressor_id: int, payload: bytes, where: Where) -> bytes:
     """Decode a stored payload; every decoder failure becomes a RecordIOError.
 
-    `where` holds the path/chunk/offset keywords for the error.
+    `where` holds the path/chunk/offset keywords for the error. Error texts are fixed or the
+    decoder's fixed reason (isal's), never bytes of the payload.
     """
     if compressor_id == 0:
         return payload
     if compressor_id == 1:
         try:
             return bytes(cramjam.snappy.decompress(payload))
-        except Exception as exc:  # cramjam raises DecompressionError and sometimes others
-            detail = str(exc) if str(exc).startswith("snappy:") else f"snappy: {exc}"
-            raise CorruptPayloadError(f"Failed to deflate chunk data: {detail}", **where) from exc
+        except Exception:  # cramjam raises DecompressionError and sometimes others
+            # Not chained and not quoted: cramjam's text can include bytes of the payload.
+            raise CorruptPayloadError(
+                "Failed to deflate chunk data: snappy: corrupt input", **where
+            ) from None
     if compressor_id == 2:
         return _gunzip(payload, where)
     raise UnknownCompressorError(f"Unknown compression algorithm: {compressor_id}", **where)

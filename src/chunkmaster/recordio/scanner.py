@@ -145,6 +145,17 @@ def _load(
     return iter_record_views(memoryview(data), ends, lo, hi, False, None)
 
 
+def check_crc(actual: int, header: ChunkHeader, where: Where) -> None:
+    """Raise ChecksumError unless `actual` is the header's CRC-32.
+
+    Neither value is shown: the CRC-32 of a payload of 4 bytes or less gives the bytes back.
+    """
+    if actual != header.checksum:
+        raise ChecksumError(
+            "Checksum checking failed. (the payload's CRC-32 differs from the header's)", **where
+        )
+
+
 def _decode(src: Opened, header: ChunkHeader, where: Where) -> tuple[bytes, list[int]]:
     """Read the payload following `header`; check its CRC, decompress it, validate framing."""
     size = header.compressed_size
@@ -153,12 +164,7 @@ def _decode(src: Opened, header: ChunkHeader, where: Where) -> tuple[bytes, list
         raise TruncatedChunkError(
             f"payload has {len(payload)} of {size} bytes (Failed to read chunk data: EOF)", **where
         )
-    actual = crc32(payload)
-    if actual != header.checksum:
-        raise ChecksumError(
-            f"Checksum checking failed. (header 0x{header.checksum:08x}, payload 0x{actual:08x})",
-            **where,
-        )
+    check_crc(crc32(payload), header, where)
     data = decompress(header.compressor, payload, where)
     del payload
     return data, frame_ends(data, header.num_records, where)
@@ -203,12 +209,7 @@ def _read_checked(src: Opened, view: memoryview, header: ChunkHeader, where: Whe
                 f"payload has {got} of {size} bytes (Failed to read chunk data: EOF)", **where
             )
         got += n
-    actual = crc32(view)
-    if actual != header.checksum:
-        raise ChecksumError(
-            f"Checksum checking failed. (header 0x{header.checksum:08x}, payload 0x{actual:08x})",
-            **where,
-        )
+    check_crc(crc32(view), header, where)
 
 
 def _indexed_chunks(
