@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from rio_vectors import load_errors, load_manifest, manifest_records, vector_pat
 from chunkmaster.recordio import (
     BadMagicError,
     ChecksumError,
+    ChunkHeader,
     CorruptPayloadError,
     Index,
     RecordIOError,
@@ -163,3 +166,60 @@ def test_truncated_file_object_and_pipe_like_streams() -> None:
         got.extend(scan(Pipe()))
     assert info.value.chunk == 4 and info.value.path == "'<pipe>'"
     assert got == _base_records(_case("truncated_payload"))[:6]
+
+
+SECRET = b"password=hunter2\nuser=root\n" * 4
+
+
+def _assert_no_secret(exc: BaseException) -> None:
+    text = str(exc) + repr(exc) + str(exc.__cause__ or "")
+    assert "hunter2" not in text and "password" not in text
+    assert f"{int.from_bytes(SECRET[:4], 'little'):08x}" not in text  # not even as hex
+
+
+def test_error_on_a_foreign_file_names_it_but_never_quotes_it(tmp_path: Path) -> None:
+    path = tmp_path / "credentials.txt"
+    path.write_bytes(SECRET)
+    with pytest.raises(BadMagicError) as info:
+        load_index(path)
+    assert str(path) in str(info.value) and "offset 0" in str(info.value)
+    _assert_no_secret(info.value)
+    with pytest.raises(BadMagicError) as info:
+        list(scan(path))
+    _assert_no_secret(info.value)
+
+
+def _chunk(compressor: int, payload: bytes, crc: int | None = None) -> bytes:
+    checksum = zlib.crc32(payload) if crc is None else crc
+    return ChunkHeader(checksum, compressor, len(payload), 1).pack() + payload
+
+
+@pytest.mark.parametrize(
+    ("compressor", "error"),
+    [(1, CorruptPayloadError), (2, CorruptPayloadError), (0, RecordOverrunError)],
+)
+def test_decoder_errors_never_quote_the_payload(
+    tmp_path: Path, compressor: int, error: type[RecordIOError]
+) -> None:
+    """cramjam's own text can quote payload bytes ("unexpected chunk type byte 112")."""
+    path = tmp_path / "bad.rio"
+    path.write_bytes(_chunk(compressor, SECRET))
+    for copy in (True, False):
+        with pytest.raises(error) as info:
+            list(scan(path, copy=copy))
+        assert str(path) in str(info.value)
+        _assert_no_secret(info.value)
+        if compressor == 1:
+            assert info.value.reason == "Failed to deflate chunk data: snappy: corrupt input"
+
+
+def test_checksum_error_shows_neither_crc(tmp_path: Path) -> None:
+    """The CRC-32 of a payload of 4 bytes or less gives the payload back."""
+    path = tmp_path / "crc.rio"
+    payload = b"\x00\x00\x00\x00"  # one empty record
+    path.write_bytes(_chunk(0, payload, crc=0x12345678))
+    with pytest.raises(ChecksumError) as info:
+        list(scan(path))
+    text = str(info.value)
+    assert "Checksum checking failed." in text and str(path) in text
+    assert "12345678" not in text and f"{zlib.crc32(payload):08x}" not in text

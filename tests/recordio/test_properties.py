@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tracemalloc
 from pathlib import Path
@@ -51,6 +52,7 @@ def write(records: list[bytes], max_chunk: int, compressor: int) -> bytes:
 def test_round_trip_and_cut_rule(records: list[bytes], max_chunk: int, compressor: int) -> None:
     data = write(records, max_chunk, compressor)
     assert list(scan(io.BytesIO(data))) == records
+    assert [bytes(v) for v in scan(io.BytesIO(data), copy=False)] == records
     idx = load_index(io.BytesIO(data))
     assert idx.chunk_records == model_counts([len(r) for r in records], max_chunk)
     assert idx.num_records == len(records)
@@ -74,6 +76,8 @@ def test_range_scan_matches_slicing(
     idx = load_index(io.BytesIO(data))
     assert list(scan(io.BytesIO(data), idx, start, length)) == want
     assert list(scan(io.BytesIO(data), None, start, length)) == want
+    views = scan(io.BytesIO(data), idx, start, length, copy=False)
+    assert [bytes(v) for v in views] == want
 
 
 corruption_st = st.one_of(
@@ -114,6 +118,10 @@ def test_random_corruption_is_an_error_or_the_truth(
     else:
         # A file cut exactly at a chunk boundary is a valid shorter file: only a prefix then.
         assert got == (records[: len(got)] if truncated else records)
+    viewed: list[bytes] = []
+    with contextlib.suppress(RecordIOError):
+        viewed.extend(bytes(v) for v in scan(io.BytesIO(bytes(data)), copy=False))
+    assert viewed == got  # the same records and the same point of failure as with copies
     try:
         idx = load_index(io.BytesIO(bytes(data)))
     except RecordIOError:

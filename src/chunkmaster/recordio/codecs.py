@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain, islice, pairwise, repeat
-from typing import Final
+from typing import Any, Final
 
 import cramjam
 from isal import igzip, isal_zlib
@@ -59,16 +59,19 @@ def compress(compressor: Compressor, data: bytes) -> bytes:
 def decompress(compressor_id: int, payload: bytes, where: Where) -> bytes:
     """Decode a stored payload; every decoder failure becomes a RecordIOError.
 
-    `where` holds the path/chunk/offset keywords for the error.
+    `where` holds the path/chunk/offset keywords for the error. Error texts are fixed or the
+    decoder's fixed reason (isal's), never bytes of the payload.
     """
     if compressor_id == 0:
         return payload
     if compressor_id == 1:
         try:
             return bytes(cramjam.snappy.decompress(payload))
-        except Exception as exc:  # cramjam raises DecompressionError and sometimes others
-            detail = str(exc) if str(exc).startswith("snappy:") else f"snappy: {exc}"
-            raise CorruptPayloadError(f"Failed to deflate chunk data: {detail}", **where) from exc
+        except Exception:  # cramjam raises DecompressionError and sometimes others
+            # Not chained and not quoted: cramjam's text can include bytes of the payload.
+            raise CorruptPayloadError(
+                "Failed to deflate chunk data: snappy: corrupt input", **where
+            ) from None
     if compressor_id == 2:
         return _gunzip(payload, where)
     raise UnknownCompressorError(f"Unknown compression algorithm: {compressor_id}", **where)
@@ -145,12 +148,28 @@ def iter_records(
         yield data[s + 4 : e]
 
 
-def iter_record_copies(
-    data: memoryview, ends: list[int], lo: int = 0, hi: int | None = None
-) -> Iterator[bytes]:
-    """Like iter_records, over a reused buffer: each record is copied out as bytes."""
+def iter_record_views(
+    data: memoryview,
+    ends: list[int],
+    lo: int,
+    hi: int | None,
+    copy: bool,
+    done: Callable[[], None] | None,
+) -> Iterator[Any]:
+    """Records lo..hi-1 of a validated chunk held in `data`: copied out as bytes, or as views.
+
+    `done` runs once every record has been handed out (it gives a reused buffer back).
+    """
     bounds: Iterator[tuple[int, int]] = pairwise(chain((0,), ends))
     if lo or (hi is not None and hi < len(ends)):
         bounds = islice(bounds, lo, hi)
-    for s, e in bounds:
-        yield bytes(data[s + 4 : e])
+    if copy:
+        for s, e in bounds:
+            yield data[s + 4 : e].tobytes()
+    else:
+        data = data.toreadonly()
+        for s, e in bounds:
+            yield data[s + 4 : e]
+    data.release()
+    if done is not None:
+        done()

@@ -7,6 +7,8 @@ failure. Nothing else (struct.error, zlib.error, cramjam errors, EOFError...) es
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import TypedDict
 
 
@@ -86,3 +88,23 @@ class RecordOverrunError(RecordIOError):
 
 class WriterClosedError(RecordIOError, ValueError):
     """`Writer.write` after `close()`; also a ValueError, like writing to a closed file."""
+
+
+class NotRegularFileError(OSError):
+    """A local path names a FIFO, device, socket or directory: refused before it is opened.
+
+    An I/O condition like FileNotFoundError, not corruption, so not a RecordIOError. (Opening a
+    FIFO that has no writer would block for ever; reading a device need never end.)
+    """
+
+    def __init__(self, path: str, kind: str) -> None:
+        code = errno.EISDIR if kind == "directory" else errno.EINVAL
+        super().__init__(code, f"is a {kind}, not a regular file", path)
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return f"{os.fsdecode(self.filename)}: {self.strerror}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # OSError's own pickling would call __init__ with (errno, strerror, filename).
+        return (type(self), (self.filename, self.kind))

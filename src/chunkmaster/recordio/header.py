@@ -34,6 +34,7 @@ def parse_header(raw: bytes, *, path: str, chunk: int, offset: int) -> ChunkHead
 
     Unlike the reference, a short header is never zero-filled into a phantom chunk: 1-19 bytes
     that could be the start of a header are a TruncatedChunkError, anything else BadMagicError.
+    The error never shows the bytes found: any file may be handed to us, secrets included.
     """
     if len(raw) < HEADER_SIZE:
         if raw[:4] == MAGIC_BYTES[: len(raw)]:
@@ -52,7 +53,7 @@ def parse_header(raw: bytes, *, path: str, chunk: int, offset: int) -> ChunkHead
     magic, checksum, compressor, size, count = HEADER.unpack_from(raw)
     if magic != MAGIC:
         raise BadMagicError(
-            f"Failed to parse magic number (found 0x{magic:08x})",
+            "Failed to parse magic number (not a RecordIO chunk header)",
             path=path,
             chunk=chunk,
             offset=offset,

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
+from chunkmaster.recordio.errors import NotRegularFileError
+
 Source = Union[str, "os.PathLike[str]", IO[bytes], Any]
 """A path (str/PathLike), a URL with a scheme (fsspec), or a binary file object."""
 
@@ -21,7 +23,6 @@ class Opened:
     file: Any  # IO[bytes]-like; fsspec files are not typed
     name: str
     base: int  # position of the first chunk header (offsets in an Index are relative to it)
-    scratch: bytearray | None = None  # reused read buffer for chunks of large records
 
 
 def describe(source: Source) -> str:
@@ -41,7 +42,8 @@ def _is_url(path: str) -> bool:
 def open_source(source: Source, mode: str = "rb") -> Iterator[Opened]:
     """Open `source` for binary reading or writing; close it afterwards only if we opened it.
 
-    A missing local file raises FileNotFoundError unchanged (an I/O problem, not corruption).
+    A missing local file raises FileNotFoundError unchanged (an I/O problem, not corruption);
+    a local path that is not a regular file raises NotRegularFileError (see `open_regular`).
     """
     name = describe(source)
     if isinstance(source, str | os.PathLike):
@@ -52,7 +54,7 @@ def open_source(source: Source, mode: str = "rb") -> Iterator[Opened]:
             f: Any = fsspec.open(path, mode).open()
         else:
             # Large reads bypass the buffer; the buffer only serves 20-byte header reads.
-            f = open(path, mode)  # noqa: SIM115 - closed in the finally below
+            f = open_regular(path, mode)
         try:
             yield Opened(f, name, 0)
         finally:
@@ -67,6 +69,45 @@ def open_source(source: Source, mode: str = "rb") -> Iterator[Opened]:
     except (AttributeError, OSError, ValueError):
         base = 0
     yield Opened(source, name, base)
+
+
+_KINDS = (
+    (stat.S_ISDIR, "directory"),
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
+
+
+def _require_regular(path: str, st_mode: int) -> None:
+    if not stat.S_ISREG(st_mode):
+        kind = next((name for test, name in _KINDS if test(st_mode)), "special file")
+        raise NotRegularFileError(path, kind)
+
+
+def open_regular(path: str, mode: str) -> IO[bytes]:
+    """Open a local regular file ("rb" or "wb"); refuse anything else before it can block.
+
+    `open()` of a FIFO with no writer blocks for ever and a device can be read for ever, so
+    the path is stat-ed first, then opened non-blocking and checked again on the open file
+    (in case it was replaced in between) before blocking mode is restored.
+    A missing file raises FileNotFoundError unchanged when reading; writing creates it.
+    """
+    try:
+        _require_regular(path, os.stat(path).st_mode)
+    except FileNotFoundError:
+        if mode != "wb":
+            raise
+    flags = os.O_RDONLY if mode == "rb" else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    try:
+        _require_regular(path, os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+        return open(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def file_size(f: Any) -> int | None:
