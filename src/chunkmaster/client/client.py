@@ -38,7 +38,12 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from chunkmaster.client.buffer import PassBuffer
 from chunkmaster.client.chunks import cut_records as cut_records  # cuts a checked chunk
 from chunkmaster.client.chunks import last_record as last_record
-from chunkmaster.client.connection import DEFAULT_TIMEOUT, MasterConnection
+from chunkmaster.client.connection import (
+    DATASET_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    MasterConnection,
+    TransportError,
+)
 from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.fetcher import TaskFetcher
 from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
@@ -59,6 +64,7 @@ DEFAULT_BUFFER = 1024
 _worker_ids = itertools.count()
 _T = TypeVar("_T")
 _EMPTY_ITER: Final[Iterator[bytes]] = iter(())
+_MIN_DEADLINE = 0.001  # seconds: a retry at the deadline still gets a (failing) deadline
 
 
 class PassBufferRecords(chain[bytes]):
@@ -81,9 +87,10 @@ class Client:
 
     Give either `addr` ("host:port") or `etcd_endpoints` (the master is looked up at
     `/master/addr` and followed when it moves; `etcd_options` passes TLS and auth to the etcd
-    client: ca_cert, cert_cert, cert_key, user, password). `buffer_size` bounds the records
-    read ahead (at least one chunk is always read ahead). `prefetch_tasks` tasks are requested
+    client: ca_cert, cert_cert, cert_key, user, password). `prefetch_tasks` tasks are requested
     ahead of the one being read: few, because each held task's timeout on the master is running.
+    `buffer_size` is kept for compatibility: chunks are read in the trainer's thread when it
+    reaches them, so no records are read ahead.
     """
 
     def __init__(
@@ -133,10 +140,26 @@ class Client:
         """The master address in use (for etcd discovery: the latest one seen)."""
         return self._link.address
 
-    def set_dataset(self, globs: Sequence[str] | str) -> None:
-        """Tell the master the dataset (the first trainer's call wins); errors are raised."""
+    def set_dataset(self, globs: Sequence[str] | str, timeout: float = DATASET_TIMEOUT) -> None:
+        """Tell the master the dataset (the first trainer's call wins); errors are raised.
+
+        Waits until the master has indexed the files, retrying an unreachable master, for at
+        most `timeout` seconds; then raises TimeoutError (the master goes on indexing).
+        """
         paths = [globs] if isinstance(globs, str) else list(globs)
-        self._call("set_dataset", lambda c: c.set_dataset(paths))
+        deadline = time.monotonic() + timeout
+
+        def call(conn: MasterConnection) -> None:
+            conn.set_dataset(paths, max(deadline - time.monotonic(), _MIN_DEADLINE))
+
+        try:
+            self._call("set_dataset", call, deadline)
+        except TransportError as exc:
+            if time.monotonic() < deadline:
+                raise  # retry_timeout ran out first
+            raise TimeoutError(
+                f"set_dataset({paths}): the master did not answer within {timeout}s ({exc})"
+            ) from None
 
     def request_save_model(self, trainer_id: str, block_dur: float) -> bool:
         """True if this trainer should save the model now (nobody else may for block_dur s)."""
@@ -148,10 +171,12 @@ class Client:
         """The master's status (pass, queues, failed tasks with their reasons)."""
         return self._call("status", lambda c: c.status())
 
-    def _call(self, what: str, fn: Callable[[MasterConnection], _T]) -> _T:
+    def _call(
+        self, what: str, fn: Callable[[MasterConnection], _T], deadline: float | None = None
+    ) -> _T:
         self._check_open()
         try:
-            return self._link.call(what, fn, self._token)
+            return self._link.call(what, fn, self._token, deadline)
         except Cancelled:
             raise ClientClosedError("client closed during " + what) from None
 
