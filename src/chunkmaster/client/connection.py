@@ -21,7 +21,8 @@ from chunkmaster.rpc.wire import error_from_rpc, task_from_pb
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 10.0
-_DATASET_TIMEOUT = 600.0  # indexing ten thousand files on a network filesystem takes a while
+DATASET_TIMEOUT = 600.0
+"""SetDataset's default deadline: indexing ten thousand files on a network filesystem is slow."""
 
 
 class TransportError(Exception):
@@ -98,8 +99,8 @@ class MasterConnection:
         except ValueError:  # "Cannot invoke RPC on closed channel!": another thread closed it
             raise _closed_channel(self.addr) from None
 
-    def set_dataset(self, globs: Sequence[str]) -> None:
-        self._call("SetDataset", pb.SetDatasetRequest(globs=list(globs)), _DATASET_TIMEOUT)
+    def set_dataset(self, globs: Sequence[str], timeout: float = DATASET_TIMEOUT) -> None:
+        self._call("SetDataset", pb.SetDatasetRequest(globs=list(globs)), timeout)
 
     def get_task(
         self, pass_id: int, *, wait: float = 0.0, worker: str = "", request_id: str = ""

@@ -148,11 +148,18 @@ class MasterLink:
             return self._locator.current()
         return self._addr
 
-    def call(self, what: str, fn: Callable[[MasterConnection], T], cancel: CancelToken) -> T:
+    def call(
+        self,
+        what: str,
+        fn: Callable[[MasterConnection], T],
+        cancel: CancelToken,
+        deadline: float | None = None,
+    ) -> T:
         """Run `fn(connection)`, retrying transport failures until it answers or is cancelled.
 
         The master's own errors (other than UnavailableError) propagate at once: they are
-        answers, not failures. Raises Cancelled, or the last failure after `retry_timeout`.
+        answers, not failures. Raises Cancelled, or the last failure after `retry_timeout` or
+        once the `deadline` (time.monotonic()) has passed.
         """
         attempt = 0
         first_failure: float | None = None
@@ -181,7 +188,10 @@ class MasterLink:
                     )
                 if self.retry_timeout is not None and now - first_failure >= self.retry_timeout:
                     raise
-                cancel.sleep(backoff_delay(attempt, self.backoff_base, self.backoff_max))
+                if deadline is not None and now >= deadline:
+                    raise
+                delay = backoff_delay(attempt, self.backoff_base, self.backoff_max)
+                cancel.sleep(delay if deadline is None else min(delay, deadline - now))
                 attempt += 1
                 continue
             if first_failure is not None:

@@ -1,0 +1,122 @@
+"""Reading one chunk of a task in the trainer's thread, the way a direct scan reads it.
+
+The chunk is read whole and checked (CRC, decompression, the framing of every record) before
+any record of it is handed out; the checks and errors are recordio's (`load_chunk`), built from
+its public pieces. Records are cut out one at a time when asked for, by C-level iterators (one
+step of one is atomic under the GIL). Chunks of large uncompressed records are read into one
+buffer reused from chunk to chunk (a fresh 4 MiB buffer per chunk costs more in page faults
+than the read itself) and each record is copied out; other chunks are read as bytes and each
+record is a slice of them.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from itertools import chain, islice, repeat
+
+from chunkmaster.recordio.codecs import crc32, decompress, frame_ends
+from chunkmaster.recordio.errors import ChecksumError, TruncatedChunkError, Where
+from chunkmaster.recordio.scanner import read_chunk
+from chunkmaster.recordio.source import Source, open_source, read_exact
+
+LARGE_RECORD = 4096
+"""Average record size from which an uncompressed chunk is read into the reused buffer."""
+
+
+class LoadedChunk:
+    """A checked chunk: record i is data[ends[i-1] + 4 : ends[i]] (from 4 for i == 0)."""
+
+    __slots__ = ("_copy", "_data", "ends")
+
+    def __init__(self, data: bytes | memoryview, ends: list[int], *, copy: bool) -> None:
+        self._data: bytes = data  # type: ignore[assignment]  # sliced alike
+        self.ends = ends
+        self._copy = copy  # data is the reused buffer: copy each record out as bytes
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
+
+    def head(self, n: int) -> Iterator[bytes]:
+        """Records 0..n-1, each cut out when it is asked for (C-level: no Python frame)."""
+        records = cut_records(self._data, self.ends, n)
+        return map(bytes, records) if self._copy else records
+
+    def last(self) -> bytes:
+        """The last record (the chunk is not empty)."""
+        return bytes(last_record(self._data, self.ends))
+
+
+def cut_records(data: bytes, ends: list[int], n: int) -> Iterator[bytes]:
+    """Records 0..n-1 of checked chunk data, each cut out when it is asked for.
+
+    Only C-level iterators (no generator): one next() of it is atomic under the GIL, so
+    several threads may share it, and a record is created just before it is consumed.
+    """
+    starts = map(operator.add, chain((0,), ends), repeat(4))
+    return map(data.__getitem__, map(slice, starts, islice(ends, n) if n < len(ends) else ends))
+
+
+def last_record(data: bytes, ends: list[int]) -> bytes:
+    """The last record of checked, non-empty chunk data."""
+    return data[ends[-2] + 4 if len(ends) > 1 else 4 : ends[-1]]
+
+
+class ChunkReader:
+    """Loads chunks one after the other for one consumer; owns the reused buffer.
+
+    A chunk's records must all be taken before the next chunk is loaded: the buffer is
+    overwritten then.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def load(self, source: Source, offset: int, num_records: int) -> LoadedChunk:
+        with open_source(source) as src:
+            src.file.seek(src.base + offset)
+            header = read_chunk(src, 0, offset, num_records)
+            where: Where = {"path": src.name, "chunk": 0, "offset": offset}
+            size = header.compressed_size
+            count = header.num_records
+            large = header.compressor == 0 and count and size // count >= LARGE_RECORD
+            if large and callable(getattr(src.file, "readinto", None)):
+                view = self._read_into(src.file, size, where)
+                _check_crc(view, header.checksum, where)
+                return LoadedChunk(view, frame_ends(view, count, where), copy=True)
+            payload = read_exact(src.file, size)
+        if len(payload) != size:
+            raise _truncated(len(payload), size, where)
+        _check_crc(payload, header.checksum, where)
+        data = decompress(header.compressor, payload, where)
+        del payload
+        return LoadedChunk(data, frame_ends(data, count, where), copy=False)
+
+    def _read_into(self, f: object, size: int, where: Where) -> memoryview:
+        if len(self._buffer) < size:
+            self._buffer = bytearray(size)
+        view = memoryview(self._buffer)[:size]
+        readinto = f.readinto  # type: ignore[attr-defined]
+        got = 0
+        while got < size:
+            n = readinto(view[got:])
+            if not n:
+                raise _truncated(got, size, where)
+            got += n
+        return view
+
+
+def _check_crc(data: bytes | memoryview, checksum: int, where: Where) -> None:
+    actual = crc32(data)
+    if actual != checksum:
+        raise ChecksumError(
+            f"Checksum checking failed. (header 0x{checksum:08x}, payload 0x{actual:08x})",
+            **where,
+        )
+
+
+def _truncated(got: int, size: int, where: Where) -> TruncatedChunkError:
+    return TruncatedChunkError(
+        f"payload has {got} of {size} bytes (Failed to read chunk data: EOF)", **where
+    )

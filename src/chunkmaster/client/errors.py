@@ -1,0 +1,44 @@
+"""What a trainer's calls raise, besides the master's own errors (chunkmaster.core.errors)."""
+
+from __future__ import annotations
+
+from chunkmaster.core.model import Chunk, Task
+from chunkmaster.recordio.errors import RecordIOError
+
+
+class EndOfPass(Exception):
+    """The master has moved past this pass: every task of it is done."""
+
+    def __init__(self, pass_id: int) -> None:
+        super().__init__(f"end of pass {pass_id}")
+        self.pass_id = pass_id
+
+
+class ClientClosedError(RuntimeError):
+    """The client was closed."""
+
+
+class TaskReadError(Exception):
+    """A chunk of a task could not be opened or read; the master was told (TaskFailed).
+
+    The records of the task before the bad chunk were delivered; the rest of the task is not.
+    The pass goes on: call next_record() again to continue it.
+    """
+
+    def __init__(self, task: Task, chunk: Chunk, cause: BaseException) -> None:
+        self.task = task
+        self.chunk = chunk
+        self.cause = cause
+        self.reason = describe_read_error(chunk, cause)
+        super().__init__(
+            f"task {task.meta.id} (epoch {task.meta.epoch}, pass {task.pass_id}): {self.reason}"
+        )
+
+
+def describe_read_error(chunk: Chunk, cause: BaseException) -> str:
+    """The failure reason sent to the master: file, chunk offset and size, and the error."""
+    what = cause.reason if isinstance(cause, RecordIOError) else str(cause)
+    return (
+        f"cannot read {chunk.path} chunk at offset {chunk.offset} "
+        f"({chunk.num_records} records): {type(cause).__name__}: {what}"
+    )

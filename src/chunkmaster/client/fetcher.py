@@ -1,0 +1,129 @@
+"""The fetcher thread of one pass: asks the master for tasks (long-polling) and buffers them.
+
+It holds at most 1 + prefetch_tasks tasks, so the next task is at hand when the trainer ends
+the current one: the trainer never waits on the network between tasks. It ends the pass when
+the master has moved past it [D2], and hands "all tasks failed" to the trainer as an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import uuid
+
+from chunkmaster.client.buffer import PassBuffer
+from chunkmaster.client.connection import MasterConnection
+from chunkmaster.client.errors import EndOfPass
+from chunkmaster.client.link import Cancelled, MasterLink
+from chunkmaster.core.errors import (
+    AllTaskFailedError,
+    NoMoreAvailableError,
+    NotReadyError,
+    PassAfterError,
+    PassBeforeError,
+)
+from chunkmaster.core.model import Task
+
+log = logging.getLogger("chunkmaster.client")
+
+PASS_POLL_MAX = 0.5  # seconds between GetTask calls while the master is still in an older pass
+WAIT_LOG_EVERY = 30.0
+
+
+class TaskFetcher:
+    """The thread that fills one PassBuffer with tasks; stopped by cancelling the buffer."""
+
+    def __init__(
+        self,
+        link: MasterLink,
+        buffer: PassBuffer,
+        *,
+        worker: str,
+        poll_wait: float,
+        prefetch_tasks: int,
+    ) -> None:
+        self._link = link
+        self._buffer = buffer
+        self._worker = worker
+        self._poll_wait = poll_wait
+        self._prefetch_tasks = prefetch_tasks
+        self.thread = threading.Thread(
+            target=self._loop,
+            name=f"chunkmaster-fetch-{worker}-pass{buffer.pass_id}",
+            daemon=True,
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _loop(self) -> None:
+        buf = self._buffer
+        try:
+            self._fetch()
+        except Cancelled:
+            pass
+        except BaseException as exc:  # a bug or a fatal answer: the trainer must see it
+            if not buf.cancel.cancelled:
+                log.exception("fetcher of pass %d failed", buf.pass_id)
+            buf.finish(exc)
+
+    def _fetch(self) -> None:
+        buf = self._buffer
+        waiting: type[Exception] | None = None
+        since = last_log = time.monotonic()
+        polls = 0
+        while True:
+            buf.wait_slot(1 + self._prefetch_tasks)
+            # One ID per GetTask, the same for its retries: if an answer is lost (the master
+            # failed over, a deadline passed), the retry gets that same task back.
+            request_id = uuid.uuid4().hex
+            try:
+                task = self._link.call(
+                    f"GetTask(pass {buf.pass_id})",
+                    functools.partial(self._get_task, request_id=request_id),
+                    buf.cancel,
+                )
+            except PassBeforeError:
+                buf.finish(EndOfPass(buf.pass_id))
+                return
+            except AllTaskFailedError as exc:
+                buf.finish(exc)
+                return
+            except (NoMoreAvailableError, NotReadyError, PassAfterError) as exc:
+                now = time.monotonic()
+                if waiting is not type(exc):
+                    waiting, since, last_log, polls = type(exc), now, now, 0
+                    _log_wait(buf.pass_id, exc, 0.0, logging.INFO)
+                elif now - last_log >= WAIT_LOG_EVERY:
+                    last_log = now
+                    _log_wait(buf.pass_id, exc, now - since, logging.WARNING)
+                if isinstance(exc, PassAfterError):  # answered at once: poll, gently
+                    buf.cancel.sleep(min(PASS_POLL_MAX, 0.02 * 2**polls))
+                    polls += 1
+                continue
+            waiting = None
+            buf.add_task(task)
+
+    def _get_task(self, conn: MasterConnection, request_id: str) -> Task:
+        # Abandoning the pass cancels the long poll; a task the master dispatched meanwhile
+        # keeps its timer there (the dispatch is shielded) and comes back after its timeout.
+        call = conn.get_task_async(
+            self._buffer.pass_id,
+            wait=self._poll_wait,
+            worker=self._worker,
+            request_id=request_id,
+        )
+        return self._buffer.cancel.run(call)
+
+
+def _log_wait(pass_id: int, exc: Exception, waited: float, level: int) -> None:
+    if isinstance(exc, NoMoreAvailableError):
+        what = "no task free; waiting for the other trainers' tasks to finish or come back"
+    elif isinstance(exc, PassAfterError):
+        what = "the master is still in an earlier pass; waiting for it to finish"
+    else:
+        what = "the master has no dataset yet; waiting for a trainer's set_dataset"
+    suffix = f" (for {waited:.0f}s)" if waited else ""
+    log.log(level, "pass %d: %s%s", pass_id, what, suffix)

@@ -1,0 +1,94 @@
+"""The reporter thread: sends TaskFinished / TaskFailed, so a report never waits behind a poll."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import NamedTuple
+
+from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
+from chunkmaster.core.errors import MasterError
+from chunkmaster.core.model import Task
+
+log = logging.getLogger("chunkmaster.client")
+
+
+class Report(NamedTuple):
+    """One report to send: "finish" or "fail" (with its reason)."""
+
+    kind: str
+    task: Task
+    reason: str = ""
+
+
+class Reporter:
+    """A queue of reports and the thread that sends them in order, retrying like any call."""
+
+    def __init__(self, link: MasterLink, worker: str) -> None:
+        self._link = link
+        self._queue: queue.SimpleQueue[Report | None] = queue.SimpleQueue()
+        self._token = CancelToken()  # not the client's: close() first lets reports drain
+        self._thread = threading.Thread(
+            target=self._loop, name=f"chunkmaster-reporter-{worker}", daemon=True
+        )
+        self._thread.start()
+
+    def finished(self, task: Task) -> None:
+        self._queue.put(Report("finish", task))
+
+    def failed(self, task: Task, reason: str) -> None:
+        self._queue.put(Report("fail", task, reason))
+
+    def close(self, flush_timeout: float) -> None:
+        """Send what is queued (for up to flush_timeout s), then give the rest up."""
+        self._queue.put(None)
+        if self._thread is threading.current_thread():
+            return
+        self._thread.join(flush_timeout)
+        if self._thread.is_alive():
+            self._token.cancel()
+            self._thread.join(self._link.rpc_timeout)
+
+    def _loop(self) -> None:
+        while True:
+            report = self._queue.get()
+            if report is None:
+                return
+            try:
+                applied = self._send(report)
+            except Cancelled:
+                left = 1 + sum(1 for _ in iter(self._queue.get_nowait, None))
+                log.warning(
+                    "client closed with %d task report(s) unsent; those tasks come back "
+                    "after the master's timeout",
+                    left,
+                )
+                return
+            except MasterError as exc:
+                meta = report.task.meta
+                log.warning("%s of task %d (epoch %d): %s", report.kind, meta.id, meta.epoch, exc)
+                continue
+            if not applied:
+                log.info(
+                    "master ignored %s of task %d (epoch %d): it timed out and went to "
+                    "another trainer, or its pass is over",
+                    report.kind,
+                    report.task.meta.id,
+                    report.task.meta.epoch,
+                )
+
+    def _send(self, report: Report) -> bool:
+        task = report.task
+        meta = task.meta
+        if report.kind == "finish":
+            return self._link.call(
+                f"TaskFinished(task {meta.id})",
+                lambda c: c.task_finished(meta.id, epoch=meta.epoch, pass_id=task.pass_id),
+                self._token,
+            )
+        return self._link.call(
+            f"TaskFailed(task {meta.id})",
+            lambda c: c.task_failed(meta, report.reason),
+            self._token,
+        )
