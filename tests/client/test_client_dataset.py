@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import threading
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,28 +13,22 @@ from chunkmaster.client import Client, EndOfPass
 from chunkmaster.core.errors import MasterError
 
 
-def test_set_dataset_gives_up_at_its_deadline_while_the_master_indexes(
-    master_process: Any, rio: Any, tmp_path: Path
+def test_set_dataset_gives_up_at_its_deadline_while_the_master_stalls(
+    master_process: Any, rio: Any
 ) -> None:
-    """The master's indexing blocks on a FIFO nobody writes to: the call must not wait for it."""
-    fifo = tmp_path / "slow.rio"
-    os.mkfifo(fifo)
+    """A master that accepts the call but does not answer (stopped with SIGSTOP): the call
+    gives up at its deadline, and works once the master runs again."""
     m = master_process()
+    path = rio("good.rio", [b"a", b"b", b"c"])
     with Client(m.addr) as c:
-        with pytest.raises(TimeoutError, match="did not answer within 0.5s"):
-            c.set_dataset([str(fifo)], timeout=0.5)
-        # Release the master's indexing: writers that close at once make the FIFO an empty
-        # file for every open of it, until the master has answered.
-        answered = threading.Event()
-        releaser = threading.Thread(target=_release, args=(fifo, answered), daemon=True)
-        releaser.start()
+        c.status()  # connected before the master stalls
+        assert m.proc is not None
+        os.kill(m.proc.pid, signal.SIGSTOP)
         try:
-            with pytest.raises(MasterError, match="no valid dataset"):
-                c.set_dataset([str(fifo)], timeout=60)
+            with pytest.raises(TimeoutError, match="did not answer within 0.5s"):
+                c.set_dataset([path], timeout=0.5)
         finally:
-            answered.set()
-            releaser.join()
-        path = rio("good.rio", [b"a", b"b", b"c"])
+            os.kill(m.proc.pid, signal.SIGCONT)
         c.set_dataset([path], timeout=60)
         assert sorted(c.records(0)) == [b"a", b"b", b"c"]
         c.start_get_records(1)
@@ -44,15 +37,13 @@ def test_set_dataset_gives_up_at_its_deadline_while_the_master_indexes(
             c.next_record(timeout=60)
 
 
-def _release(fifo: Path, stop: threading.Event) -> None:
-    while not stop.wait(0.01):
-        try:
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # fails while nobody reads it
-        except OSError as exc:
-            if exc.errno != errno.ENXIO:
-                raise
-            continue
-        os.close(fd)
+def test_set_dataset_on_a_fifo_is_refused_at_once(master_process: Any, tmp_path: Path) -> None:
+    """A named pipe is refused by type before it is opened: the master never blocks on it."""
+    fifo = tmp_path / "slow.rio"
+    os.mkfifo(fifo)
+    m = master_process()
+    with Client(m.addr) as c, pytest.raises(MasterError, match="is a FIFO, not a regular file"):
+        c.set_dataset([str(fifo)], timeout=60)
 
 
 def test_set_dataset_gives_up_at_its_deadline_when_no_master_answers(tmp_path: Path) -> None:

@@ -382,3 +382,15 @@ def test_a_second_store_in_one_process_is_refused_without_breaking_the_first(
         await first.shutdown()
 
     run(main())
+
+
+def test_refusal_is_one_error_line_and_move_aside_starts_fresh(tmp_path: Path) -> None:
+    """From the command line: a refusal is a message, not a traceback, and the named way out
+    (--store-on-damage=move-aside) starts an empty master and keeps the damaged files."""
+    db = tmp_path / "state.db"
+    populate(tmp_path, db)
+    os.remove(f"{db}-wal")
+    err = start_refused(db)
+    assert "Traceback" not in err
+    assert done_after_restart(db, ["--store-on-damage", "move-aside"]) == 0
+    assert list(tmp_path.glob("state.db.damaged-*")), sorted(p.name for p in tmp_path.iterdir())

@@ -19,6 +19,7 @@ from typing import Any
 
 from chunkmaster.cli.common import CliError
 from chunkmaster.master.config import ConfigError, MasterConfig
+from chunkmaster.store.base import StoreError
 
 log = logging.getLogger("chunkmaster.cli.master")
 
@@ -151,6 +152,15 @@ SETTINGS = (
         "{full,normal}",
     ),
     Setting(
+        "store_on_damage",
+        ("--store-on-damage",),
+        _env("STORE_ON_DAMAGE"),
+        "a damaged embedded store: 'refuse' to start (default), 'move-aside' (rename its "
+        "files to <name>.damaged-<time>* and start empty; nothing is deleted), or "
+        "'accept-older' (continue from a sound but older database); a sound store opens as is",
+        "{refuse,move-aside,accept-older}",
+    ),
+    Setting(
         "ready_file",
         ("--ready-file",),
         _env("READY_FILE"),
@@ -246,7 +256,10 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(level)
     from chunkmaster.master.runner import run_master
 
-    return asyncio.run(run_master(config, _install_stop_signals))
+    try:
+        return asyncio.run(run_master(config, _install_stop_signals))
+    except StoreError as exc:  # a damaged or shared store: the message says what to do
+        raise CliError(str(exc)) from None
 
 
 def _install_stop_signals(stop: asyncio.Event) -> None:

@@ -19,6 +19,7 @@ from chunkmaster.etcd.options import EtcdOptions
 __all__ = ["ETCD_FIELDS", "TEXT_FIELDS", "ConfigError", "MasterConfig", "parse_duration"]
 
 STORE_SYNC_MODES = ("full", "normal")
+STORE_ON_DAMAGE = ("refuse", "move-aside", "accept-older")
 
 
 class ConfigError(ValueError):
@@ -88,6 +89,12 @@ def _store_sync(text: str) -> str:
     return text
 
 
+def _store_on_damage(text: str) -> str:
+    if text not in STORE_ON_DAMAGE:
+        raise ValueError(f"{text!r} is not one of {', '.join(STORE_ON_DAMAGE)}")
+    return text
+
+
 #: How each plain field is read from text.
 TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "port": _integer,
@@ -100,6 +107,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "failed_policy": _policy,
     "store": _optional,
     "store_sync": _store_sync,
+    "store_on_damage": _store_on_damage,
     "ready_file": _optional,
 }
 
@@ -125,6 +133,8 @@ class MasterConfig:
     #: Embedded store file or ":memory:"; None means the default file of the job.
     store: str | None = None
     store_sync: str = "full"
+    #: What to do with a damaged embedded store (see docs/store.md); a sound one opens as is.
+    store_on_damage: str = "refuse"
     #: Where to write the ready file (see chunkmaster.master.readiness); None: none.
     ready_file: str | None = None
 
@@ -141,6 +151,8 @@ class MasterConfig:
             raise ConfigError(("task_timeout_max",), "must be 0 or more")
         if self.store_sync not in STORE_SYNC_MODES:
             raise ConfigError(("store_sync",), f"{self.store_sync!r} is not full or normal")
+        if self.store_on_damage not in STORE_ON_DAMAGE:
+            raise ConfigError(("store_on_damage",), f"{self.store_on_damage!r} is not valid")
         if self.ready_file is not None and not os.path.isdir(
             os.path.dirname(os.path.abspath(self.ready_file))
         ):

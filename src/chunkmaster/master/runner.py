@@ -65,7 +65,9 @@ def build_store(config: MasterConfig) -> Store:
     if config.store == ":memory:":
         return InMemStore()
     path = config.store or default_store_path(config.job or "default")
-    return SqliteStore(path, synchronous=config.store_sync)
+    return SqliteStore(
+        path, synchronous=config.store_sync, job=config.job, on_damage=config.store_on_damage
+    )
 
 
 async def run_master(
