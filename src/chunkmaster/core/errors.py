@@ -60,3 +60,9 @@ class UnavailableError(MasterError):
     """The master cannot make changes durable right now (store down, or not the leader)."""
 
     message = "master unavailable"
+
+
+class InvalidArgumentError(MasterError):
+    """A request value is out of range (the text names the argument); nothing changed."""
+
+    message = "invalid argument"

@@ -8,9 +8,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from chunkmaster.core.errors import MasterError
+from chunkmaster.core.errors import InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.service import Service
 from chunkmaster.rpc import master_pb2 as pb
@@ -33,6 +34,60 @@ async def _answer(
         context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
         await context.abort(status_code_of(exc), str(exc))
         raise  # unreachable: abort raises
+
+
+class _Malformed:
+    """Stands in for request bytes that do not parse, so the call can be refused cleanly."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _lenient(cls: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except DecodeError:
+            return _Malformed(f"invalid argument: the request is not a valid {cls.__name__}")
+
+    return parse
+
+
+def _refusing_malformed(method: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+    async def call(request: Any, context: Any) -> Any:
+        if isinstance(request, _Malformed):
+            context.set_trailing_metadata(((ERROR_KEY, InvalidArgumentError.__name__),))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return await method(request, context)
+
+    return call
+
+
+#: Each Master method's request and response message types.
+_METHODS: dict[str, tuple[Any, Any]] = {
+    "SetDataset": (pb.SetDatasetRequest, pb.SetDatasetResponse),
+    "GetTask": (pb.GetTaskRequest, pb.GetTaskResponse),
+    "TaskFinished": (pb.TaskFinishedRequest, pb.TaskReportResponse),
+    "TaskFailed": (pb.TaskFailedRequest, pb.TaskReportResponse),
+    "RequestSaveModel": (pb.SaveModelRequest, pb.SaveModelResponse),
+    "Status": (pb.StatusRequest, pb.StatusResponse),
+}
+
+
+def _master_handler(servicer: MasterServicer) -> grpc.GenericRpcHandler[Any, Any]:
+    """The Master service's handlers; malformed request bytes get INVALID_ARGUMENT (gRPC's
+    own deserialisation failure would answer UNKNOWN)."""
+    return grpc.method_handlers_generic_handler(
+        SERVICE_NAME,
+        {
+            name: grpc.unary_unary_rpc_method_handler(
+                _refusing_malformed(getattr(servicer, name)),
+                request_deserializer=_lenient(request),
+                response_serializer=response.SerializeToString,
+            )
+            for name, (request, response) in _METHODS.items()
+        },
+    )
 
 
 class MasterServicer(pb_grpc.MasterServicer):
@@ -95,7 +150,7 @@ class MasterServer:
                 ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ]
         )
-        pb_grpc.add_MasterServicer_to_server(MasterServicer(service), self.server)  # type: ignore[no-untyped-call]
+        self.server.add_generic_rpc_handlers((_master_handler(MasterServicer(service)),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         bound = self.server.add_insecure_port(f"{_bracket(host)}:{port}")
         if bound == 0:

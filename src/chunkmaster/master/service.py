@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from chunkmaster.core.errors import (
+    InvalidArgumentError,
     NoDatasetError,
     NoMoreAvailableError,
     NotReadyError,
@@ -104,6 +106,11 @@ class Service:
         await self.ledger.close()
         await self.store.shutdown()
 
+    def _check_started(self) -> None:
+        """Operations before start() would run without recovery or task timeouts."""
+        if not self._started:
+            raise RuntimeError("Service.start() must be awaited before the service takes calls")
+
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -128,6 +135,7 @@ class Service:
 
     async def set_dataset(self, globs: Sequence[str]) -> None:
         """First dataset wins; later calls succeed and change nothing."""
+        self._check_started()
         globs = list(globs)
         if not globs:  # checked before "already set", as the original does
             raise NoDatasetError()
@@ -159,6 +167,9 @@ class Service:
         over, a task come back, a dataset arrive meanwhile). A retry with the `request_id` of
         a call whose answer was lost gets the same task again.
         """
+        self._check_started()
+        _check(pass_id >= 0, f"pass_id {pass_id} is negative")
+        _check(math.isfinite(wait), f"wait {wait} is not a finite number of seconds")
         until = time.monotonic() + max(0.0, wait)
         while True:
             if not self.ledger.available:
@@ -192,6 +203,10 @@ class Service:
 
     async def task_finished(self, task_id: int, *, epoch: int = 0, pass_id: int = -1) -> bool:
         """Complete a pending task; a report about anything else is answered, harmlessly."""
+        self._check_started()
+        _check(task_id >= 0, f"task_id {task_id} is negative")
+        _check(epoch >= 0, f"epoch {epoch} is negative")
+        _check(pass_id >= -1, f"pass_id {pass_id} is neither a pass nor -1 (any pass)")
         ev = Finish(task_id, epoch, pass_id)
         why = finish_ignored(self.ledger.state, ev)
         if why is not None:
@@ -201,6 +216,9 @@ class Service:
 
     async def task_failed(self, meta: TaskMeta, reason: str = "") -> bool:
         """A trainer could not process a task; its reason stays visible in status."""
+        self._check_started()
+        _check(meta.id >= 0, f"task id {meta.id} is negative")
+        _check(meta.epoch >= 0, f"epoch {meta.epoch} is negative")
         ev = Fail(meta.id, meta.epoch, reason or "failed (no reason given)")
         why = fail_ignored(self.ledger.state, ev)
         if why is not None:
@@ -234,12 +252,17 @@ class Service:
 
     async def request_save_model(self, trainer_id: str, block_dur: float) -> bool:
         """Approve one trainer at a time to save the model, for `block_dur` seconds."""
+        self._check_started()
         if not trainer_id:
             raise TrainerIdEmptyError()
+        _check(
+            math.isfinite(block_dur) and 0 <= block_dur <= MAX_SAVE_BLOCK,
+            f"block_dur {block_dur} is not a number of seconds from 0 to {MAX_SAVE_BLOCK:.0f}",
+        )
         now = self._clock()
         if not save_allowed(self.ledger.state, trainer_id, now):
             return False
-        await self.ledger.commit(ApproveSave(trainer_id, now + max(0.0, block_dur)))
+        await self.ledger.commit(ApproveSave(trainer_id, now + block_dur))
         return True
 
     # ---- status ----------------------------------------------------------------------
@@ -326,3 +349,14 @@ class Service:
                 "durable_seq": ledger.durable_seq,
             },
         }
+
+
+#: The longest save-model window a trainer may ask for (a day): a longer one holds the lock
+#: past any plausible save, across restarts.
+MAX_SAVE_BLOCK = 24 * 3600.0
+
+
+def _check(ok: bool, problem: str) -> None:
+    """Refuse a request value before it reaches the state: INVALID_ARGUMENT, nothing changes."""
+    if not ok:
+        raise InvalidArgumentError(f"invalid argument: {problem}")

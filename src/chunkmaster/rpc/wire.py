@@ -22,6 +22,7 @@ _CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.NoDatasetError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.DatasetError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.TrainerIdEmptyError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
 }
 _BY_NAME: dict[str, type[errors.MasterError]] = {cls.__name__: cls for cls in _CODES}
