@@ -16,7 +16,15 @@ from chunkmaster.core.codec import (
     encode_snapshot,
 )
 from chunkmaster.core.dataset import Dataset
-from chunkmaster.core.events import ApproveSave, Configure, Dispatch, Fail, Finish, SetDataset
+from chunkmaster.core.events import (
+    ApproveSave,
+    Configure,
+    Dispatch,
+    Fail,
+    Finish,
+    Resume,
+    SetDataset,
+)
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.state import MasterState, apply
 
@@ -56,7 +64,7 @@ def comparable(s: MasterState) -> tuple[object, ...]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from("DFXSC"), st.integers(0, 9)), max_size=60))
+@given(ops=st.lists(st.tuples(st.sampled_from("DFXSCR"), st.integers(0, 9)), max_size=60))
 def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
     live, journal = MasterState(), []
     for ev in [SetDataset(ds(9))]:
@@ -76,6 +84,8 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
             ev = Fail(t, p.epoch if p else 0, f"reason {x} ünïcode")
         elif kind == "S":
             ev = ApproveSave(f"trainer-{x}", 50.0 + x)
+        elif kind == "R":
+            ev = Resume(1003.5 + x)
         else:
             ev = Configure(x % 3, FailedPolicy.KEEP if x % 2 else FailedPolicy.RETRY)
         journal.append(encode_event(ev))  # type: ignore[arg-type]

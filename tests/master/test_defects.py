@@ -304,30 +304,6 @@ def test_finish_from_an_older_dispatch_still_pending_completes_it(tmp_path: Path
     run(main)
 
 
-def test_pending_task_keeps_its_used_time_after_recovery(tmp_path: Path) -> None:
-    f = records_file(tmp_path / "a.rio", 1)
-    db = tmp_path / "state.db"
-    clock = Clock(5000.0)
-
-    async def first() -> None:
-        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=100, clock=clock)
-        await svc.start()
-        await svc.set_dataset([f])
-        await svc.get_task(0)
-        await svc.close()
-
-    async def second() -> None:
-        clock.now += 60  # the master was down (or the task ran) for 60 s
-        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=100, clock=clock)
-        await svc.start()
-        (p,) = svc.status()["pending_tasks"]
-        assert p["expires_in"] == pytest.approx(40.0)
-        await svc.close()
-
-    run(first)
-    run(second)
-
-
 def test_two_masters_never_share_one_embedded_store(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
 
@@ -430,3 +406,39 @@ def test_concurrent_get_tasks_race_for_the_last_task_cleanly(tmp_path: Path) -> 
         await svc.close()
 
     run(main)
+
+
+def test_time_without_a_master_does_not_count_against_task_deadlines(tmp_path: Path) -> None:
+    """A master that was down longer than the task timeout: on recovery every pending task has
+    a full timeout again (journaled, so a later recovery agrees), instead of expiring at once
+    under the trainer that is still reading it."""
+    clock = Clock()
+    db = tmp_path / "state.db"
+    data = numbered_records(tmp_path / "d.rio", 4, b"%03d")
+
+    async def first() -> int:
+        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=60, clock=clock)
+        await svc.start()
+        await svc.set_dataset([data])
+        task = await svc.get_task(0)
+        await svc.close()
+        return task.meta.id
+
+    async def after_downtime() -> dict[str, object]:
+        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=60, clock=clock)
+        await svc.start()
+        try:
+            return svc.status()
+        finally:
+            await svc.close()
+
+    held = run(first)
+    clock.now += 3600.0  # the master was down an hour: far past the 60 s deadline
+    st = run(after_downtime)
+    assert st["pending"] == 1 and st["failed"] == 0
+    (pending,) = st["pending_tasks"]  # type: ignore[misc]
+    assert pending["id"] == held and pending["expires_in"] == pytest.approx(60.0)
+    clock.now += 30.0
+    st = run(after_downtime)  # a second recovery gives a full timeout again, never less
+    (pending,) = st["pending_tasks"]  # type: ignore[misc]
+    assert pending["expires_in"] == pytest.approx(60.0)

@@ -22,6 +22,7 @@ from chunkmaster.core.events import (
     Event,
     Fail,
     Finish,
+    Resume,
     SetDataset,
 )
 from chunkmaster.core.model import FailedPolicy, Failure
@@ -102,6 +103,8 @@ def encode_event(ev: Event) -> bytes:
             return b"S" + _dumps([tid, u])
         case Configure(failure_max=fm, failed_policy=fp):
             return b"C" + _dumps([fm, fp.value])
+        case Resume(not_before=nb):
+            return b"R" + _dumps([nb])
         case SetDataset(dataset=ds):
             header, blobs = _dataset_parts(ds)
             return b"T" + pack(header, blobs)
@@ -124,6 +127,8 @@ def decode_event(data: bytes) -> Event:
             return ApproveSave(str(v[0]), float(v[1]))
         if tag == b"C":
             return Configure(int(v[0]), FailedPolicy(v[1]))
+        if tag == b"R":
+            return Resume(float(v[0]))
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt journal entry (tag {tag!r}): {exc}") from exc
     raise CodecError(f"unknown journal entry tag {tag!r}")

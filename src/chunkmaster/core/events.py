@@ -66,4 +66,13 @@ class ApproveSave:
     until: float
 
 
-Event = Configure | SetDataset | Dispatch | Finish | Fail | ApproveSave
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A master took over (restart or failover): every pending task's deadline becomes at least
+    `not_before` (wall-clock seconds), so time with no master leading does not count against
+    the trainers that hold tasks."""
+
+    not_before: float
+
+
+Event = Configure | SetDataset | Dispatch | Finish | Fail | ApproveSave | Resume

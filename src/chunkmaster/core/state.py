@@ -20,6 +20,7 @@ from chunkmaster.core.events import (
     Event,
     Fail,
     Finish,
+    Resume,
     SetDataset,
 )
 from chunkmaster.core.model import FailedPolicy, Failure, Task, TaskMeta
@@ -150,6 +151,10 @@ def apply(state: MasterState, event: Event) -> Task | bool | None:
         case Configure(failure_max=fm, failed_policy=fp):
             state.failure_max = fm
             state.failed_policy = fp
+            return True
+        case Resume(not_before=nb):
+            for p in state.pending.values():
+                p.deadline = max(p.deadline, nb)
             return True
     raise InvalidEvent(f"unknown event {event!r}")
 

@@ -23,7 +23,15 @@ from chunkmaster.core.errors import (
     TrainerIdEmptyError,
     UnavailableError,
 )
-from chunkmaster.core.events import ApproveSave, Configure, Dispatch, Fail, Finish, SetDataset
+from chunkmaster.core.events import (
+    ApproveSave,
+    Configure,
+    Dispatch,
+    Fail,
+    Finish,
+    Resume,
+    SetDataset,
+)
 from chunkmaster.core.model import TIMEOUT_REASON, FailedPolicy, Task, TaskMeta
 from chunkmaster.core.state import (
     Availability,
@@ -95,6 +103,10 @@ class Service:
             )
         if (st.failure_max, st.failed_policy) != (self.failure_max, self.failed_policy):
             await self.ledger.commit(Configure(self.failure_max, self.failed_policy))
+        if st.pending:
+            # Task deadlines are about trainers: the time no master was serving (down, or
+            # not yet leading) must not time out tasks that live trainers are reading.
+            await self.ledger.commit(Resume(self._clock() + self.timeout_dur))
         self._rearm_timeouts()
         self._timeouts.start()
         self._started = True
