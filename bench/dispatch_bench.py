@@ -6,6 +6,13 @@ For each store (in-memory, embedded SQLite) and dataset size (1k .. 1M tasks, on
 task), it reports cycles/s with 1, 8 and 64 concurrent clients; then the master's memory
 per task and the time to set a dataset of 10,000 files.
 
+Baselines, in the same run: the rate at 1k tasks is the baseline for the larger datasets (the
+cost of a cycle must not grow with the dataset), and the in-memory store is the baseline for
+the embedded one (what durability costs: an fsync per group commit). There is no faster plain
+way to hand out a task over gRPC than the master's own in-memory path with the same RPCs; the
+gRPC floor itself (an empty unary call) is what issue 10's streaming sessions will be measured
+against.
+
     .venv/bin/python bench/dispatch_bench.py            # full table (several minutes)
     .venv/bin/python bench/dispatch_bench.py --quick    # 1k and 100k only, short windows
 """
