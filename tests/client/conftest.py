@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client_util import Trainer, write_dataset
 from helpers.master_process import MasterProcess
+from helpers.trainers import Trainer, write_dataset
 
 from chunkmaster.recordio import Compressor
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from client_util import digest_of, sample_records
 from helpers.inproc import InProcessMaster
+from helpers.trainers import digest_of, sample_records
 
 from chunkmaster.client import Client, ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.core.errors import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import glob
 from typing import Any
 
-from client_util import (
+from helpers.trainers import (
     completed_tasks,
     dataset_digest,
     sample_records,

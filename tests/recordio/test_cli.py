@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rio_vectors import load_manifest, manifest_records, vector_path
+from helpers.vectors import load_manifest, manifest_records, vector_path
 
 from chunkmaster.cli.main import main
 from chunkmaster.digest import Digest, file_digest, record_digest

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rio_vectors import load_errors, load_manifest, manifest_records, vector_path, vectors_dir
+from helpers.vectors import load_errors, load_manifest, manifest_records, vector_path, vectors_dir
 
 from chunkmaster.recordio import (
     BadMagicError,

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from rio_reference import read_all, reference_module, write_all
+from helpers.reference_recordio import read_all, reference_module, write_all
 
 from chunkmaster.recordio import Compressor, Writer, load_index, scan
 

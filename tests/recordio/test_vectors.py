@@ -6,7 +6,7 @@ import io
 from typing import Any
 
 import pytest
-from rio_vectors import MANIFESTS, load_manifest, manifest_records, vector_path
+from helpers.vectors import MANIFESTS, load_manifest, manifest_records, vector_path
 
 from chunkmaster.recordio import Compressor, Index, Writer, load_index, scan
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.datasets import write_records
 
 from chunkmaster.digest import Digest, file_digest
 from chunkmaster.recordio import Compressor
+from helpers.datasets import write_records
 
 
 def write_dataset(
