@@ -1,16 +1,21 @@
 """Turning the trainers' glob patterns into a Dataset: expand, dedupe, index in parallel.
 
 Runs in worker threads, never on the event loop, so reading ten thousand indexes off a
-network filesystem does not stall any other call (defect D18).
+network filesystem does not stall any other call (defect D18). The threads are daemon threads
+that nothing joins at exit: a file system that never answers holds one of them, never the
+master's shutdown.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import glob
 import logging
 import os
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import DatasetError, NoDatasetError
@@ -18,6 +23,70 @@ from chunkmaster.core.errors import DatasetError, NoDatasetError
 log = logging.getLogger("chunkmaster.datasets")
 
 MAX_INDEX_THREADS = 32
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def in_daemon_thread(fn: Callable[..., R], *args: Any) -> R:
+    """`fn(*args)` in a daemon thread (asyncio.to_thread's executor is joined when the loop
+    closes, so a hung call there would keep a stopping master alive)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[R] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.done():
+            if ok:
+                done.set_result(value)
+            else:
+                done.set_exception(value)
+
+    def work() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, fn(*args))
+        except BaseException as exc:
+            outcome = (False, exc)
+        # RuntimeError: the loop closed meanwhile, and nobody waits for the answer.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name=getattr(fn, "__name__", "worker"), daemon=True).start()
+    return await done
+
+
+def map_in_daemon_threads(fn: Callable[[T], R], items: Iterable[T], workers: int) -> list[R]:
+    """[fn(x) for x in items] on up to `workers` daemon threads; the first error (in item
+    order among those that failed) is raised once the threads have stopped taking items."""
+    todo = list(enumerate(items))
+    results: list[Any] = [None] * len(todo)
+    errors: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+    pending = iter(todo)
+
+    def worker() -> None:
+        while True:
+            with lock:
+                item = None if errors else next(pending, None)
+            if item is None:
+                return
+            i, x = item
+            try:
+                results[i] = fn(x)
+            except BaseException as exc:
+                with lock:
+                    errors.append((i, exc))
+                return
+
+    threads = [
+        threading.Thread(target=worker, name="load-index", daemon=True)
+        for _ in range(max(1, min(workers, len(todo))))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise min(errors, key=lambda e: e[0])[1]
+    return results
 
 
 def _expand_one(pattern: str) -> list[str]:
@@ -62,9 +131,7 @@ def load_dataset(globs: Sequence[str], chunks_per_task: int) -> Dataset:
             raise DatasetError(f"no valid dataset specified: cannot read {path}: {exc}") from exc
         return list(idx.chunk_offsets), list(idx.chunk_records)
 
-    workers = max(1, min(MAX_INDEX_THREADS, len(files)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="load-index") as pool:
-        indexes = list(pool.map(index_of, files))
+    indexes = map_in_daemon_threads(index_of, files, MAX_INDEX_THREADS)
     dataset = Dataset.build(globs, files, indexes, chunks_per_task)
     if dataset.num_chunks == 0:
         raise DatasetError(

@@ -40,7 +40,7 @@ from chunkmaster.core.state import (
     finish_ignored,
     save_allowed,
 )
-from chunkmaster.master.datasets import load_dataset
+from chunkmaster.master.datasets import in_daemon_thread, load_dataset
 from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.timeouts import TimeoutScheduler
 from chunkmaster.store.base import Store
@@ -165,7 +165,7 @@ class Service:
         await asyncio.shield(self._loading)
 
     async def _load(self, globs: list[str]) -> None:
-        dataset = await asyncio.to_thread(load_dataset, globs, self.chunks_per_task)
+        dataset = await in_daemon_thread(load_dataset, globs, self.chunks_per_task)
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset))
 

@@ -1,0 +1,43 @@
+"""A dataset source that never answers must not hold the master: SetDataset callers give up at
+their deadline, other calls are answered, and SIGTERM stops the master at once."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from helpers.master_process import MasterProcess
+
+from chunkmaster.client import Client
+from chunkmaster.client.connection import MasterConnection
+
+
+def test_a_source_that_never_answers_neither_jams_nor_outlives_the_master(tmp_path: Path) -> None:
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never says a word
+    accepted = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        conn, _ = silent.accept()
+        held.append(conn)
+        accepted.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = silent.getsockname()[1]
+    master = MasterProcess(["--store", str(tmp_path / "state.db")]).start()
+    try:
+        with Client(master.addr) as c, pytest.raises(TimeoutError):
+            c.set_dataset([f"ftp://127.0.0.1:{port}/train-*.rio"], timeout=1.0)
+        assert accepted.wait(30), "the master never reached the source"
+        with MasterConnection(master.addr) as conn:
+            assert conn.status()["ready"] is False  # other calls are answered meanwhile
+        # The indexing thread is still blocked on the silent source (its own timeout is 30 s):
+        # a stop must not wait for it.
+        assert master.terminate(timeout=20) == 0
+    finally:
+        master.kill()
+        for conn in held:
+            conn.close()
+        silent.close()
