@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chunkmaster.client.client import cut_records, last_record
+from chunkmaster.client.chunks import cut_records, last_record
 from chunkmaster.recordio import load_index, scan
 from chunkmaster.recordio.scanner import load_chunk
 

@@ -36,8 +36,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Final, TypeVar
 
 from chunkmaster.client.buffer import PassBuffer
-from chunkmaster.client.chunks import cut_records as cut_records  # cuts a checked chunk
-from chunkmaster.client.chunks import last_record as last_record
 from chunkmaster.client.connection import (
     DATASET_TIMEOUT,
     DEFAULT_TIMEOUT,
