@@ -66,3 +66,15 @@ class InvalidArgumentError(MasterError):
     """A request value is out of range (the text names the argument); nothing changed."""
 
     message = "invalid argument"
+
+
+class SessionExpiredError(MasterError):
+    """The trainer's session ended (its lease ran out): its tasks went back to the queue."""
+
+    message = "session expired: its tasks were handed back; open a new session"
+
+
+class CheckpointRefusedError(MasterError):
+    """A commit or data checkpoint the master cannot take (the text says why)."""
+
+    message = "checkpoint refused"

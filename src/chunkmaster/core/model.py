@@ -28,9 +28,13 @@ class TaskMeta:
 
 @dataclass(frozen=True, slots=True)
 class Task:
+    """A dispatch of a task: its chunks, and `start`, the records of it already consumed
+    (a task handed out again resumes there instead of at its first record)."""
+
     meta: TaskMeta
     chunks: tuple[Chunk, ...]
     pass_id: int = 0
+    start: int = 0
 
     @property
     def num_records(self) -> int:
@@ -60,3 +64,5 @@ class FailedPolicy(enum.StrEnum):
 
 
 TIMEOUT_REASON = "timeout"
+TRAINER_LOST_REASON = "trainer lost"
+RETURNED_REASON = "returned"  # the trainer closed its session and handed the task back

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63hunkmaster/rpc/master.proto\x12\x0e\x63hunkmaster.v1\":\n\x05\x43hunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_records\x18\x03 \x01(\r\"%\n\x08TaskMeta\x12\n\n\x02id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"f\n\x04Task\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12%\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x15.chunkmaster.v1.Chunk\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\"\"\n\x11SetDatasetRequest\x12\r\n\x05globs\x18\x01 \x03(\t\"\x14\n\x12SetDatasetResponse\"[\n\x0eGetTaskRequest\x12\x0f\n\x07pass_id\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"5\n\x0fGetTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chunkmaster.v1.Task\"F\n\x13TaskFinishedRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\"K\n\x11TaskFailedRequest\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12TaskReportResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\"=\n\x10SaveModelRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\x12\x15\n\rblock_seconds\x18\x02 \x01(\x01\"%\n\x11SaveModelResponse\x12\x10\n\x08\x61pproved\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\xf9\x03\n\x06Master\x12S\n\nSetDataset\x12!.chunkmaster.v1.SetDatasetRequest\x1a\".chunkmaster.v1.SetDatasetResponse\x12J\n\x07GetTask\x12\x1e.chunkmaster.v1.GetTaskRequest\x1a\x1f.chunkmaster.v1.GetTaskResponse\x12W\n\x0cTaskFinished\x12#.chunkmaster.v1.TaskFinishedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12S\n\nTaskFailed\x12!.chunkmaster.v1.TaskFailedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12W\n\x10RequestSaveModel\x12 .chunkmaster.v1.SaveModelRequest\x1a!.chunkmaster.v1.SaveModelResponse\x12G\n\x06Status\x12\x1d.chunkmaster.v1.StatusRequest\x1a\x1e.chunkmaster.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63hunkmaster/rpc/master.proto\x12\x0e\x63hunkmaster.v1\":\n\x05\x43hunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_records\x18\x03 \x01(\r\"%\n\x08TaskMeta\x12\n\n\x02id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"u\n\x04Task\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12%\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x15.chunkmaster.v1.Chunk\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\x12\r\n\x05start\x18\x04 \x01(\x04\"\"\n\x11SetDatasetRequest\x12\r\n\x05globs\x18\x01 \x03(\t\"\x14\n\x12SetDatasetResponse\"[\n\x0eGetTaskRequest\x12\x0f\n\x07pass_id\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"5\n\x0fGetTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chunkmaster.v1.Task\"F\n\x13TaskFinishedRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\"K\n\x11TaskFailedRequest\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12TaskReportResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\"=\n\x10SaveModelRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\x12\x15\n\rblock_seconds\x18\x02 \x01(\x01\"%\n\x11SaveModelResponse\x12\x10\n\x08\x61pproved\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t\"P\n\x0cTaskPosition\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\x12\x0f\n\x07records\x18\x04 \x01(\x04\"\xb3\x02\n\x0eSessionRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12&\n\x05hello\x18\x02 \x01(\x0b\x32\x15.chunkmaster.v1.HelloH\x00\x12(\n\x04next\x18\x03 \x01(\x0b\x32\x18.chunkmaster.v1.NextTaskH\x00\x12\x33\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32!.chunkmaster.v1.TaskFailedRequestH\x00\x12/\n\nkeep_alive\x18\x05 \x01(\x0b\x32\x19.chunkmaster.v1.KeepAliveH\x00\x12(\n\x06\x63ommit\x18\x06 \x01(\x0b\x32\x16.chunkmaster.v1.CommitH\x00\x12*\n\x07goodbye\x18\x07 \x01(\x0b\x32\x17.chunkmaster.v1.GoodbyeH\x00\x42\x06\n\x04\x62ody\"Z\n\x05Hello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x03\x12\x14\n\x0creport_every\x18\x05 \x01(\x04\"\x88\x01\n\x08NextTask\x12.\n\x08\x66inished\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\x12\x11\n\twant_task\x18\x02 \x01(\x08\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\";\n\tKeepAlive\x12.\n\x08progress\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\"9\n\x06\x43ommit\x12/\n\tpositions\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\"9\n\x07Goodbye\x12.\n\x08progress\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\"\xcb\x01\n\x0fSessionResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\x07welcome\x18\x02 \x01(\x0b\x32\x17.chunkmaster.v1.WelcomeH\x00\x12$\n\x04task\x18\x03 \x01(\x0b\x32\x14.chunkmaster.v1.TaskH\x00\x12-\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1c.chunkmaster.v1.SessionErrorH\x00\x12\"\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x13.chunkmaster.v1.AckH\x00\x42\x06\n\x04\x62ody\"N\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\x12\x1a\n\x12keep_alive_seconds\x18\x03 \x01(\x01\"<\n\x0cSessionError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x16\n\x03\x41\x63k\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x03\"\x17\n\x15\x44\x61taCheckpointRequest\",\n\x16\x44\x61taCheckpointResponse\x12\x12\n\ncheckpoint\x18\x01 \x01(\x0c\x32\xaa\x05\n\x06Master\x12S\n\nSetDataset\x12!.chunkmaster.v1.SetDatasetRequest\x1a\".chunkmaster.v1.SetDatasetResponse\x12J\n\x07GetTask\x12\x1e.chunkmaster.v1.GetTaskRequest\x1a\x1f.chunkmaster.v1.GetTaskResponse\x12W\n\x0cTaskFinished\x12#.chunkmaster.v1.TaskFinishedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12S\n\nTaskFailed\x12!.chunkmaster.v1.TaskFailedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12W\n\x10RequestSaveModel\x12 .chunkmaster.v1.SaveModelRequest\x1a!.chunkmaster.v1.SaveModelResponse\x12G\n\x06Status\x12\x1d.chunkmaster.v1.StatusRequest\x1a\x1e.chunkmaster.v1.StatusResponse\x12N\n\x07Session\x12\x1e.chunkmaster.v1.SessionRequest\x1a\x1f.chunkmaster.v1.SessionResponse(\x01\x30\x01\x12_\n\x0e\x44\x61taCheckpoint\x12%.chunkmaster.v1.DataCheckpointRequest\x1a&.chunkmaster.v1.DataCheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,29 +36,55 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASKMETA']._serialized_start=108
   _globals['_TASKMETA']._serialized_end=145
   _globals['_TASK']._serialized_start=147
-  _globals['_TASK']._serialized_end=249
-  _globals['_SETDATASETREQUEST']._serialized_start=251
-  _globals['_SETDATASETREQUEST']._serialized_end=285
-  _globals['_SETDATASETRESPONSE']._serialized_start=287
-  _globals['_SETDATASETRESPONSE']._serialized_end=307
-  _globals['_GETTASKREQUEST']._serialized_start=309
-  _globals['_GETTASKREQUEST']._serialized_end=400
-  _globals['_GETTASKRESPONSE']._serialized_start=402
-  _globals['_GETTASKRESPONSE']._serialized_end=455
-  _globals['_TASKFINISHEDREQUEST']._serialized_start=457
-  _globals['_TASKFINISHEDREQUEST']._serialized_end=527
-  _globals['_TASKFAILEDREQUEST']._serialized_start=529
-  _globals['_TASKFAILEDREQUEST']._serialized_end=604
-  _globals['_TASKREPORTRESPONSE']._serialized_start=606
-  _globals['_TASKREPORTRESPONSE']._serialized_end=643
-  _globals['_SAVEMODELREQUEST']._serialized_start=645
-  _globals['_SAVEMODELREQUEST']._serialized_end=706
-  _globals['_SAVEMODELRESPONSE']._serialized_start=708
-  _globals['_SAVEMODELRESPONSE']._serialized_end=745
-  _globals['_STATUSREQUEST']._serialized_start=747
-  _globals['_STATUSREQUEST']._serialized_end=762
-  _globals['_STATUSRESPONSE']._serialized_start=764
-  _globals['_STATUSRESPONSE']._serialized_end=794
-  _globals['_MASTER']._serialized_start=797
-  _globals['_MASTER']._serialized_end=1302
+  _globals['_TASK']._serialized_end=264
+  _globals['_SETDATASETREQUEST']._serialized_start=266
+  _globals['_SETDATASETREQUEST']._serialized_end=300
+  _globals['_SETDATASETRESPONSE']._serialized_start=302
+  _globals['_SETDATASETRESPONSE']._serialized_end=322
+  _globals['_GETTASKREQUEST']._serialized_start=324
+  _globals['_GETTASKREQUEST']._serialized_end=415
+  _globals['_GETTASKRESPONSE']._serialized_start=417
+  _globals['_GETTASKRESPONSE']._serialized_end=470
+  _globals['_TASKFINISHEDREQUEST']._serialized_start=472
+  _globals['_TASKFINISHEDREQUEST']._serialized_end=542
+  _globals['_TASKFAILEDREQUEST']._serialized_start=544
+  _globals['_TASKFAILEDREQUEST']._serialized_end=619
+  _globals['_TASKREPORTRESPONSE']._serialized_start=621
+  _globals['_TASKREPORTRESPONSE']._serialized_end=658
+  _globals['_SAVEMODELREQUEST']._serialized_start=660
+  _globals['_SAVEMODELREQUEST']._serialized_end=721
+  _globals['_SAVEMODELRESPONSE']._serialized_start=723
+  _globals['_SAVEMODELRESPONSE']._serialized_end=760
+  _globals['_STATUSREQUEST']._serialized_start=762
+  _globals['_STATUSREQUEST']._serialized_end=777
+  _globals['_STATUSRESPONSE']._serialized_start=779
+  _globals['_STATUSRESPONSE']._serialized_end=809
+  _globals['_TASKPOSITION']._serialized_start=811
+  _globals['_TASKPOSITION']._serialized_end=891
+  _globals['_SESSIONREQUEST']._serialized_start=894
+  _globals['_SESSIONREQUEST']._serialized_end=1201
+  _globals['_HELLO']._serialized_start=1203
+  _globals['_HELLO']._serialized_end=1293
+  _globals['_NEXTTASK']._serialized_start=1296
+  _globals['_NEXTTASK']._serialized_end=1432
+  _globals['_KEEPALIVE']._serialized_start=1434
+  _globals['_KEEPALIVE']._serialized_end=1493
+  _globals['_COMMIT']._serialized_start=1495
+  _globals['_COMMIT']._serialized_end=1552
+  _globals['_GOODBYE']._serialized_start=1554
+  _globals['_GOODBYE']._serialized_end=1611
+  _globals['_SESSIONRESPONSE']._serialized_start=1614
+  _globals['_SESSIONRESPONSE']._serialized_end=1817
+  _globals['_WELCOME']._serialized_start=1819
+  _globals['_WELCOME']._serialized_end=1897
+  _globals['_SESSIONERROR']._serialized_start=1899
+  _globals['_SESSIONERROR']._serialized_end=1959
+  _globals['_ACK']._serialized_start=1961
+  _globals['_ACK']._serialized_end=1983
+  _globals['_DATACHECKPOINTREQUEST']._serialized_start=1985
+  _globals['_DATACHECKPOINTREQUEST']._serialized_end=2008
+  _globals['_DATACHECKPOINTRESPONSE']._serialized_start=2010
+  _globals['_DATACHECKPOINTRESPONSE']._serialized_end=2054
+  _globals['_MASTER']._serialized_start=2057
+  _globals['_MASTER']._serialized_end=2739
 # @@protoc_insertion_point(module_scope)

@@ -25,14 +25,16 @@ class TaskMeta(_message.Message):
     def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("meta", "chunks", "pass_id")
+    __slots__ = ("meta", "chunks", "pass_id", "start")
     META_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
     meta: TaskMeta
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     pass_id: int
-    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ...) -> None: ...
+    start: int
+    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ..., start: _Optional[int] = ...) -> None: ...
 
 class SetDatasetRequest(_message.Message):
     __slots__ = ("globs",)
@@ -109,3 +111,129 @@ class StatusResponse(_message.Message):
     JSON_FIELD_NUMBER: _ClassVar[int]
     json: str
     def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class TaskPosition(_message.Message):
+    __slots__ = ("task_id", "epoch", "pass_id", "records")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PASS_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    epoch: int
+    pass_id: int
+    records: int
+    def __init__(self, task_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pass_id: _Optional[int] = ..., records: _Optional[int] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("seq", "hello", "next", "failed", "keep_alive", "commit", "goodbye")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    hello: Hello
+    next: NextTask
+    failed: TaskFailedRequest
+    keep_alive: KeepAlive
+    commit: Commit
+    goodbye: Goodbye
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., next: _Optional[_Union[NextTask, _Mapping]] = ..., failed: _Optional[_Union[TaskFailedRequest, _Mapping]] = ..., keep_alive: _Optional[_Union[KeepAlive, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("session_id", "name", "host", "pid", "report_every")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    host: str
+    pid: int
+    report_every: int
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., report_every: _Optional[int] = ...) -> None: ...
+
+class NextTask(_message.Message):
+    __slots__ = ("finished", "want_task", "pass_id", "wait_seconds", "request_id")
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    WANT_TASK_FIELD_NUMBER: _ClassVar[int]
+    PASS_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    finished: _containers.RepeatedCompositeFieldContainer[TaskPosition]
+    want_task: bool
+    pass_id: int
+    wait_seconds: float
+    request_id: str
+    def __init__(self, finished: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ..., want_task: _Optional[bool] = ..., pass_id: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class KeepAlive(_message.Message):
+    __slots__ = ("progress",)
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    progress: _containers.RepeatedCompositeFieldContainer[TaskPosition]
+    def __init__(self, progress: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ...) -> None: ...
+
+class Commit(_message.Message):
+    __slots__ = ("positions",)
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedCompositeFieldContainer[TaskPosition]
+    def __init__(self, positions: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ...) -> None: ...
+
+class Goodbye(_message.Message):
+    __slots__ = ("progress",)
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    progress: _containers.RepeatedCompositeFieldContainer[TaskPosition]
+    def __init__(self, progress: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("seq", "welcome", "task", "error", "ack")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    welcome: Welcome
+    task: Task
+    error: SessionError
+    ack: Ack
+    def __init__(self, seq: _Optional[int] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("session_id", "ttl_seconds", "keep_alive_seconds")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    ttl_seconds: float
+    keep_alive_seconds: float
+    def __init__(self, session_id: _Optional[str] = ..., ttl_seconds: _Optional[float] = ..., keep_alive_seconds: _Optional[float] = ...) -> None: ...
+
+class SessionError(_message.Message):
+    __slots__ = ("code", "error", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    error: str
+    message: str
+    def __init__(self, code: _Optional[int] = ..., error: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("applied",)
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    applied: int
+    def __init__(self, applied: _Optional[int] = ...) -> None: ...
+
+class DataCheckpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DataCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint",)
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: bytes
+    def __init__(self, checkpoint: _Optional[bytes] = ...) -> None: ...

@@ -64,6 +64,16 @@ class MasterStub:
                 request_serializer=chunkmaster_dot_rpc_dot_master__pb2.StatusRequest.SerializeToString,
                 response_deserializer=chunkmaster_dot_rpc_dot_master__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/chunkmaster.v1.Master/Session',
+                request_serializer=chunkmaster_dot_rpc_dot_master__pb2.SessionRequest.SerializeToString,
+                response_deserializer=chunkmaster_dot_rpc_dot_master__pb2.SessionResponse.FromString,
+                _registered_method=True)
+        self.DataCheckpoint = channel.unary_unary(
+                '/chunkmaster.v1.Master/DataCheckpoint',
+                request_serializer=chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointRequest.SerializeToString,
+                response_deserializer=chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -107,6 +117,22 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """A trainer's session: one long-lived stream carrying its task requests, reports, progress,
+        commits and keep-alives (docs/sessions.md). The unary calls above stay for trainers
+        without a session; their tasks come back by timeout only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DataCheckpoint(self, request, context):
+        """The job's data position at the last commits, as a versioned, checked blob.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +165,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=chunkmaster_dot_rpc_dot_master__pb2.StatusRequest.FromString,
                     response_serializer=chunkmaster_dot_rpc_dot_master__pb2.StatusResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=chunkmaster_dot_rpc_dot_master__pb2.SessionRequest.FromString,
+                    response_serializer=chunkmaster_dot_rpc_dot_master__pb2.SessionResponse.SerializeToString,
+            ),
+            'DataCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.DataCheckpoint,
+                    request_deserializer=chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointRequest.FromString,
+                    response_serializer=chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -303,6 +339,60 @@ class Master:
             '/chunkmaster.v1.Master/Status',
             chunkmaster_dot_rpc_dot_master__pb2.StatusRequest.SerializeToString,
             chunkmaster_dot_rpc_dot_master__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/chunkmaster.v1.Master/Session',
+            chunkmaster_dot_rpc_dot_master__pb2.SessionRequest.SerializeToString,
+            chunkmaster_dot_rpc_dot_master__pb2.SessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DataCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chunkmaster.v1.Master/DataCheckpoint',
+            chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointRequest.SerializeToString,
+            chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

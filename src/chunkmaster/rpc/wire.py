@@ -24,6 +24,8 @@ _CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.TrainerIdEmptyError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
+    errors.SessionExpiredError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.CheckpointRefusedError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 _BY_NAME: dict[str, type[errors.MasterError]] = {cls.__name__: cls for cls in _CODES}
 
@@ -33,6 +35,12 @@ def status_code_of(exc: errors.MasterError) -> grpc.StatusCode:
         if cls in _CODES:
             return _CODES[cls]
     return grpc.StatusCode.UNKNOWN
+
+
+def error_from_name(name: str, message: str) -> errors.MasterError | None:
+    """The master error named `name` (a session stream's SessionError), or None if unknown."""
+    cls = _BY_NAME.get(name)
+    return None if cls is None else cls(message or None)
 
 
 def error_from_rpc(exc: grpc.RpcError) -> errors.MasterError | None:
@@ -56,6 +64,7 @@ def task_to_pb(task: Task) -> pb.Task:
             pb.Chunk(path=c.path, offset=c.offset, num_records=c.num_records) for c in task.chunks
         ],
         pass_id=task.pass_id,
+        start=task.start,
     )
 
 
@@ -64,4 +73,5 @@ def task_from_pb(msg: pb.Task) -> Task:
         TaskMeta(msg.meta.id, msg.meta.epoch),
         tuple(Chunk(c.path, c.offset, c.num_records) for c in msg.chunks),
         msg.pass_id,
+        msg.start,
     )
