@@ -17,22 +17,34 @@ from typing import Any
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import (
     ApproveSave,
+    Commit,
     Configure,
     Dispatch,
+    EndSession,
     Event,
     Fail,
     Finish,
+    OpenSession,
+    Progress,
+    Restore,
     Resume,
     SetDataset,
 )
-from chunkmaster.core.model import FailedPolicy, Failure
-from chunkmaster.core.state import FAILURE_HISTORY, MasterState, Pending, SaveApproval
+from chunkmaster.core.model import FailedPolicy, Failure, Position
+from chunkmaster.core.state import (
+    FAILURE_HISTORY,
+    MasterState,
+    PassLedger,
+    Pending,
+    SaveApproval,
+    Session,
+)
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
     raise ImportError("chunkmaster's state codec assumes a little-endian machine")
 
 CONTAINER_MAGIC = b"CMB1"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 _LEN = struct.Struct("<I")
 
 
@@ -77,6 +89,8 @@ def unpack(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, array[in
 def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
     header = {"globs": list(ds.globs), "files": list(ds.files), "cpt": ds.chunks_per_task}
     blobs = {"cf": ds.chunk_file, "co": ds.chunk_offset, "cr": ds.chunk_records}
+    if ds.file_sizes is not None:
+        blobs["fs"] = ds.file_sizes
     return header, blobs
 
 
@@ -88,13 +102,22 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
         blobs["co"],
         blobs["cr"],
         int(header["cpt"]),
+        blobs.get("fs"),
     )
+
+
+def _positions(positions: tuple[Position, ...]) -> list[list[int]]:
+    return [[p.task_id, p.epoch, p.pass_id, p.records] for p in positions]
+
+
+def _positions_from(v: Any) -> tuple[Position, ...]:
+    return tuple(Position(int(t), int(e), int(p), int(r)) for t, e, p, r in v)
 
 
 def encode_event(ev: Event) -> bytes:
     match ev:
-        case Dispatch(deadline=d, worker=w, request=r):
-            return b"D" + _dumps([d, w, r] if r else [d, w])
+        case Dispatch(deadline=d, worker=w, request=r, session=sid):
+            return b"D" + _dumps([d, w, r, sid] if sid else [d, w, r] if r else [d, w])
         case Finish(task_id=t, epoch=e, pass_id=p):
             return b"F" + _dumps([t, e, p])
         case Fail(task_id=t, epoch=e, reason=r):
@@ -105,6 +128,16 @@ def encode_event(ev: Event) -> bytes:
             return b"C" + _dumps([fm, fp.value])
         case Resume(not_before=nb):
             return b"R" + _dumps([nb])
+        case OpenSession(session=sid, name=n, host=h, pid=pid, report_every=every):
+            return b"O" + _dumps([sid, n, h, pid, every])
+        case EndSession(session=sid, reason=r, positions=ps):
+            return b"E" + _dumps([sid, r, _positions(ps)])
+        case Progress(positions=ps):
+            return b"P" + _dumps(_positions(ps))
+        case Commit(positions=ps):
+            return b"K" + _dumps(_positions(ps))
+        case Restore(floor=f, commits=cs):
+            return b"B" + _dumps([f, [list(c) for c in cs]])
         case SetDataset(dataset=ds):
             header, blobs = _dataset_parts(ds)
             return b"T" + pack(header, blobs)
@@ -118,7 +151,22 @@ def decode_event(data: bytes) -> Event:
             return SetDataset(_dataset_from(*unpack(body)))
         v = json.loads(body)
         if tag == b"D":
-            return Dispatch(float(v[0]), str(v[1]), str(v[2]) if len(v) > 2 else "")
+            return Dispatch(
+                float(v[0]),
+                str(v[1]),
+                str(v[2]) if len(v) > 2 else "",
+                str(v[3]) if len(v) > 3 else "",
+            )
+        if tag == b"O":
+            return OpenSession(str(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4]))
+        if tag == b"E":
+            return EndSession(str(v[0]), str(v[1]), _positions_from(v[2]))
+        if tag == b"P":
+            return Progress(_positions_from(v))
+        if tag == b"K":
+            return Commit(_positions_from(v))
+        if tag == b"B":
+            return Restore(int(v[0]), tuple((int(p), int(t), int(r)) for p, t, r in v[1]))
         if tag == b"F":
             return Finish(int(v[0]), int(v[1]), int(v[2]))
         if tag == b"X":
@@ -141,7 +189,20 @@ def encode_snapshot(state: MasterState) -> bytes:
         "failure_max": state.failure_max,
         "failed_policy": state.failed_policy.value,
         "pending": [
-            [t, p.epoch, p.deadline, p.worker, p.request] for t, p in state.pending.items()
+            [t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start]
+            for t, p in state.pending.items()
+        ],
+        "sessions": [
+            [sid, s.name, s.host, s.pid, s.report_every, s.consumed]
+            for sid, s in state.sessions.items()
+        ],
+        "progress": list(state.progress.items()),
+        "commits": [[p, list(c.items())] for p, c in state.commits.items()],
+        "commit_floor": state.commit_floor,
+        "pass_done": list(state.pass_done.items()),
+        "ledger": [
+            [p, led.dispatched, led.consumed, led.committed, led.redispatched]
+            for p, led in state.ledger.items()
         ],
         "num_failures": list(state.num_failures.items()),
         "failure_log": [
@@ -180,7 +241,24 @@ def decode_snapshot(data: bytes) -> MasterState:
         st.failed = list(blobs["failed"])
         st.epochs = blobs["epochs"]
         st.pending = {
-            int(t): Pending(int(e), float(d), str(w), str(r)) for t, e, d, w, r in header["pending"]
+            int(t): Pending(int(e), float(d), str(w), str(r), str(sid), int(start))
+            for t, e, d, w, r, sid, start in header["pending"]
+        }
+        st.sessions = {
+            str(sid): Session(str(n), str(h), int(pid), int(every), int(consumed))
+            for sid, n, h, pid, every, consumed in header["sessions"]
+        }
+        st.progress = {int(t): int(r) for t, r in header["progress"]}
+        for p, commits in header["commits"]:
+            c = st.commits[int(p)] = {int(t): int(r) for t, r in commits}
+            if st.dataset is not None:
+                totals = st.dataset.task_records
+                st.full_commits[int(p)] = sum(1 for t, r in c.items() if r == totals[t])
+        st.commit_floor = int(header["commit_floor"])
+        st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
+        st.ledger = {
+            int(p): PassLedger(int(d), int(c), int(k), {str(w): int(n) for w, n in r.items()})
+            for p, d, c, k, r in header["ledger"]
         }
         st.requests = {p.request: t for t, p in st.pending.items() if p.request}
         st.num_failures = {int(t): int(n) for t, n in header["num_failures"]}

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from chunkmaster.core.model import Chunk
 
@@ -32,6 +33,7 @@ class Dataset:
     chunk_offset: array[int]  # 'Q': byte offset of the chunk header
     chunk_records: array[int]  # 'I': records in the chunk
     chunks_per_task: int
+    file_sizes: array[int] | None = field(default=None)  # 'Q': bytes per file, if known
 
     @classmethod
     def build(
@@ -40,6 +42,7 @@ class Dataset:
         files: Sequence[str],
         indexes: Iterable[tuple[Sequence[int], Sequence[int]]],
         chunks_per_task: int,
+        sizes: Sequence[int] | None = None,
     ) -> Dataset:
         """Assemble from per-file (chunk offsets, records per chunk), in file order."""
         chunk_file: array[int] = array("I")
@@ -58,6 +61,7 @@ class Dataset:
             chunk_offset,
             chunk_records,
             effective_chunks_per_task(chunks_per_task),
+            None if sizes is None else array("Q", sizes),
         )
 
     @property
@@ -71,6 +75,13 @@ class Dataset:
     @property
     def num_records(self) -> int:
         return sum(self.chunk_records)
+
+    @cached_property
+    def task_records(self) -> array[int]:
+        """Records per task (8 bytes a task, computed once)."""
+        cr, n = self.chunk_records, self.num_chunks
+        cpt = effective_chunks_per_task(self.chunks_per_task)
+        return array("Q", (sum(cr[i : min(i + cpt, n)]) for i in range(0, n, cpt)))
 
     def chunk_range(self, task_id: int) -> range:
         if not 0 <= task_id < self.num_tasks:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chunkmaster.core.dataset import Dataset
-from chunkmaster.core.model import FailedPolicy
+from chunkmaster.core.model import FailedPolicy, Position
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,7 @@ class Dispatch:
     deadline: float
     worker: str = ""
     request: str = ""
+    session: str = ""  # the trainer session that holds the task ("" for a unary GetTask)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,4 +76,63 @@ class Resume:
     not_before: float
 
 
-Event = Configure | SetDataset | Dispatch | Finish | Fail | ApproveSave | Resume
+@dataclass(frozen=True, slots=True)
+class OpenSession:
+    """A trainer opened a session. Leases are the shell's: they are not state, and a
+    recovering master gives every session it finds here a fresh one."""
+
+    session: str
+    name: str
+    host: str
+    pid: int
+    report_every: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EndSession:
+    """A session ended: `reason` is TRAINER_LOST_REASON (its lease ran out) or RETURNED_REASON
+    (the trainer said goodbye, with its final `positions`). Its tasks go back to the front of
+    Todo at their known positions; that counts against no task's failure limit."""
+
+    session: str
+    reason: str
+    positions: tuple[Position, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far trainers consumed the tasks they hold (stale or foreign positions are ignored)."""
+
+    positions: tuple[Position, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Trainers' models reflect these positions: the data checkpoint moves to them."""
+
+    positions: tuple[Position, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Start from a data checkpoint, on a state with its dataset and nothing else: pass
+    `floor` with `commits` ((pass, task, records committed), pass >= floor) already made."""
+
+    floor: int
+    commits: tuple[tuple[int, int, int], ...]
+
+
+Event = (
+    Configure
+    | SetDataset
+    | Dispatch
+    | Finish
+    | Fail
+    | ApproveSave
+    | Resume
+    | OpenSession
+    | EndSession
+    | Progress
+    | Commit
+    | Restore
+)

@@ -42,6 +42,17 @@ class Task:
 
 
 @dataclass(frozen=True, slots=True)
+class Position:
+    """Records [0, records) of a task's dispatch `epoch` in pass `pass_id` are consumed
+    (counted from the task's first record, whatever the dispatch's start)."""
+
+    task_id: int
+    epoch: int
+    pass_id: int
+    records: int
+
+
+@dataclass(frozen=True, slots=True)
 class SaveModelRequest:
     trainer_id: str
     block_dur: float  # seconds

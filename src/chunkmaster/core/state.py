@@ -1,7 +1,9 @@
-"""The master's state machine: four queues, passes, failures, save-model approval.
+"""The master's state machine: four queues, passes, failures, save-model approval, trainer
+sessions, how far each held task is consumed, and how far each task is committed.
 
-`apply(state, event)` is the only way the state changes. Every operation costs O(1) except a
-pass rollover, which moves each task once per pass (O(1) amortised per task).
+`apply(state, event)` is the only way the state changes. Every operation costs O(1) per task
+it names, except a pass rollover, which moves each task once per pass (O(1) amortised per
+task), and the end of a session, which scans the pending tasks for those it held.
 """
 
 from __future__ import annotations
@@ -15,17 +17,32 @@ from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import AllTaskFailedError, PassAfterError, PassBeforeError
 from chunkmaster.core.events import (
     ApproveSave,
+    Commit,
     Configure,
     Dispatch,
+    EndSession,
     Event,
     Fail,
     Finish,
+    OpenSession,
+    Progress,
+    Restore,
     Resume,
     SetDataset,
 )
-from chunkmaster.core.model import FailedPolicy, Failure, Task, TaskMeta
+from chunkmaster.core.model import (
+    RETURNED_REASON,
+    TIMEOUT_REASON,
+    FailedPolicy,
+    Failure,
+    Position,
+    Task,
+    TaskMeta,
+)
 
 FAILURE_HISTORY = 8  # failures remembered per task; the count is kept in full
+LEDGER_PASSES = 16  # passes whose record counts are kept
+READ_FAILURE = "read failure"  # the ledger's reason for a trainer's TaskFailed
 
 
 class InvalidEvent(Exception):
@@ -38,6 +55,29 @@ class Pending:
     deadline: float
     worker: str
     request: str = ""
+    session: str = ""
+    start: int = 0  # the record this dispatch started at
+
+
+@dataclass(slots=True)
+class Session:
+    name: str
+    host: str
+    pid: int
+    report_every: int = 0
+    consumed: int = 0  # records it reported consumed, all passes
+
+
+@dataclass(slots=True)
+class PassLedger:
+    """Record counts of one pass: what was handed out, consumed, committed, and handed out
+    again (by why: a record handed out again was maybe read twice, at most up to where its
+    previous holder got beyond its last report)."""
+
+    dispatched: int = 0
+    consumed: int = 0
+    committed: int = 0
+    redispatched: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -62,6 +102,13 @@ class MasterState:
     failure_total: dict[int, int] = field(default_factory=dict)
     saver: SaveApproval | None = None
     requests: dict[str, int] = field(default_factory=dict)  # GetTask request ID -> pending task
+    sessions: dict[str, Session] = field(default_factory=dict)
+    progress: dict[int, int] = field(default_factory=dict)  # this pass: task -> records consumed
+    commits: dict[int, dict[int, int]] = field(default_factory=dict)  # pass -> task -> records
+    full_commits: dict[int, int] = field(default_factory=dict)  # pass -> tasks wholly committed
+    commit_floor: int = 0  # the first pass not wholly committed
+    pass_done: dict[int, int] = field(default_factory=dict)  # ended pass -> tasks done in it
+    ledger: dict[int, PassLedger] = field(default_factory=dict)  # the last LEDGER_PASSES passes
 
     @property
     def ready(self) -> bool:
@@ -73,11 +120,27 @@ class MasterState:
 
     def task(self, task_id: int) -> Task:
         assert self.dataset is not None
+        p = self.pending.get(task_id)
         return Task(
             TaskMeta(task_id, self.epochs[task_id]),
             self.dataset.task_chunks(task_id),
             self.cur_pass,
+            0 if p is None else p.start,
         )
+
+    def task_records(self, task_id: int) -> int:
+        assert self.dataset is not None
+        return self.dataset.task_records[task_id]
+
+    def pass_ledger(self, pass_id: int | None = None) -> PassLedger:
+        p = self.cur_pass if pass_id is None else pass_id
+        led = self.ledger.get(p)
+        if led is None:
+            led = self.ledger[p] = PassLedger()
+        return led
+
+    def held_by(self, session: str) -> list[int]:
+        return [t for t, p in self.pending.items() if p.session == session]
 
 
 class Availability(enum.Enum):
@@ -129,8 +192,9 @@ def save_allowed(state: MasterState, trainer_id: str, now: float) -> bool:
     return s is None or s.until <= now or s.trainer_id == trainer_id
 
 
-def apply(state: MasterState, event: Event) -> Task | bool | None:
-    """Apply one event. Returns the dispatched Task, or whether a report changed anything."""
+def apply(state: MasterState, event: Event) -> Task | bool | int | None:
+    """Apply one event. Returns the dispatched Task, whether a report changed anything, or
+    how many of the positions it carried did."""
     match event:
         case Dispatch():
             return _dispatch(state, event)
@@ -156,6 +220,20 @@ def apply(state: MasterState, event: Event) -> Task | bool | None:
             for p in state.pending.values():
                 p.deadline = max(p.deadline, nb)
             return True
+        case OpenSession(session=sid, name=name, host=host, pid=pid, report_every=every):
+            state.sessions[sid] = Session(name, host, pid, every)
+            return True
+        case EndSession():
+            return _end_session(state, event)
+        case Progress(positions=positions):
+            return sum(_progress(state, pos) for pos in positions)
+        case Commit(positions=positions):
+            applied = sum(_commit(state, pos) for pos in positions)
+            _close_committed_passes(state)
+            return applied
+        case Restore():
+            _restore(state, event)
+            return True
     raise InvalidEvent(f"unknown event {event!r}")
 
 
@@ -164,9 +242,13 @@ def _dispatch(state: MasterState, ev: Dispatch) -> Task:
         raise InvalidEvent("dispatch with an empty todo queue")
     task_id = state.todo.popleft()
     state.epochs[task_id] += 1
-    state.pending[task_id] = Pending(state.epochs[task_id], ev.deadline, ev.worker, ev.request)
+    start = state.progress.get(task_id, 0)
+    state.pending[task_id] = Pending(
+        state.epochs[task_id], ev.deadline, ev.worker, ev.request, ev.session, start
+    )
     if ev.request:
         state.requests[ev.request] = task_id
+    state.pass_ledger().dispatched += state.task_records(task_id) - start
     return state.task(task_id)
 
 
@@ -179,7 +261,9 @@ def _leave_pending(state: MasterState, task_id: int) -> None:
 def _finish(state: MasterState, ev: Finish) -> bool:
     if finish_ignored(state, ev) is not None:
         return False
+    _consumed(state, ev.task_id, state.task_records(ev.task_id))
     _leave_pending(state, ev.task_id)
+    state.progress.pop(ev.task_id, None)
     state.num_failures.pop(ev.task_id, None)
     state.done.append(ev.task_id)
     _maybe_roll_over(state)
@@ -200,22 +284,169 @@ def _fail(state: MasterState, ev: Fail) -> bool:
     state.failure_total[task_id] = state.failure_total.get(task_id, 0) + 1
     if count > state.failure_max:
         state.failed.append(task_id)
+        state.progress.pop(task_id, None)
     else:
         state.todo.append(task_id)
+        _redispatched(
+            state, task_id, TIMEOUT_REASON if ev.reason == TIMEOUT_REASON else READ_FAILURE
+        )
     _maybe_roll_over(state)
     return True
 
 
+def _redispatched(state: MasterState, task_id: int, why: str) -> None:
+    """Count the records of a task that will be handed out again, from its known position."""
+    n = state.task_records(task_id) - state.progress.get(task_id, 0)
+    if n > 0:
+        red = state.pass_ledger().redispatched
+        red[why] = red.get(why, 0) + n
+
+
+def _consumed(state: MasterState, task_id: int, records: int) -> int:
+    """Move a pending task's known position forward to `records`; the records gained."""
+    p = state.pending[task_id]
+    old = state.progress.get(task_id, p.start)
+    if records <= old:
+        return 0
+    state.progress[task_id] = records
+    gained = records - old
+    state.pass_ledger().consumed += gained
+    session = state.sessions.get(p.session) if p.session else None
+    if session is not None:
+        session.consumed += gained
+    return gained
+
+
+def _holds(state: MasterState, pos: Position) -> bool:
+    """Whether `pos` is about a dispatch pending now (not a stale or foreign one)."""
+    p = state.pending.get(pos.task_id)
+    return p is not None and p.epoch == pos.epoch and pos.pass_id == state.cur_pass
+
+
+def _progress(state: MasterState, pos: Position) -> int:
+    if not _holds(state, pos):
+        return 0
+    return (
+        1 if _consumed(state, pos.task_id, min(pos.records, state.task_records(pos.task_id))) else 0
+    )
+
+
+def _end_session(state: MasterState, ev: EndSession) -> int:
+    """Hand the session's tasks back, first in line, at their known positions."""
+    if ev.session not in state.sessions:
+        return 0
+    for pos in ev.positions:
+        p = state.pending.get(pos.task_id)
+        if p is not None and p.session == ev.session:
+            _progress(state, pos)
+    held = state.held_by(ev.session)
+    for task_id in reversed(held):
+        _leave_pending(state, task_id)
+        state.todo.appendleft(task_id)
+        if ev.reason != RETURNED_REASON:
+            _redispatched(state, task_id, ev.reason)
+    del state.sessions[ev.session]
+    return len(held)
+
+
+def commit_refused(state: MasterState, pos: Position) -> str | None:
+    """Why a committed position cannot be taken (None when it can)."""
+    if state.dataset is None:
+        return "no dataset is set"
+    if not 0 <= pos.task_id < state.num_tasks:
+        return f"task {pos.task_id} does not exist (the dataset has {state.num_tasks} tasks)"
+    if pos.pass_id > state.cur_pass:
+        return f"pass {pos.pass_id} has not started (the master is in pass {state.cur_pass})"
+    total = state.task_records(pos.task_id)
+    if not 0 <= pos.records <= total:
+        return f"task {pos.task_id} has {total} records, not {pos.records}"
+    if pos.epoch > state.epochs[pos.task_id]:
+        return f"epoch {pos.epoch} of task {pos.task_id} was never dispatched"
+    p = state.pending.get(pos.task_id)
+    if pos.pass_id == state.cur_pass and p is not None and p.epoch != pos.epoch:
+        return (
+            f"task {pos.task_id} was handed to another trainer (epoch {p.epoch}); records "
+            f"this trainer consumed past its last report are delivered again"
+        )
+    return None
+
+
+def _commit(state: MasterState, pos: Position) -> int:
+    if pos.pass_id < state.commit_floor or commit_refused(state, pos) is not None:
+        return 0
+    commits = state.commits.setdefault(pos.pass_id, {})
+    old = commits.get(pos.task_id, 0)
+    if pos.records <= old:
+        return 0
+    commits[pos.task_id] = pos.records
+    total = state.task_records(pos.task_id)
+    if pos.records == total:
+        state.full_commits[pos.pass_id] = state.full_commits.get(pos.pass_id, 0) + 1
+    state.pass_ledger(pos.pass_id).committed += pos.records - old
+    return 1
+
+
+def _close_committed_passes(state: MasterState) -> None:
+    """Move the floor past ended passes whose done tasks are all wholly committed."""
+    while state.commit_floor < state.cur_pass:
+        f = state.commit_floor
+        if state.full_commits.get(f, 0) < state.pass_done.get(f, 0):
+            return
+        state.commits.pop(f, None)
+        state.full_commits.pop(f, None)
+        state.pass_done.pop(f, None)
+        state.commit_floor = f + 1
+
+
+def _restore(state: MasterState, ev: Restore) -> None:
+    if state.dataset is None or state.pending or state.done or state.cur_pass:
+        raise InvalidEvent("a data checkpoint restores only onto a fresh state with a dataset")
+    state.cur_pass = state.commit_floor = ev.floor
+    for pass_id, task_id, records in ev.commits:
+        state.commits.setdefault(pass_id, {})[task_id] = records
+        if records == state.task_records(task_id):
+            state.full_commits[pass_id] = state.full_commits.get(pass_id, 0) + 1
+        state.pass_ledger(pass_id).committed += records
+    state.todo = deque(range(state.num_tasks))
+    _start_pass(state)
+    _maybe_roll_over(state)
+
+
+def _start_pass(state: MasterState) -> None:
+    """Apply the commits a data checkpoint holds for the pass just begun: wholly committed
+    tasks are done, partly committed ones start where their commit ends."""
+    commits = state.commits.get(state.cur_pass)
+    if not commits:
+        return
+    todo: deque[int] = deque()
+    for task_id in state.todo:
+        c = commits.get(task_id, 0)
+        if c == state.task_records(task_id):
+            state.done.append(task_id)
+            continue
+        if c:
+            state.progress[task_id] = c
+        todo.append(task_id)
+    state.todo = todo
+
+
 def _maybe_roll_over(state: MasterState) -> None:
     """A pass ends when Todo and Pending are both empty, however the last task left (D1)."""
-    if state.todo or state.pending:
-        return
-    state.cur_pass += 1
-    next_todo: deque[int] = deque(state.done)
-    state.done = []
-    if state.failed_policy is FailedPolicy.RETRY:
-        for task_id in state.failed:
-            state.num_failures.pop(task_id, None)
-        next_todo.extend(state.failed)
-        state.failed = []
-    state.todo = next_todo
+    while not state.todo and not state.pending:
+        state.pass_done[state.cur_pass] = len(state.done)
+        state.cur_pass += 1
+        state.progress = {}
+        next_todo: deque[int] = deque(state.done)
+        state.done = []
+        if state.failed_policy is FailedPolicy.RETRY:
+            for task_id in state.failed:
+                state.num_failures.pop(task_id, None)
+            next_todo.extend(state.failed)
+            state.failed = []
+        state.todo = next_todo
+        for old in [p for p in state.ledger if p <= state.cur_pass - LEDGER_PASSES]:
+            del state.ledger[old]
+        _start_pass(state)
+        _close_committed_passes(state)
+        if not state.todo and not state.done:
+            return  # every task failed and is kept out: nothing to roll over to
