@@ -45,6 +45,7 @@ class Setting:
     env: tuple[str, ...]
     help: str
     metavar: str | None = None
+    const: str | None = None  # a flag that may be given bare means this
 
     @property
     def flag(self) -> str:
@@ -123,6 +124,29 @@ SETTINGS = (
         "failures a task may have before it is set aside as failed (default 3)",
     ),
     Setting(
+        "trainer_ttl",
+        ("--trainer-ttl",),
+        _env("TRAINER_TTL"),
+        "how long a trainer with a session may stay silent before its session ends and the "
+        "tasks it holds go back to the queue (Go-style duration or seconds; default 10s)",
+    ),
+    Setting(
+        "restore",
+        ("--restore",),
+        _env("RESTORE"),
+        "start from this data checkpoint (`chunkmaster checkpoint save`): the store must be "
+        "empty, unless --restore-replace; the dataset is indexed again and must match",
+        "FILE",
+    ),
+    Setting(
+        "restore_replace",
+        ("--restore-replace",),
+        _env("RESTORE_REPLACE"),
+        "with --restore: replace the state a store already holds (default: refuse)",
+        "yes|no",
+        const="yes",
+    ),
+    Setting(
         "chunks_per_task",
         ("--chunk-per-task",),
         _env("CHUNK_PER_TASK"),
@@ -196,7 +220,10 @@ def register(sub: Any) -> None:
     for s in SETTINGS:
         # Text only, no default: the value and where it came from are settled in `gather`.
         metavar = s.metavar or s.flag.removeprefix("--").upper().replace("-", "_")
-        p.add_argument(*s.flags, dest=s.field, default=None, metavar=metavar, help=s.help)
+        extra: dict[str, Any] = {} if s.const is None else {"nargs": "?", "const": s.const}
+        p.add_argument(
+            *s.flags, dest=s.field, default=None, metavar=metavar, help=s.help, **extra
+        )
     p.set_defaults(func=run)
 
 

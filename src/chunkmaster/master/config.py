@@ -75,6 +75,15 @@ def _optional(text: str) -> str | None:
     return text or None
 
 
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a yes/no value (true, false, 1, 0)")
+
+
 def _policy(text: str) -> FailedPolicy:
     try:
         return FailedPolicy(text)
@@ -103,6 +112,9 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "job": _optional,
     "task_timeout": parse_duration,
     "task_timeout_max": _integer,
+    "trainer_ttl": parse_duration,
+    "restore": _optional,
+    "restore_replace": _flag,
     "chunks_per_task": _integer,
     "failed_policy": _policy,
     "store": _optional,
@@ -128,6 +140,12 @@ class MasterConfig:
     job: str | None = None
     task_timeout: float = 20 * 60.0
     task_timeout_max: int = 3
+    #: Seconds a silent trainer keeps its session (and the tasks it holds).
+    trainer_ttl: float = 10.0
+    #: A data checkpoint file to start from (`chunkmaster checkpoint save`).
+    restore: str | None = None
+    #: With `restore`: replace a store that already holds state.
+    restore_replace: bool = False
     chunks_per_task: int = 10
     failed_policy: FailedPolicy = FailedPolicy.RETRY
     #: Embedded store file or ":memory:"; None means the default file of the job.
@@ -147,6 +165,10 @@ class MasterConfig:
             raise ConfigError(("job",), f"bad job name {self.job!r}: non-empty, without '/'")
         if not self.task_timeout > 0:
             raise ConfigError(("task_timeout",), "must be positive")
+        if not 0 < self.trainer_ttl < float("inf"):
+            raise ConfigError(("trainer_ttl",), "must be a positive duration")
+        if self.restore_replace and self.restore is None:
+            raise ConfigError(("restore_replace",), "only means something with a restore file")
         if self.task_timeout_max < 0:
             raise ConfigError(("task_timeout_max",), "must be 0 or more")
         if self.store_sync not in STORE_SYNC_MODES:

@@ -100,13 +100,13 @@ class Ledger:
             retry = f"; retrying in {max(0.0, self.next_retry_at - time.monotonic()):.1f}s"
         return UnavailableError(f"master cannot persist changes: {self.error}{retry}")
 
-    async def commit(self, event: Event) -> Task | bool | None:
+    async def commit(self, event: Event) -> Task | bool | int | None:
         """Apply `event` now; return its result once it is durable (else raise)."""
         result, durable = self.submit(event)
         await durable
         return result
 
-    def submit(self, event: Event) -> tuple[Task | bool | None, Awaitable[None]]:
+    def submit(self, event: Event) -> tuple[Task | bool | int | None, Awaitable[None]]:
         """Apply `event` now, synchronously; the awaitable completes once it is durable.
 
         For callers that must act on the result before yielding (e.g. arm a timer), so

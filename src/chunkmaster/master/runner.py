@@ -105,6 +105,7 @@ async def run_master(
         timeout_dur=config.task_timeout,
         failure_max=config.task_timeout_max,
         failed_policy=config.failed_policy,
+        trainer_ttl=config.trainer_ttl,
     )
     try:
         await service.start()

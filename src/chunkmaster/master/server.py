@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from chunkmaster.core.errors import InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.service import Service
+from chunkmaster.master.stream import Malformed, SessionConversation
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc
 from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb
@@ -36,26 +37,19 @@ async def _answer(
         raise  # unreachable: abort raises
 
 
-class _Malformed:
-    """Stands in for request bytes that do not parse, so the call can be refused cleanly."""
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-
 def _lenient(cls: Any) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
         try:
             return cls.FromString(data)
         except DecodeError:
-            return _Malformed(f"invalid argument: the request is not a valid {cls.__name__}")
+            return Malformed(f"invalid argument: the request is not a valid {cls.__name__}")
 
     return parse
 
 
 def _refusing_malformed(method: Callable[[Any, Any], Awaitable[Any]]) -> Any:
     async def call(request: Any, context: Any) -> Any:
-        if isinstance(request, _Malformed):
+        if isinstance(request, Malformed):
             context.set_trailing_metadata(((ERROR_KEY, InvalidArgumentError.__name__),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         return await method(request, context)
@@ -71,23 +65,27 @@ _METHODS: dict[str, tuple[Any, Any]] = {
     "TaskFailed": (pb.TaskFailedRequest, pb.TaskReportResponse),
     "RequestSaveModel": (pb.SaveModelRequest, pb.SaveModelResponse),
     "Status": (pb.StatusRequest, pb.StatusResponse),
+    "DataCheckpoint": (pb.DataCheckpointRequest, pb.DataCheckpointResponse),
 }
 
 
 def _master_handler(servicer: MasterServicer) -> grpc.GenericRpcHandler[Any, Any]:
     """The Master service's handlers; malformed request bytes get INVALID_ARGUMENT (gRPC's
     own deserialisation failure would answer UNKNOWN)."""
-    return grpc.method_handlers_generic_handler(
-        SERVICE_NAME,
-        {
-            name: grpc.unary_unary_rpc_method_handler(
-                _refusing_malformed(getattr(servicer, name)),
-                request_deserializer=_lenient(request),
-                response_serializer=response.SerializeToString,
-            )
-            for name, (request, response) in _METHODS.items()
-        },
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        name: grpc.unary_unary_rpc_method_handler(
+            _refusing_malformed(getattr(servicer, name)),
+            request_deserializer=_lenient(request),
+            response_serializer=response.SerializeToString,
+        )
+        for name, (request, response) in _METHODS.items()
+    }
+    handlers["Session"] = grpc.stream_stream_rpc_method_handler(
+        servicer.Session,
+        request_deserializer=_lenient(pb.SessionRequest),
+        response_serializer=pb.SessionResponse.SerializeToString,
     )
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
 class MasterServicer(pb_grpc.MasterServicer):
@@ -135,6 +133,16 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def Status(self, request: Any, context: Any) -> Any:
         return pb.StatusResponse(json=json.dumps(self.service.status()))
+
+    async def DataCheckpoint(self, request: Any, context: Any) -> Any:
+        blob = await _answer(context, self.service.data_checkpoint)
+        return pb.DataCheckpointResponse(checkpoint=blob)
+
+    async def Session(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        async for response in SessionConversation(self.service, context.peer()).run(
+            request_iterator
+        ):
+            yield response
 
 
 class MasterServer:

@@ -11,36 +11,52 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from chunkmaster.core.errors import (
+    CheckpointRefusedError,
     InvalidArgumentError,
     NoDatasetError,
     NoMoreAvailableError,
     NotReadyError,
     PassAfterError,
+    SessionExpiredError,
     TrainerIdEmptyError,
     UnavailableError,
 )
 from chunkmaster.core.events import (
     ApproveSave,
+    Commit,
     Configure,
     Dispatch,
+    EndSession,
     Fail,
     Finish,
+    OpenSession,
+    Progress,
     Resume,
     SetDataset,
 )
-from chunkmaster.core.model import TIMEOUT_REASON, FailedPolicy, Task, TaskMeta
+from chunkmaster.core.model import (
+    TIMEOUT_REASON,
+    TRAINER_LOST_REASON,
+    FailedPolicy,
+    Position,
+    Task,
+    TaskMeta,
+)
 from chunkmaster.core.state import (
     Availability,
     check_get_task,
+    commit_refused,
     fail_ignored,
     finish_ignored,
     save_allowed,
 )
 from chunkmaster.master.datasets import in_daemon_thread, load_dataset
+from chunkmaster.master.leases import LeaseKeeper
 from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.timeouts import TimeoutScheduler
 from chunkmaster.store.base import Store
@@ -48,6 +64,8 @@ from chunkmaster.store.base import Store
 log = logging.getLogger("chunkmaster.service")
 
 STATUS_LIST_LIMIT = 100
+TRAINER_TTL = 10.0  # seconds a silent trainer keeps its session
+MAX_INT = 2**63 - 1
 
 
 class Service:
@@ -63,11 +81,14 @@ class Service:
         failed_policy: FailedPolicy | str = FailedPolicy.RETRY,
         clock: Callable[[], float] = time.time,
         compact_min: int | None = None,
+        trainer_ttl: float = TRAINER_TTL,
     ) -> None:
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
         if failure_max < 0:
             raise ValueError(f"failure_max must be 0 or more, not {failure_max}")
+        if not trainer_ttl > 0:
+            raise ValueError(f"trainer_ttl must be positive, not {trainer_ttl}")
         self.store = store
         self.chunks_per_task = chunks_per_task
         self.timeout_dur = float(timeout_dur)
@@ -80,6 +101,8 @@ class Service:
         self.ledger.on_change.append(self._notify)
         self.ledger.on_reset.append(self._rearm_timeouts)
         self._timeouts = TimeoutScheduler(self._expire, clock)
+        self.leases = LeaseKeeper(trainer_ttl, self._lease_expired)
+        self.ledger.on_reset.append(lambda: self.leases.reset(self.ledger.state.sessions))
         self._changed = asyncio.Event()
         self._loading: asyncio.Task[None] | None = None
         self._started = False
@@ -109,9 +132,13 @@ class Service:
             await self.ledger.commit(Resume(self._clock() + self.timeout_dur))
         self._rearm_timeouts()
         self._timeouts.start()
+        # Every session recovered gets a fresh lease: its trainer may reconnect in time.
+        self.leases.grant(st.sessions)
+        self.leases.start()
         self._started = True
 
     async def close(self) -> None:
+        await self.leases.close()
         await self._timeouts.close()
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
@@ -170,7 +197,13 @@ class Service:
             await self.ledger.commit(SetDataset(dataset))
 
     async def get_task(
-        self, pass_id: int, *, wait: float = 0.0, worker: str = "", request_id: str = ""
+        self,
+        pass_id: int,
+        *,
+        wait: float = 0.0,
+        worker: str = "",
+        request_id: str = "",
+        session: str = "",
     ) -> Task:
         """The next task of `pass_id`, waiting up to `wait` seconds for one to be free.
 
@@ -196,18 +229,20 @@ class Service:
                     raise
                 continue
             if avail is Availability.DISPATCH:
-                return await self._dispatch(worker, request_id)
+                if session and session not in st.sessions:
+                    raise SessionExpiredError()
+                return await self._dispatch(worker, request_id, session)
             if not await self._wait_change(until):
                 if avail is Availability.NOT_READY:
                     raise NotReadyError()
                 raise NoMoreAvailableError()
 
-    async def _dispatch(self, worker: str, request_id: str) -> Task:
+    async def _dispatch(self, worker: str, request_id: str, session: str = "") -> Task:
         """Dispatch the head of Todo. Apply and arm the timer before yielding: a caller that
         goes away while the dispatch is made durable must not leave the task pending without
         a timer (it would never come back); a failed write resets the timers anyway."""
         deadline = self._clock() + self.timeout_dur
-        task, durable = self.ledger.submit(Dispatch(deadline, worker, request_id))
+        task, durable = self.ledger.submit(Dispatch(deadline, worker, request_id, session))
         assert isinstance(task, Task)
         self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
         await durable
@@ -277,6 +312,137 @@ class Service:
         await self.ledger.commit(ApproveSave(trainer_id, now + block_dur))
         return True
 
+    # ---- sessions ----------------------------------------------------------------------
+    #
+    # The stream (server.py) calls these in the order its messages arrive. Those that change
+    # the state apply their events before returning (in that order) and hand back an
+    # awaitable for durability, so a report is never overtaken by a later message.
+
+    async def open_session(
+        self, session_id: str, name: str, host: str, pid: int, report_every: int
+    ) -> str:
+        """Resume `session_id` with a fresh lease, or open a new session (empty id)."""
+        self._check_started()
+        _check(0 <= pid <= MAX_INT, f"pid {pid} is out of range")
+        _check(0 <= report_every <= MAX_INT, f"report_every {report_every} is out of range")
+        if session_id:
+            self.touch(session_id)
+            return session_id
+        sid = uuid.uuid4().hex
+        await self.ledger.commit(OpenSession(sid, name, host, pid, report_every))
+        self.leases.renew(sid)
+        log.info("trainer %s (%s, pid %d) opened session %s", name, host, pid, sid)
+        return sid
+
+    def touch(self, session: str) -> None:
+        """Renew a session's lease (every message does); raise if it has ended."""
+        s = self.ledger.state.sessions.get(session)
+        if s is None:
+            raise SessionExpiredError()
+        self.leases.renew(session, s.consumed)
+
+    def report_progress(self, session: str, positions: Iterable[Position]) -> None:
+        """Record how far the session's trainer got; nobody waits for it to be durable."""
+        ps = self._own(session, positions)
+        if ps and self.ledger.available:
+            _, durable = self.ledger.submit(Progress(ps))
+            _forget(durable)
+
+    def submit_finishes(self, session: str, positions: Iterable[Position]) -> Awaitable[int]:
+        """Finish each task (as TaskFinished would), in order; awaitable: how many applied."""
+        self._check_started()
+        applied = 0
+        durable: Awaitable[None] | None = None
+        for pos in positions:
+            _check_position(pos)
+            ev = Finish(pos.task_id, pos.epoch, pos.pass_id)
+            why = finish_ignored(self.ledger.state, ev)
+            if why is not None:
+                log.info("finish of task %d (epoch %d) ignored: %s", pos.task_id, pos.epoch, why)
+                continue
+            _, durable = self.ledger.submit(ev)
+            applied += 1
+        return _after(durable, applied)
+
+    def submit_failure(self, meta: TaskMeta, reason: str) -> Awaitable[int]:
+        self._check_started()
+        _check(meta.id >= 0, f"task id {meta.id} is negative")
+        _check(meta.epoch >= 0, f"epoch {meta.epoch} is negative")
+        ev = Fail(meta.id, meta.epoch, reason or "failed (no reason given)")
+        why = fail_ignored(self.ledger.state, ev)
+        if why is not None:
+            log.info("failure of task %d (epoch %d) ignored: %s", meta.id, meta.epoch, why)
+            return _after(None, 0)
+        _, durable = self.ledger.submit(ev)
+        self._log_failure(meta.id, ev.reason)
+        return _after(durable, 1)
+
+    def submit_commit(self, positions: Iterable[Position]) -> Awaitable[int]:
+        """Commit the positions, all or none: a position that cannot be taken refuses the
+        whole commit with CheckpointRefusedError naming it."""
+        self._check_started()
+        st = self.ledger.state
+        ps = tuple(positions)
+        problems = []
+        for pos in ps:
+            _check_position(pos)
+            why = commit_refused(st, pos)
+            if why is not None:
+                problems.append(f"task {pos.task_id} of pass {pos.pass_id}: {why}")
+        if problems:
+            raise CheckpointRefusedError("commit refused: " + "; ".join(problems[:5]))
+        if not ps:
+            return _after(None, 0)
+        applied, durable = self.ledger.submit(Commit(ps))
+        assert isinstance(applied, int)
+        return _after(durable, applied)
+
+    async def end_session(
+        self, session: str, reason: str, positions: Iterable[Position] = ()
+    ) -> int:
+        """End a session; its tasks go back to the front of Todo. How many it held."""
+        self._check_started()
+        if session not in self.ledger.state.sessions:
+            return 0
+        s = self.ledger.state.sessions[session]
+        ps = self._own(session, positions)
+        held = await self.ledger.commit(EndSession(session, reason, ps))
+        assert isinstance(held, int)
+        self.leases.drop(session)
+        log.log(
+            logging.WARNING if reason == TRAINER_LOST_REASON else logging.INFO,
+            "session %s of trainer %s (%s, pid %d) ended (%s); %s task(s) it held go back "
+            "to the queue",
+            session,
+            s.name,
+            s.host,
+            s.pid,
+            reason,
+            held,
+        )
+        return held
+
+    async def _lease_expired(self, session: str) -> None:
+        if not self.ledger.available:
+            raise self.ledger.unavailable()  # the keeper retries shortly
+        await self.end_session(session, TRAINER_LOST_REASON)
+
+    def _own(self, session: str, positions: Iterable[Position]) -> tuple[Position, ...]:
+        """The positions about tasks this session holds now (others are stale: ignored)."""
+        pending = self.ledger.state.pending
+        own = []
+        for pos in positions:
+            _check_position(pos)
+            p = pending.get(pos.task_id)
+            if p is not None and p.session == session and p.epoch == pos.epoch:
+                own.append(pos)
+        return tuple(own)
+
+    async def data_checkpoint(self) -> bytes:
+        """The job's data position at the last commits, as a checked blob."""
+        self._check_started()
+        raise CheckpointRefusedError("data checkpoints are not built yet")
+
     # ---- status ----------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -321,6 +487,29 @@ class Service:
             }
         ledger = self.ledger
         now_mono = time.monotonic()
+        held: dict[str, int] = {}
+        for p in st.pending.values():
+            if p.session:
+                held[p.session] = held.get(p.session, 0) + 1
+        trainers = []
+        for sid, sess in list(st.sessions.items())[:STATUS_LIST_LIMIT]:
+            lease = self.leases.get(sid)
+            trainers.append(
+                {
+                    "session": sid,
+                    "name": sess.name,
+                    "host": sess.host,
+                    "pid": sess.pid,
+                    "tasks_held": held.get(sid, 0),
+                    "records_consumed": sess.consumed,
+                    "records_per_second": None if lease is None else round(lease.rate(), 1),
+                    "last_heard_s": None if lease is None else round(now_mono - lease.heard, 3),
+                    "lease_expires_in": None
+                    if lease is None
+                    else round(lease.expires - now_mono, 3),
+                }
+            )
+        passes = sorted(st.ledger)[-2:]
         return {
             "healthy": ledger.available,
             "ready": st.ready,
@@ -346,6 +535,20 @@ class Service:
             "tasks_with_failures": len(with_failures),
             "pending_tasks": pending,
             "save_model": saver,
+            "trainer_ttl": self.leases.ttl,
+            "sessions": len(st.sessions),
+            "trainers": trainers,
+            "commit_floor": st.commit_floor,
+            "ledger": [
+                {
+                    "pass": p,
+                    "dispatched": st.ledger[p].dispatched,
+                    "consumed": st.ledger[p].consumed,
+                    "committed": st.ledger[p].committed,
+                    "redispatched": dict(st.ledger[p].redispatched),
+                }
+                for p in passes
+            ],
             "store": {
                 "kind": self.store.describe(),
                 "healthy": ledger.available,
@@ -366,6 +569,25 @@ class Service:
 #: The longest save-model window a trainer may ask for (a day): a longer one holds the lock
 #: past any plausible save, across restarts.
 MAX_SAVE_BLOCK = 24 * 3600.0
+
+
+def _check_position(pos: Position) -> None:
+    _check(0 <= pos.task_id <= MAX_INT, f"task id {pos.task_id} is out of range")
+    _check(0 <= pos.epoch <= MAX_INT, f"epoch {pos.epoch} is out of range")
+    _check(0 <= pos.pass_id <= MAX_INT, f"pass_id {pos.pass_id} is out of range")
+    _check(0 <= pos.records <= MAX_INT, f"records {pos.records} is out of range")
+
+
+async def _after(durable: Awaitable[None] | None, result: int) -> int:
+    if durable is not None:
+        await durable
+    return result
+
+
+def _forget(durable: Awaitable[None]) -> None:
+    """Nobody waits for this write; a failure is the ledger's to report, not an orphan's."""
+    fut = asyncio.ensure_future(durable)
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 def _check(ok: bool, problem: str) -> None:
