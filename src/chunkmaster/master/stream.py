@@ -143,8 +143,12 @@ class SessionConversation:
         wait = min(max(0.0, msg.wait_seconds), MAX_WAIT)
         session = self.session
 
+        # The finishes are applied already; their write and the dispatch's share one group
+        # commit, and the task is answered once both are durable.
+        fin = asyncio.ensure_future(finished)
+        fin.add_done_callback(lambda f: f.cancelled() or f.exception())
+
         async def next_task() -> pb.SessionResponse:
-            await finished
             task = await self.service.get_task(
                 msg.pass_id,
                 wait=wait,
@@ -152,6 +156,7 @@ class SessionConversation:
                 request_id=msg.request_id,
                 session=session,
             )
+            await fin
             return pb.SessionResponse(seq=seq, task=task_to_pb(task))
 
         self._spawn(seq, next_task)
