@@ -18,14 +18,18 @@ from chunkmaster.core.codec import (
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import (
     ApproveSave,
+    Commit,
     Configure,
     Dispatch,
+    EndSession,
     Fail,
     Finish,
+    OpenSession,
+    Progress,
     Resume,
     SetDataset,
 )
-from chunkmaster.core.model import FailedPolicy
+from chunkmaster.core.model import FailedPolicy, Position
 from chunkmaster.core.state import MasterState, apply
 
 
@@ -42,7 +46,17 @@ def comparable(s: MasterState) -> tuple[object, ...]:
         s.done,
         s.failed,
         list(s.epochs),
-        {t: (p.epoch, p.deadline, p.worker, p.request) for t, p in s.pending.items()},
+        {
+            t: (p.epoch, p.deadline, p.worker, p.request, p.session, p.start)
+            for t, p in s.pending.items()
+        },
+        s.sessions,
+        s.progress,
+        s.commits,
+        s.full_commits,
+        s.commit_floor,
+        s.pass_done,
+        s.ledger,
         s.requests,
         s.num_failures,
         {t: list(v) for t, v in s.failure_log.items()},
@@ -64,7 +78,7 @@ def comparable(s: MasterState) -> tuple[object, ...]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from("DFXSCR"), st.integers(0, 9)), max_size=60))
+@given(ops=st.lists(st.tuples(st.sampled_from("DFXSCROEPK"), st.integers(0, 9)), max_size=80))
 def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
     live, journal = MasterState(), []
     for ev in [SetDataset(ds(9))]:
@@ -75,7 +89,18 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
         if kind == "D":
             if not live.todo:
                 continue
-            ev = Dispatch(1000.0 + x, f"worker-{x}", f"req-{len(journal)}" if x % 2 else "")
+            session = f"s{x % 3}" if f"s{x % 3}" in live.sessions else ""
+            ev = Dispatch(
+                1000.0 + x, f"worker-{x}", f"req-{len(journal)}" if x % 2 else "", session
+            )
+        elif kind == "O":
+            ev = OpenSession(f"s{x % 3}", f"trainer {x}", "host", 100 + x, x * 10)
+        elif kind == "E":
+            ev = EndSession(f"s{x % 3}", "trainer lost" if x % 2 else "returned", held(live, x))
+        elif kind == "P":
+            ev = Progress(held(live, x))
+        elif kind == "K":
+            ev = Commit(held(live, x))
         elif kind == "F":
             ev = Finish(x % live.num_tasks, x % 3, -1)
         elif kind == "X":
@@ -95,6 +120,11 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
         apply(replayed, decode_event(data))
     assert comparable(replayed) == comparable(live)
     assert comparable(decode_snapshot(encode_snapshot(live))) == comparable(live)
+
+
+def held(s: MasterState, x: int) -> tuple[Position, ...]:
+    """Positions x records into every pending task (capped by the core)."""
+    return tuple(Position(t, p.epoch, s.cur_pass, x) for t, p in s.pending.items())
 
 
 def test_empty_state_snapshot() -> None:

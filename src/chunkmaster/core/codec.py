@@ -253,7 +253,9 @@ def decode_snapshot(data: bytes) -> MasterState:
             c = st.commits[int(p)] = {int(t): int(r) for t, r in commits}
             if st.dataset is not None:
                 totals = st.dataset.task_records
-                st.full_commits[int(p)] = sum(1 for t, r in c.items() if r == totals[t])
+                full = sum(1 for t, r in c.items() if r == totals[t])
+                if full:
+                    st.full_commits[int(p)] = full
         st.commit_floor = int(header["commit_floor"])
         st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
         st.ledger = {

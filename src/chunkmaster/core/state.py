@@ -374,11 +374,10 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
 def _commit(state: MasterState, pos: Position) -> int:
     if pos.pass_id < state.commit_floor or commit_refused(state, pos) is not None:
         return 0
-    commits = state.commits.setdefault(pos.pass_id, {})
-    old = commits.get(pos.task_id, 0)
+    old = state.commits.get(pos.pass_id, {}).get(pos.task_id, 0)
     if pos.records <= old:
         return 0
-    commits[pos.task_id] = pos.records
+    state.commits.setdefault(pos.pass_id, {})[pos.task_id] = pos.records
     total = state.task_records(pos.task_id)
     if pos.records == total:
         state.full_commits[pos.pass_id] = state.full_commits.get(pos.pass_id, 0) + 1
@@ -450,3 +449,16 @@ def _maybe_roll_over(state: MasterState) -> None:
         _close_committed_passes(state)
         if not state.todo and not state.done:
             return  # every task failed and is kept out: nothing to roll over to
+
+
+def committed_position(state: MasterState) -> tuple[int, tuple[tuple[int, int, int], ...]]:
+    """The job's data position at its last commits: the first pass not wholly committed, and
+    (pass, task, records committed) for it and every later pass with commits. What a data
+    checkpoint holds, and what `Restore` starts from."""
+    commits = tuple(
+        (p, t, r)
+        for p in sorted(state.commits)
+        if p >= state.commit_floor
+        for t, r in sorted(state.commits[p].items())
+    )
+    return state.commit_floor, commits
