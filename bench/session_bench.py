@@ -14,6 +14,10 @@
 3. The master's CPU with 256 live sessions keeping alive and no task moving: CPU seconds the
    master process used per wall second over the window (from /proc), keep-alives every
    ttl/3 as the client sends them.
+4. From a trainer's SIGKILL to its tasks being handed to another trainer, with
+   `--trainer-ttl 3` and a task timeout of an hour: a trainer process holding two tasks and
+   keeping its session alive is killed; another trainer long-polls for a task. Target: under
+   twice the TTL (the lease runs out at most one TTL after the last keep-alive).
 
     .venv/bin/python bench/session_bench.py                 # everything
     .venv/bin/python bench/session_bench.py --only dispatch --seconds 4 --repeat 3
@@ -318,11 +322,83 @@ def bench_idle(root: Path, sessions: int, seconds: float) -> dict:
         m.stop()
 
 
+def _holder(addr: str, ready: Any) -> None:
+    """A trainer that takes two tasks and keeps its session alive until it is killed."""
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(addr) as ch:
+            s = StreamSession(ch)
+            welcome = await s.hello("victim")
+            for _ in range(2):
+                await s.ask(next=pb.NextTask(want_task=True, pass_id=0, wait_seconds=5))
+            ready.set()
+            while True:
+                await asyncio.sleep(welcome.welcome.keep_alive_seconds)
+                await s.tell(keep_alive=pb.KeepAlive())
+
+    asyncio.run(main())
+
+
+async def _wait_for_task(addr: str, killed_at: Any) -> tuple[float, int]:
+    async with grpc.aio.insecure_channel(addr) as ch:
+        s = StreamSession(ch)
+        await s.hello("survivor")
+        while True:
+            resp = await s.ask(next=pb.NextTask(want_task=True, pass_id=0, wait_seconds=30))
+            if resp.WhichOneof("body") == "task":
+                return time.monotonic() - killed_at(), resp.task.meta.id
+
+
+async def _kill_and_wait(addr: str, victim: Any) -> float:
+    """SIGKILL the victim while a survivor long-polls; seconds until the survivor has a task."""
+    kill_time: list[float] = []
+    waiter = asyncio.create_task(_wait_for_task(addr, lambda: kill_time[0]))
+    await asyncio.sleep(0.5)  # the survivor is long-polling
+    os.kill(victim.pid, 9)
+    kill_time.append(time.monotonic())
+    took, _ = await waiter
+    return took
+
+
+def bench_takeover(root: Path, ttl: float, repeat: int) -> list[dict]:
+    data = make_dataset(root, 2)  # two tasks: the victim holds both
+    rows = []
+    for rep in range(repeat):
+        m = Master(
+            [
+                *("--store", ":memory:", "--chunk-per-task", "1"),
+                *("--trainer-ttl", str(ttl), "--task-timeout-dur", "1h"),
+            ]
+        )
+        try:
+            with MasterConnection(m.addr, timeout=600) as c:
+                c.set_dataset([data])
+            ctx = mp.get_context("spawn")
+            ready = ctx.Event()
+            victim = ctx.Process(target=_holder, args=(m.addr, ready))
+            victim.start()
+            ready.wait(60)
+            took = asyncio.run(_kill_and_wait(m.addr, victim))
+            victim.join(10)
+            row = {
+                "bench": "takeover",
+                "repeat": rep,
+                "ttl_s": ttl,
+                "seconds": round(took, 2),
+                "ratio_to_ttl": round(took / ttl, 2),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        finally:
+            m.stop()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--only", choices=("dispatch", "commit", "idle"), default=None)
+    ap.add_argument("--only", choices=("dispatch", "commit", "idle", "takeover"), default=None)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=3)
@@ -352,6 +428,8 @@ def main() -> None:
         bench_commit(root, args.etcd, args.commits)
     if args.only in (None, "idle"):
         bench_idle(root, 256, args.seconds * 2)
+    if args.only in (None, "takeover"):
+        bench_takeover(root, 3.0, args.repeat)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from chunkmaster.cli.common import CliError
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "status", help="show a master's pass, queues and failed tasks"
+        "status", help="show a master's pass, queues, trainers, record counts and failed tasks"
     )
     p.add_argument("--addr", required=True, help="the master's HOST:PORT")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -54,6 +54,29 @@ def render(st: dict[str, Any]) -> str:
     if st.get("save_model"):
         sm = st["save_model"]
         lines.append(f"saving   {sm['trainer_id']} (window ends in {sm['expires_in']:.1f}s)")
+    for led in st.get("ledger", []):
+        again = ", ".join(f"{n} ({why})" for why, n in sorted(led["redispatched"].items()))
+        lines.append(
+            f"records  pass {led['pass']}: {led['dispatched']} handed out, {led['consumed']} "
+            f"consumed, {led['committed']} committed; handed out again: {again or 'none'}"
+        )
+    if "trainers" in st:
+        lines.append(
+            f"trainers {st['sessions']} with a session (lease {st['trainer_ttl']:g}s)"
+            + (":" if st["trainers"] else "")
+        )
+        if st["trainers"]:
+            lines.append(
+                f"  {'name':24} {'host':16} {'pid':>7} {'held':>4} {'consumed':>10} "
+                f"{'rec/s':>9} {'heard':>7}"
+            )
+        for t in st["trainers"]:
+            rate = "-" if t["records_per_second"] is None else f"{t['records_per_second']:.1f}"
+            heard = "-" if t["last_heard_s"] is None else f"{t['last_heard_s']:.1f}s"
+            lines.append(
+                f"  {t['name'][:24]:24} {t['host'][:16]:16} {t['pid']:>7} {t['tasks_held']:>4} "
+                f"{t['records_consumed']:>10} {rate:>9} {heard:>7}"
+            )
     if st["failed_tasks"]:
         lines.append(
             f"failures {st['tasks_with_failures']} task(s) failed at least once "
