@@ -40,6 +40,7 @@ from typing import Any
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from dispatch_bench import Master, _client_loop, make_dataset
 
@@ -405,7 +406,9 @@ def main() -> None:
     ap.add_argument("--clients", default="1,8")
     ap.add_argument("--tasks", type=int, default=100_000)
     ap.add_argument("--commits", type=int, default=2000)
-    ap.add_argument("--etcd", default=None, help="an etcd endpoint for the commit bench")
+    ap.add_argument(
+        "--no-etcd", action="store_true", help="skip the commit bench on etcd (no etcd server)"
+    )
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="session-bench-"))
     print(f"cpus={os.cpu_count()} python={sys.version.split()[0]}", flush=True)
@@ -425,7 +428,13 @@ def main() -> None:
                     f"  session, 2 requests in flight {s2:8.0f} x{r2}"
                 )
     if args.only in (None, "commit"):
-        bench_commit(root, args.etcd, args.commits)
+        if args.no_etcd:
+            bench_commit(root, None, args.commits)
+        else:
+            from helpers.etcd_server import EtcdServer
+
+            with EtcdServer() as etcd:
+                bench_commit(root, etcd.endpoint, args.commits)
     if args.only in (None, "idle"):
         bench_idle(root, 256, args.seconds * 2)
     if args.only in (None, "takeover"):
