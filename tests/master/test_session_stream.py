@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from chunkmaster.rpc import master_pb2 as pb
-from tests.helpers.datasets import write_records
-from tests.helpers.inproc import InProcessMaster
-from tests.helpers.raw_session import RawSession, position
+from helpers.datasets import write_records
+from helpers.inproc import InProcessMaster
+from helpers.raw_session import RawSession, position
 
 RECORDS_PER_TASK = 10
 

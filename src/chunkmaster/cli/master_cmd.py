@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkmaster.cli.common import CliError
+from chunkmaster.core.checkpoint import CheckpointError
+from chunkmaster.core.errors import MasterError
 from chunkmaster.master.config import ConfigError, MasterConfig
 from chunkmaster.store.base import StoreError
 
@@ -287,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(run_master(config, _install_stop_signals))
     except StoreError as exc:  # a damaged or shared store: the message says what to do
         raise CliError(str(exc)) from None
+    except (CheckpointError, MasterError) as exc:  # --restore refused: the text says why
+        raise CliError(f"--restore {config.restore}: {exc}") from None
 
 
 def _install_stop_signals(stop: asyncio.Event) -> None:

@@ -136,8 +136,8 @@ def encode_event(ev: Event) -> bytes:
             return b"P" + _dumps(_positions(ps))
         case Commit(positions=ps):
             return b"K" + _dumps(_positions(ps))
-        case Restore(floor=f, commits=cs):
-            return b"B" + _dumps([f, [list(c) for c in cs]])
+        case Restore(floor=f, commits=cs, source=src):
+            return b"B" + _dumps([f, [list(c) for c in cs], src])
         case SetDataset(dataset=ds):
             header, blobs = _dataset_parts(ds)
             return b"T" + pack(header, blobs)
@@ -166,7 +166,9 @@ def decode_event(data: bytes) -> Event:
         if tag == b"K":
             return Commit(_positions_from(v))
         if tag == b"B":
-            return Restore(int(v[0]), tuple((int(p), int(t), int(r)) for p, t, r in v[1]))
+            return Restore(
+                int(v[0]), tuple((int(p), int(t), int(r)) for p, t, r in v[1]), str(v[2])
+            )
         if tag == b"F":
             return Finish(int(v[0]), int(v[1]), int(v[2]))
         if tag == b"X":
@@ -199,6 +201,7 @@ def encode_snapshot(state: MasterState) -> bytes:
         "progress": list(state.progress.items()),
         "commits": [[p, list(c.items())] for p, c in state.commits.items()],
         "commit_floor": state.commit_floor,
+        "restored_from": state.restored_from,
         "pass_done": list(state.pass_done.items()),
         "ledger": [
             [p, led.dispatched, led.consumed, led.committed, led.redispatched]
@@ -257,6 +260,7 @@ def decode_snapshot(data: bytes) -> MasterState:
                 if full:
                     st.full_commits[int(p)] = full
         st.commit_floor = int(header["commit_floor"])
+        st.restored_from = str(header["restored_from"])
         st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
         st.ledger = {
             int(p): PassLedger(int(d), int(c), int(k), {str(w): int(n) for w, n in r.items()})

@@ -120,6 +120,7 @@ class Restore:
 
     floor: int
     commits: tuple[tuple[int, int, int], ...]
+    source: str = ""  # the checkpoint's identity: restoring the same one again is a no-op
 
 
 Event = (

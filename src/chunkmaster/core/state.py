@@ -109,6 +109,7 @@ class MasterState:
     commit_floor: int = 0  # the first pass not wholly committed
     pass_done: dict[int, int] = field(default_factory=dict)  # ended pass -> tasks done in it
     ledger: dict[int, PassLedger] = field(default_factory=dict)  # the last LEDGER_PASSES passes
+    restored_from: str = ""  # the data checkpoint this state was started from, if any
 
     @property
     def ready(self) -> bool:
@@ -401,6 +402,7 @@ def _restore(state: MasterState, ev: Restore) -> None:
     if state.dataset is None or state.pending or state.done or state.cur_pass:
         raise InvalidEvent("a data checkpoint restores only onto a fresh state with a dataset")
     state.cur_pass = state.commit_floor = ev.floor
+    state.restored_from = ev.source
     for pass_id, task_id, records in ev.commits:
         state.commits.setdefault(pass_id, {})[task_id] = records
         if records == state.task_records(task_id):

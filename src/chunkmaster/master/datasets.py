@@ -122,17 +122,25 @@ def load_dataset(globs: Sequence[str], chunks_per_task: int) -> Dataset:
 
     files = expand_globs(globs)
 
-    def index_of(path: str) -> tuple[list[int], list[int]]:
+    def index_of(path: str) -> tuple[list[int], list[int], int | None]:
         try:
             idx = load_index(path)
+            size = None if "://" in path else os.path.getsize(path)
         except RecordIOError as exc:
             raise DatasetError(f"no valid dataset specified: {exc}") from exc
         except OSError as exc:
             raise DatasetError(f"no valid dataset specified: cannot read {path}: {exc}") from exc
-        return list(idx.chunk_offsets), list(idx.chunk_records)
+        return list(idx.chunk_offsets), list(idx.chunk_records), size
 
     indexes = map_in_daemon_threads(index_of, files, MAX_INDEX_THREADS)
-    dataset = Dataset.build(globs, files, indexes, chunks_per_task)
+    sizes = [size for _, _, size in indexes]
+    dataset = Dataset.build(
+        globs,
+        files,
+        ((offsets, records) for offsets, records, _ in indexes),
+        chunks_per_task,
+        None if None in sizes else [s for s in sizes if s is not None],
+    )
     if dataset.num_chunks == 0:
         raise DatasetError(
             f"no valid dataset specified: the {len(files)} matched file(s) hold no records"

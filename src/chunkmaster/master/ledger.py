@@ -147,6 +147,34 @@ class Ledger:
                     log.warning("compaction failed (journal kept, will retry): %s", exc)
                     self.entries_since_snapshot = 0
 
+    async def sync(self) -> None:
+        """Return once every event applied so far is durable (or raise as its write did)."""
+        while self._queue_done is not None or (
+            self._flusher is not None and not self._flusher.done()
+        ):
+            if self._queue_done is not None:
+                await asyncio.shield(self._queue_done)
+            elif self._flusher is not None:
+                await asyncio.wait([self._flusher])
+        if not self.available:
+            raise self.unavailable()
+
+    async def replace(self, events: list[Event]) -> None:
+        """Start over from `events` on an empty state, dropping the state the store holds:
+        one snapshot of the new state, written over the journal (a restore that replaces)."""
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.wait([self._flusher])
+        if not self.available:
+            raise self.unavailable()
+        state = MasterState()
+        for ev in events:
+            apply(state, ev)
+        await self.store.compact(encode_snapshot(state), self.seq)
+        self.state = state
+        self.durable_seq = self.seq
+        self.entries_since_snapshot = 0
+        self._notify_reset()
+
     def _should_compact(self) -> bool:
         # A snapshot costs O(tasks) bytes; taking one every tasks/4 entries keeps both the
         # amortised bytes per operation and the journal replayed at recovery bounded.

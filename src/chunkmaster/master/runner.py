@@ -49,6 +49,15 @@ def external_ip() -> str:
 _SIOCGIFFLAGS, _SIOCGIFADDR, _IFF_UP = 0x8913, 0x8915, 0x1  # Linux ioctl numbers
 
 
+def _read_checkpoint(path: str) -> bytes:
+    from chunkmaster.core.checkpoint import CheckpointError
+
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read the data checkpoint {path}: {exc.strerror}") from None
+
+
 def default_store_path(job: str) -> Path:
     """Where a job's embedded store lives unless --store says otherwise (XDG state dir)."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(
@@ -106,11 +115,14 @@ async def run_master(
         failure_max=config.task_timeout_max,
         failed_policy=config.failed_policy,
         trainer_ttl=config.trainer_ttl,
+        job=config.job or "default",
     )
     try:
         await service.start()
+        if config.restore is not None:
+            await service.restore(_read_checkpoint(config.restore), replace=config.restore_replace)
     except Exception:
-        await store.shutdown()
+        await service.close()
         raise
     server = MasterServer(service, host, config.port)
     await server.start()

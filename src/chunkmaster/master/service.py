@@ -8,6 +8,7 @@ pass to end) happens here, bounded by the caller's own deadline (defect D2).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import time
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+from chunkmaster.core import checkpoint
 from chunkmaster.core.errors import (
     CheckpointRefusedError,
     InvalidArgumentError,
@@ -32,10 +34,12 @@ from chunkmaster.core.events import (
     Configure,
     Dispatch,
     EndSession,
+    Event,
     Fail,
     Finish,
     OpenSession,
     Progress,
+    Restore,
     Resume,
     SetDataset,
 )
@@ -51,6 +55,7 @@ from chunkmaster.core.state import (
     Availability,
     check_get_task,
     commit_refused,
+    committed_position,
     fail_ignored,
     finish_ignored,
     save_allowed,
@@ -82,6 +87,7 @@ class Service:
         clock: Callable[[], float] = time.time,
         compact_min: int | None = None,
         trainer_ttl: float = TRAINER_TTL,
+        job: str = "default",
     ) -> None:
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
@@ -90,6 +96,7 @@ class Service:
         if not trainer_ttl > 0:
             raise ValueError(f"trainer_ttl must be positive, not {trainer_ttl}")
         self.store = store
+        self.job = job
         self.chunks_per_task = chunks_per_task
         self.timeout_dur = float(timeout_dur)
         self.failure_max = failure_max
@@ -439,9 +446,78 @@ class Service:
         return tuple(own)
 
     async def data_checkpoint(self) -> bytes:
-        """The job's data position at the last commits, as a checked blob."""
+        """The job's data position at the last commits, as a checked blob; only what is
+        durable (it waits for the writes in flight)."""
         self._check_started()
-        raise CheckpointRefusedError("data checkpoints are not built yet")
+        await self.ledger.sync()
+        st = self.ledger.state
+        ds = st.dataset
+        if ds is None:
+            raise CheckpointRefusedError("no dataset is set yet: there is no position to save")
+        floor, commits = committed_position(st)
+        totals = ds.task_records
+        by_pass: dict[int, tuple[set[int], dict[int, int]]] = {}
+        for pass_id, task_id, records in commits:
+            full, partial = by_pass.setdefault(pass_id, (set(), {}))
+            if records == totals[task_id]:
+                full.add(task_id)
+            else:
+                partial[task_id] = records
+        cp = checkpoint.DataCheckpoint(
+            job=self.job,
+            created=self._clock(),
+            dataset=checkpoint.fingerprint(ds, ds.file_sizes),
+            num_tasks=ds.num_tasks,
+            floor=floor,
+            passes=tuple(
+                checkpoint.PassCommits(p, frozenset(full), partial)
+                for p, (full, partial) in sorted(by_pass.items())
+            ),
+        )
+        return checkpoint.encode(cp)
+
+    async def restore(self, blob: bytes, *, replace: bool = False) -> bool:
+        """Start from a data checkpoint: index its dataset again, check it is unchanged, and
+        continue from its position. False if this state was already started from it.
+        Raises CheckpointError (a bad blob, changed files, a store that holds a job)."""
+        self._check_started()
+        cp = checkpoint.decode(blob)
+        source = hashlib.blake2b(blob, digest_size=16).hexdigest()
+        st = self.ledger.state
+        if st.restored_from == source:
+            log.info("the state was started from this data checkpoint already; going on")
+            return False
+        if st.dataset is not None and not replace:
+            raise checkpoint.CheckpointError(
+                f"the store already holds a job (pass {st.cur_pass}, dataset "
+                f"{list(st.dataset.globs)}): a data checkpoint is restored onto an empty "
+                "store only; start with --restore-replace to replace the state it holds"
+            )
+        globs = list(cp.dataset.globs)
+        dataset = await in_daemon_thread(load_dataset, globs, cp.dataset.chunks_per_task)
+        checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
+        totals = dataset.task_records
+        commits = tuple(
+            (p.pass_id, t, r)
+            for p in cp.passes
+            for t, r in sorted([(t, totals[t]) for t in p.full] + list(p.partial.items()))
+        )
+        events: list[Event] = [SetDataset(dataset), Restore(cp.floor, commits, source)]
+        if st.dataset is None:
+            for ev in events:
+                await self.ledger.commit(ev)
+        else:
+            await self.ledger.replace(events)
+            await self.ledger.commit(Configure(self.failure_max, self.failed_policy))
+        st = self.ledger.state
+        log.info(
+            "restored the data checkpoint of job %r: pass %d, %d task(s) to do, %d done",
+            cp.job,
+            st.cur_pass,
+            len(st.todo),
+            len(st.done),
+        )
+        return True
 
     # ---- status ----------------------------------------------------------------------
 

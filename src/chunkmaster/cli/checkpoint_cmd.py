@@ -1,0 +1,116 @@
+"""`chunkmaster checkpoint`: save a running job's data checkpoint, or show what one holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from chunkmaster.cli.common import CliError
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "checkpoint",
+        help="save a job's data checkpoint (its position at the last commits), or show one",
+        description=(
+            "A data checkpoint is the job's data position at the trainers' last commits. Save "
+            "it beside the model checkpoint; start a fresh master with --restore FILE to "
+            "continue from exactly there."
+        ),
+    )
+    cmds = p.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
+    save = cmds.add_parser("save", help="ask a master for its data checkpoint; write it to FILE")
+    save.add_argument("--addr", required=True, help="the master's HOST:PORT")
+    save.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
+    save.add_argument("file", metavar="FILE", help="where to write it (atomically)")
+    save.set_defaults(func=run_save)
+    show = cmds.add_parser("show", help="print what a data checkpoint file holds")
+    show.add_argument("file", metavar="FILE")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(func=run_show)
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write to a temporary file beside `path`, fsync it, and rename it over `path`."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CliError(f"cannot write {path}: {exc.strerror}") from None
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def run_save(args: argparse.Namespace) -> int:
+    from chunkmaster.client.connection import MasterConnection, TransportError
+    from chunkmaster.core.errors import MasterError
+
+    with MasterConnection(args.addr, timeout=args.timeout) as conn:
+        try:
+            blob = conn.data_checkpoint()
+        except (TransportError, MasterError) as exc:
+            raise CliError(str(exc)) from None
+    write_atomically(args.file, blob)
+    print(f"saved the data checkpoint of {args.addr} to {args.file} ({len(blob)} bytes)")
+    return 0
+
+
+def describe(cp: Any) -> dict[str, Any]:
+    ds = cp.dataset
+    return {
+        "job": cp.job,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cp.created)),
+        "dataset": {
+            "globs": list(ds.globs),
+            "files": len(ds.files),
+            "chunks": ds.num_chunks,
+            "chunks_per_task": ds.chunks_per_task,
+        },
+        "tasks": cp.num_tasks,
+        "first_pass_not_committed": cp.floor,
+        "passes": [
+            {"pass": p.pass_id, "tasks_committed": len(p.full), "tasks_partly": len(p.partial)}
+            for p in cp.passes
+        ],
+    }
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from chunkmaster.core.checkpoint import CheckpointError, decode
+
+    try:
+        cp = decode(Path(args.file).read_bytes())
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+    except CheckpointError as exc:
+        raise CliError(f"{args.file}: {exc}") from None
+    info = describe(cp)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    ds = info["dataset"]
+    print(f"job      {info['job']} (saved {info['created']})")
+    print(
+        f"dataset  {ds['globs']}: {ds['files']} files, {ds['chunks']} chunks, "
+        f"{info['tasks']} tasks of {ds['chunks_per_task']} chunks"
+    )
+    print(f"position pass {info['first_pass_not_committed']} (earlier passes are done)")
+    for p in info["passes"]:
+        print(
+            f"  pass {p['pass']}: {p['tasks_committed']} task(s) committed whole, "
+            f"{p['tasks_partly']} in part"
+        )
+    return 0
