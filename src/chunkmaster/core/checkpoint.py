@@ -259,11 +259,11 @@ _ASCII_TO_BITS = bytes.maketrans(b"01", b"\x00\x01")
 
 def _bitmap(tasks: frozenset[int], num_tasks: int) -> bytes:
     """Task t is bit t % 8 of byte t // 8 (checked to be in range before)."""
+    if not tasks:
+        return bytes((num_tasks + 7) // 8)
     flags = bytearray(num_tasks)
     for t in tasks:
         flags[t] = 1
-    if not tasks:
-        return bytes((num_tasks + 7) // 8)
     value = int(flags.translate(_BITS_TO_ASCII)[::-1], 2)
     return value.to_bytes((num_tasks + 7) // 8, "little")
 
