@@ -1,0 +1,480 @@
+"""Data checkpoints as bytes, and the dataset fingerprint that guards restoring one.
+
+A data checkpoint is the job's data position at the last commits; a fresh master restores it to
+continue exactly there. The blob is versioned, checked end to end and compact: the wholly
+committed tasks of a pass are a bitmap (1 bit a task, zlib), so a million tasks cost ~125 KB.
+No pickle: reading a checkpoint must not mean running code. Layout (little-endian):
+
+    header   magic  8s  b"\\x89CMCKP\\r\\n"   (the \\r\\n pair shows text-mode damage)
+             version u32 (VERSION), body length u64
+    body     JSON length u32, JSON (ASCII): job, created, num_tasks, floor,
+               dataset {globs, cpt, files: [[path, size, chunks, records, index digest hex]]},
+               passes [[pass_id, full count, bitmap bytes, partial count]], ascending
+             then per pass, in order: bitmap (zlib of ceil(num_tasks/8) bytes, task t is bit
+               t % 8 of byte t // 8, padding bits 0), partial task ids u32[n] ascending,
+               partial records u64[n]
+    trailer  blake2b-128 of header + body
+
+A file's index digest is blake2b-128 of its chunk offsets (u64 each) then records (u32 each).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+import sys
+import zlib
+from array import array
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import compress, pairwise
+from typing import Any
+
+from chunkmaster.core.dataset import Dataset, count_tasks
+
+if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
+    raise ImportError("chunkmaster's checkpoint format assumes a little-endian machine")
+
+MAGIC = b"\x89CMCKP\r\n"
+VERSION = 1
+_HEADER = struct.Struct("<8sIQ")
+_JSON_LEN = struct.Struct("<I")
+_DIGEST_SIZE = 16
+_MAX_TASK_ID = 0xFFFFFFFF  # partial task ids are u32
+_MAX_RECORDS = 0xFFFFFFFFFFFFFFFF  # partial records are u64
+_RECORDIO_MAGIC = bytes.fromhex("04030201")
+_STORE_MAGIC = b"CMB1"
+
+_WHAT_TO_DO = "give the file a chunkmaster master wrote as its data checkpoint"
+
+
+class CheckpointError(ValueError):
+    """A data checkpoint that cannot be written or restored (the text says what and why)."""
+
+
+@dataclass(frozen=True)
+class FileFingerprint:
+    path: str
+    size: int  # bytes, or -1 if unknown
+    num_chunks: int
+    num_records: int
+    index_digest: bytes  # 16-byte blake2b of the file's chunk (offset, records) arrays
+
+
+@dataclass(frozen=True)
+class DatasetFingerprint:
+    globs: tuple[str, ...]
+    chunks_per_task: int
+    files: tuple[FileFingerprint, ...]
+
+    @property
+    def num_chunks(self) -> int:
+        return sum(f.num_chunks for f in self.files)
+
+
+@dataclass(frozen=True)
+class PassCommits:
+    pass_id: int
+    full: frozenset[int]  # tasks wholly committed in this pass
+    partial: Mapping[int, int]  # task -> records committed, 0 < records < the task's records
+
+
+@dataclass(frozen=True)
+class DataCheckpoint:
+    job: str
+    created: float  # wall-clock seconds (informational only)
+    dataset: DatasetFingerprint
+    num_tasks: int
+    floor: int  # the first pass not wholly committed; passes before it are done
+    passes: tuple[PassCommits, ...]  # passes >= floor that have commits, ascending
+
+
+# --- fingerprint -------------------------------------------------------------------------------
+
+
+def _typed(a: array[int], typecode: str) -> array[int]:
+    return a if a.typecode == typecode else array(typecode, a)
+
+
+def fingerprint(ds: Dataset, sizes: Sequence[int] | None = None) -> DatasetFingerprint:
+    """What a checkpoint must find again to be restorable: the files, in order, and their chunks."""
+    if sizes is None and ds.file_sizes is not None:
+        sizes = ds.file_sizes
+    if sizes is not None and len(sizes) != len(ds.files):
+        raise ValueError(f"{len(sizes)} file sizes for {len(ds.files)} files")
+    offsets, records, cf = (
+        _typed(ds.chunk_offset, "Q"),
+        _typed(ds.chunk_records, "I"),
+        ds.chunk_file,
+    )
+    files: list[FileFingerprint] = []
+    start = 0
+    for file_no, path in enumerate(ds.files):
+        end = bisect_left(cf, file_no + 1, start)
+        if cf[start:end].count(file_no) != end - start:
+            raise ValueError(f"chunks of {path} are not contiguous in the dataset")
+        h = hashlib.blake2b(digest_size=_DIGEST_SIZE)
+        h.update(offsets[start:end].tobytes())
+        h.update(records[start:end].tobytes())
+        size = -1 if sizes is None else int(sizes[file_no])
+        files.append(FileFingerprint(path, size, end - start, sum(records[start:end]), h.digest()))
+        start = end
+    if start != len(cf):
+        raise ValueError(f"{len(cf) - start} chunks name a file beyond the dataset's files")
+    return DatasetFingerprint(tuple(ds.globs), ds.chunks_per_task, tuple(files))
+
+
+def differences(
+    expected: DatasetFingerprint, actual: DatasetFingerprint, limit: int = 10
+) -> list[str]:
+    """What changed from `expected` to `actual`, one line each; empty means the same dataset.
+
+    A size of -1 (unknown) on either side is not a difference."""
+    lines: list[str] = []
+    if expected.globs != actual.globs:
+        lines.append(f"globs changed: {list(expected.globs)} -> {list(actual.globs)}")
+    if expected.chunks_per_task != actual.chunks_per_task:
+        lines.append(
+            f"chunks per task changed: {expected.chunks_per_task} -> {actual.chunks_per_task}"
+        )
+    old = {f.path: f for f in expected.files}
+    new = {f.path: f for f in actual.files}
+    lines.extend(f"file missing: {f.path}" for f in expected.files if f.path not in new)
+    lines.extend(f"file added: {f.path}" for f in actual.files if f.path not in old)
+    for e in expected.files:
+        a = new.get(e.path)
+        if a is None:
+            continue
+        before = len(lines)
+        if e.size >= 0 and a.size >= 0 and e.size != a.size:
+            lines.append(f"{e.path}: size changed: {e.size} -> {a.size} bytes")
+        if e.num_chunks != a.num_chunks:
+            lines.append(f"{e.path}: chunk count changed: {e.num_chunks} -> {a.num_chunks}")
+        if e.num_records != a.num_records:
+            lines.append(f"{e.path}: records changed: {e.num_records} -> {a.num_records}")
+        if e.index_digest != a.index_digest and len(lines) == before:
+            lines.append(f"{e.path}: chunk index changed (chunk offsets or records per chunk)")
+    common_old = [f.path for f in expected.files if f.path in new]
+    common_new = [f.path for f in actual.files if f.path in old]
+    if common_old != common_new:
+        at = next(
+            (i for i, (x, y) in enumerate(zip(common_old, common_new, strict=False)) if x != y),
+            None,
+        )
+        if at is not None:
+            lines.append(
+                f"file order changed: {common_new[at]} is where {common_old[at]} was "
+                f"(task ids would move)"
+            )
+    if len(expected.files) != len(set(old)) or len(actual.files) != len(set(new)):
+        lines.append("a file is listed twice in a dataset")
+    if len(lines) > limit:
+        lines[limit:] = [f"... and {len(lines) - limit} more"]
+    return lines
+
+
+# --- semantic checks (both directions) ---------------------------------------------------------
+
+
+def _check(cp: DataCheckpoint) -> None:
+    """Refuse a checkpoint whose content contradicts itself, whichever side made it."""
+    if not isinstance(cp.job, str):
+        raise CheckpointError("job must be a string")
+    if not math.isfinite(cp.created):
+        raise CheckpointError("created must be a finite time")
+    if not 0 <= cp.num_tasks <= _MAX_TASK_ID + 1:
+        raise CheckpointError(f"num_tasks {cp.num_tasks} is out of range")
+    ds = cp.dataset
+    if ds.chunks_per_task < 1:
+        raise CheckpointError(f"chunks per task {ds.chunks_per_task} is less than 1")
+    for f in ds.files:
+        if f.size < -1 or f.num_chunks < 0 or f.num_records < 0:
+            raise CheckpointError(f"{f.path}: negative size, chunk count or records")
+        if len(f.index_digest) != _DIGEST_SIZE:
+            raise CheckpointError(f"{f.path}: index digest is not {_DIGEST_SIZE} bytes")
+    expected_tasks = count_tasks(ds.num_chunks, ds.chunks_per_task)
+    if cp.num_tasks != expected_tasks:
+        raise CheckpointError(
+            f"num_tasks {cp.num_tasks} does not match the dataset's {ds.num_chunks} chunks "
+            f"at {ds.chunks_per_task} a task ({expected_tasks} tasks)"
+        )
+    if cp.floor < 0:
+        raise CheckpointError(f"floor {cp.floor} is negative")
+    previous = cp.floor - 1
+    for p in cp.passes:
+        if p.pass_id <= previous:
+            raise CheckpointError(
+                f"pass {p.pass_id} is out of order: passes must be ascending and from the "
+                f"floor {cp.floor} on"
+            )
+        previous = p.pass_id
+        if p.full and (min(p.full) < 0 or max(p.full) >= cp.num_tasks):
+            raise CheckpointError(
+                f"pass {p.pass_id}: a wholly committed task is not in 0..{cp.num_tasks - 1}"
+            )
+        for task, records in p.partial.items():
+            if not 0 <= task < cp.num_tasks:
+                raise CheckpointError(
+                    f"pass {p.pass_id}: partly committed task {task} is not in "
+                    f"0..{cp.num_tasks - 1}"
+                )
+            if not 0 < records <= _MAX_RECORDS:
+                raise CheckpointError(
+                    f"pass {p.pass_id}: task {task} has {records} records committed "
+                    f"(a partial commit has at least 1)"
+                )
+            if task in p.full:
+                raise CheckpointError(
+                    f"pass {p.pass_id}: task {task} is both wholly and partly committed"
+                )
+
+
+def check_restorable(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None = None) -> None:
+    """Refuse restoring `cp` onto `ds` unless it is the dataset the checkpoint was taken on."""
+    changes = differences(cp.dataset, fingerprint(ds, sizes))
+    if changes:
+        raise CheckpointError(
+            "the dataset changed since the data checkpoint was taken: "
+            + "; ".join(changes)
+            + ". Restore onto the same files, or start the job without --restore"
+        )
+    totals = ds.task_records
+    for p in cp.passes:
+        for task, records in p.partial.items():
+            if records >= totals[task]:
+                raise CheckpointError(
+                    f"pass {p.pass_id}: task {task} has {totals[task]} records, so {records} "
+                    f"committed is not a partial commit"
+                )
+
+
+# --- bytes -------------------------------------------------------------------------------------
+
+_BITS_TO_ASCII = bytes.maketrans(b"\x00\x01", b"01")
+_ASCII_TO_BITS = bytes.maketrans(b"01", b"\x00\x01")
+
+
+def _bitmap(tasks: frozenset[int], num_tasks: int) -> bytes:
+    """Task t is bit t % 8 of byte t // 8 (checked to be in range before)."""
+    if not tasks:
+        return bytes((num_tasks + 7) // 8)
+    flags = bytearray(num_tasks)
+    for t in tasks:
+        flags[t] = 1
+    value = int(flags.translate(_BITS_TO_ASCII)[::-1], 2)
+    return value.to_bytes((num_tasks + 7) // 8, "little")
+
+
+def _tasks(bitmap: bytes, num_tasks: int, pass_id: int) -> frozenset[int]:
+    value = int.from_bytes(bitmap, "little")
+    if value.bit_length() > num_tasks:
+        raise CheckpointError(f"pass {pass_id}: bitmap names a task beyond num_tasks {num_tasks}")
+    flags = format(value, "b").encode()[::-1].translate(_ASCII_TO_BITS) if value else b""
+    return frozenset(compress(range(num_tasks), flags))
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("ascii")
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"cannot write the checkpoint header: {exc}") from exc
+
+
+def encode(cp: DataCheckpoint) -> bytes:
+    _check(cp)
+    sections: list[bytes] = []
+    passes: list[list[int]] = []
+    for p in cp.passes:
+        bitmap = zlib.compress(_bitmap(p.full, cp.num_tasks), 6)
+        tasks = sorted(p.partial)
+        ids = array("I", tasks).tobytes()
+        records = array("Q", (p.partial[t] for t in tasks)).tobytes()
+        sections += (bitmap, ids, records)
+        passes.append([p.pass_id, len(p.full), len(bitmap), len(tasks)])
+    ds = cp.dataset
+    head = _dumps(
+        {
+            "job": cp.job,
+            "created": cp.created,
+            "num_tasks": cp.num_tasks,
+            "floor": cp.floor,
+            "dataset": {
+                "globs": list(ds.globs),
+                "cpt": ds.chunks_per_task,
+                "files": [
+                    [f.path, f.size, f.num_chunks, f.num_records, f.index_digest.hex()]
+                    for f in ds.files
+                ],
+            },
+            "passes": passes,
+        }
+    )
+    body = b"".join([_JSON_LEN.pack(len(head)), head, *sections])
+    out = _HEADER.pack(MAGIC, VERSION, len(body)) + body
+    return out + hashlib.blake2b(out, digest_size=_DIGEST_SIZE).digest()
+
+
+def _foreign(data: memoryview) -> CheckpointError:
+    n = len(data)
+    if n == 0:
+        return CheckpointError(f"empty file: not a chunkmaster data checkpoint; {_WHAT_TO_DO}")
+    start = bytes(data[:8])
+    if start == MAGIC[: len(start)]:
+        return CheckpointError(
+            f"truncated data checkpoint: {n} bytes, shorter than its {_HEADER.size}-byte header; "
+            f"{_WHAT_TO_DO}, copied whole"
+        )
+    kind = ""
+    if start.startswith(_RECORDIO_MAGIC):
+        kind = " (it looks like a RecordIO data file)"
+    elif start.startswith(_STORE_MAGIC):
+        kind = " (it looks like a chunkmaster store snapshot)"
+    return CheckpointError(f"not a chunkmaster data checkpoint{kind}; {_WHAT_TO_DO}")
+
+
+def decode(data: bytes | bytearray | memoryview) -> DataCheckpoint:
+    view = memoryview(data).cast("B")
+    if len(view) < _HEADER.size or bytes(view[:8]) != MAGIC:
+        raise _foreign(view)
+    _, version, body_len = _HEADER.unpack_from(view)
+    if version != VERSION:
+        raise CheckpointError(
+            f"data checkpoint format version {version} is not supported: this build reads "
+            f"version {VERSION}; restore it with the chunkmaster version that wrote it"
+        )
+    total = _HEADER.size + body_len + _DIGEST_SIZE
+    if len(view) < total:
+        raise CheckpointError(
+            f"truncated data checkpoint: {len(view)} of {total} bytes; {_WHAT_TO_DO}, copied whole"
+        )
+    if len(view) > total:
+        raise CheckpointError(
+            f"data checkpoint has {len(view) - total} bytes after its end; {_WHAT_TO_DO}, unchanged"
+        )
+    digest = hashlib.blake2b(view[: total - _DIGEST_SIZE], digest_size=_DIGEST_SIZE).digest()
+    if digest != bytes(view[total - _DIGEST_SIZE :]):
+        raise CheckpointError(
+            f"checksum mismatch: the data checkpoint is corrupt; {_WHAT_TO_DO}, from an intact copy"
+        )
+    try:
+        cp = _parse(view[_HEADER.size : total - _DIGEST_SIZE])
+        _check(cp)
+    except CheckpointError as exc:
+        raise CheckpointError(f"inconsistent data checkpoint: {exc}") from None
+    return cp
+
+
+def _int(v: Any, what: str) -> int:
+    if type(v) is not int:
+        raise CheckpointError(f"{what} is not an integer")
+    return v
+
+
+def _str(v: Any, what: str) -> str:
+    if type(v) is not str:
+        raise CheckpointError(f"{what} is not a string")
+    return v
+
+
+def _list(v: Any, what: str, length: int | None = None) -> list[Any]:
+    if type(v) is not list or (length is not None and len(v) != length):
+        raise CheckpointError(f"{what} is not a list" + (f" of {length}" if length else ""))
+    return v
+
+
+def _parse(body: memoryview) -> DataCheckpoint:
+    """The body's fields, type-checked; their meaning is checked by `_check`."""
+    if len(body) < _JSON_LEN.size:
+        raise CheckpointError("body is shorter than its header length")
+    (head_len,) = _JSON_LEN.unpack_from(body)
+    pos = _JSON_LEN.size + head_len
+    if pos > len(body):
+        raise CheckpointError("header runs past the end of the body")
+    try:
+        head = json.loads(bytes(body[_JSON_LEN.size : pos]).decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise CheckpointError("header is not ASCII JSON") from None
+    if type(head) is not dict:
+        raise CheckpointError("header is not a JSON object")
+    try:
+        ds_head = head["dataset"]
+        if type(ds_head) is not dict:
+            raise CheckpointError("dataset is not a JSON object")
+        files = []
+        for i, f in enumerate(_list(ds_head["files"], "dataset files")):
+            path, size, chunks, num_records, hexdigest = _list(f, f"file {i}", 5)
+            try:
+                index_digest = bytes.fromhex(_str(hexdigest, f"file {i} index digest"))
+            except ValueError:
+                raise CheckpointError(f"file {i} index digest is not hex") from None
+            files.append(
+                FileFingerprint(
+                    _str(path, f"file {i} path"),
+                    _int(size, f"file {i} size"),
+                    _int(chunks, f"file {i} chunk count"),
+                    _int(num_records, f"file {i} records"),
+                    index_digest,
+                )
+            )
+        dataset = DatasetFingerprint(
+            tuple(_str(g, "glob") for g in _list(ds_head["globs"], "globs")),
+            _int(ds_head["cpt"], "chunks per task"),
+            tuple(files),
+        )
+        num_tasks = _int(head["num_tasks"], "num_tasks")
+        if not 0 <= num_tasks <= _MAX_TASK_ID + 1:
+            raise CheckpointError(f"num_tasks {num_tasks} is out of range")
+        created = head["created"]
+        if type(created) not in (int, float):
+            raise CheckpointError("created is not a number")
+        passes = []
+        for entry in _list(head["passes"], "passes"):
+            pass_id, num_full, bitmap_len, num_partial = (
+                _int(v, "pass entry field") for v in _list(entry, "pass entry", 4)
+            )
+            end = pos + bitmap_len + num_partial * 12
+            if bitmap_len < 0 or num_partial < 0 or end > len(body):
+                raise CheckpointError(f"pass {pass_id}: sections run past the end of the body")
+            bitmap = _inflate(body[pos : pos + bitmap_len], num_tasks, pass_id)
+            full = _tasks(bitmap, num_tasks, pass_id)
+            if len(full) != num_full:
+                raise CheckpointError(
+                    f"pass {pass_id}: bitmap holds {len(full)} tasks, the header says {num_full}"
+                )
+            pos += bitmap_len
+            ids: array[int] = array("I")
+            ids.frombytes(body[pos : pos + 4 * num_partial])
+            pos += 4 * num_partial
+            records: array[int] = array("Q")
+            records.frombytes(body[pos : pos + 8 * num_partial])
+            pos += 8 * num_partial
+            if any(a >= b for a, b in pairwise(ids)):
+                raise CheckpointError(f"pass {pass_id}: partial task ids are not ascending")
+            passes.append(PassCommits(pass_id, full, dict(zip(ids, records, strict=True))))
+        if pos != len(body):
+            raise CheckpointError(f"{len(body) - pos} bytes in the body belong to no section")
+        return DataCheckpoint(
+            _str(head["job"], "job"),
+            float(created),
+            dataset,
+            num_tasks,
+            _int(head["floor"], "floor"),
+            tuple(passes),
+        )
+    except KeyError as exc:
+        raise CheckpointError(f"header lacks the field {exc}") from None
+
+
+def _inflate(section: memoryview, num_tasks: int, pass_id: int) -> bytes:
+    size = (num_tasks + 7) // 8
+    inflater = zlib.decompressobj()
+    try:
+        bitmap = inflater.decompress(section, size + 1)
+    except zlib.error:
+        raise CheckpointError(f"pass {pass_id}: bitmap does not decompress") from None
+    if len(bitmap) != size or not inflater.eof or inflater.unused_data:
+        raise CheckpointError(f"pass {pass_id}: bitmap is not {size} bytes of zlib data")
+    return bitmap
