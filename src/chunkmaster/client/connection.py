@@ -143,6 +143,10 @@ class MasterConnection:
         result: dict[str, Any] = json.loads(reply.json)
         return result
 
+    def data_checkpoint(self) -> bytes:
+        reply = self._call("DataCheckpoint", pb.DataCheckpointRequest(), self.timeout)
+        return bytes(reply.checkpoint)
+
     def close(self) -> None:
         self._channel.close()
 
