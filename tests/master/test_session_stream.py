@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from chunkmaster.rpc import master_pb2 as pb
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.raw_session import RawSession, position
+
+from chunkmaster.rpc import master_pb2 as pb
 
 RECORDS_PER_TASK = 10
 
