@@ -143,13 +143,15 @@ def main() -> None:
     args = ap.parse_args()
     master = DlroverMaster(args.tasks)
     try:
-        rate = run_clients(dlrover_client, master.addr, args.clients, args.warmup, args.seconds)
+        result = run_clients(
+            dlrover_client, master.addr, args.clients, args.warmup, args.seconds, [master.proc.pid]
+        )
         if master.proc.poll() is not None:
             raise RuntimeError(f"DLRover master died during the run: {master.tail()}")
     finally:
         master.stop()
     log_mb = os.path.getsize(master.log) / 2**20
-    print(json.dumps({"cycles_per_s": rate, "master_log_mb": round(log_mb, 1)}), flush=True)
+    print(json.dumps({**result, "master_log_mb": round(log_mb, 1)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,20 @@ A client is a module-level function `client(addr, index, wait_start) -> int`: it
 does whatever set-up it needs, calls `wait_start()` (which blocks until every client is ready
 and returns the window as `(begin, end)` on the monotonic clock, shared by all processes on
 Linux), then runs cycles with `count_cycles` and returns how many finished inside the window.
+
+Besides cycles/s, `run_clients` reads the server processes' CPU time (all threads, from
+/proc/PID/stat) at the window's start and end: server CPU per cycle is the figure that the
+clients' and the other tenants' share of this shared 2-core machine disturbs least.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 Window = tuple[float, float]
@@ -34,6 +39,20 @@ def count_cycles(cycle: Callable[[], bool], window: Window) -> int:
             return done
         if did_task and now >= begin:
             done += 1
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU of these processes, all their threads, so far."""
+    ticks = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _sleep_until(t: float) -> None:
+    time.sleep(max(0.0, t - time.monotonic()))
 
 
 def _child(
@@ -61,9 +80,15 @@ def _child(
 
 
 def run_clients(
-    client: Client, addr: str, clients: int, warmup: float, seconds: float, setup_s: float = 180
-) -> float:
-    """Cycles per second of `clients` processes running `client` against `addr`."""
+    client: Client,
+    addr: str,
+    clients: int,
+    warmup: float,
+    seconds: float,
+    server_pids: Sequence[int],
+    setup_s: float = 180,
+) -> dict[str, float]:
+    """Cycles/s of `clients` processes running `client` against `addr`, and server CPU."""
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     out = ctx.Queue()
@@ -84,6 +109,10 @@ def run_clients(
             ready.get(timeout=setup_s)
         start.value = time.monotonic() + 0.05
         go.set()
+        _sleep_until(start.value + warmup)
+        cpu_before = cpu_seconds(server_pids)
+        _sleep_until(start.value + warmup + seconds)
+        cpu = cpu_seconds(server_pids) - cpu_before
         results = [out.get(timeout=warmup + seconds + 120) for _ in procs]
     except queue.Empty:
         raise RuntimeError(
@@ -98,4 +127,9 @@ def run_clients(
     errors = [err for _, _, err in results if err]
     if errors:
         raise RuntimeError(f"a client against {addr} failed:\n{errors[0]}")
-    return sum(n for _, n, _ in results) / seconds
+    cycles = sum(n for _, n, _ in results)
+    return {
+        "cycles_per_s": cycles / seconds,
+        "server_cpu": cpu / seconds,  # cores busy serving, on average
+        "server_cpu_us_per_cycle": 1e6 * cpu / cycles if cycles else float("nan"),
+    }

@@ -10,15 +10,18 @@ says how each peer is set up and what its cycle costs next to ours.
 Every runner gets the same load (drive.py): N client processes, one synchronous client each,
 started together, cycles counted in one fixed window after a warm-up, a fresh server per
 measurement, the same number of tasks. Repeats go round-robin over the runners, so the
-machine's noise falls on all of them alike; the table quotes medians.
+machine's noise falls on all of them alike; the tables quote medians. Two figures: cycles/s,
+and the server's CPU time per cycle (its processes' user + system time over the same window),
+which the clients' share of the 2 cores disturbs least.
 
 Baseline: chunkmaster-unary-memory, measured in the same run: the fastest plain way this
 project hands out a task over gRPC (no durability, the same RPCs a trainer uses), so each
 ratio says how a peer's or another path's dispatch compares with ours at its cheapest.
 
-A runner is one entry in RUNNERS: a name and a function (clients, options) -> cycles/s. A
-chunkmaster path with its own client (the streaming session) is one more entry: its client
-function, and `chunkmaster_runner(store, client)`.
+A runner is one entry in RUNNERS: a name and a function (clients, options) -> measurement (a
+dict with at least "cycles_per_s" and "server_cpu_us_per_cycle", as drive.run_clients
+returns). A chunkmaster path with its own client (the streaming session) is one more entry:
+its client function, and `chunkmaster_runner(store, client)`.
 
     .venv/bin/python bench/peers/run.py                  # all runners, 1 and 8 clients, 5 repeats
     .venv/bin/python bench/peers/run.py --only dlrover,chunkmaster-unary-memory --repeats 3
@@ -53,6 +56,7 @@ from chunkmaster.rpc import master_pb2 as pb  # noqa: E402
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc  # noqa: E402
 
 BASELINE = "chunkmaster-unary-memory"
+Measurement = dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class Options:
 @dataclass(frozen=True)
 class Runner:
     name: str
-    measure: Callable[[int, Options], float]  # (clients, options) -> cycles/s
+    measure: Callable[[int, Options], Measurement]  # (clients, options)
 
 
 def unary_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int:
@@ -100,10 +104,10 @@ def unary_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int
         return count_cycles(cycle, wait_start())
 
 
-def chunkmaster_runner(store: str, client: Client) -> Callable[[int, Options], float]:
+def chunkmaster_runner(store: str, client: Client) -> Callable[[int, Options], Measurement]:
     """A fresh `chunkmaster master` per measurement (this .venv), `tasks` one-chunk tasks."""
 
-    def measure(clients: int, opt: Options) -> float:
+    def measure(clients: int, opt: Options) -> Measurement:
         data = make_dataset(opt.root, opt.tasks)
         db = opt.root / f"store-{time.time_ns()}.db"
         store_args = ["--store", ":memory:" if store == "memory" else str(db)]
@@ -111,7 +115,8 @@ def chunkmaster_runner(store: str, client: Client) -> Callable[[int, Options], f
         try:
             with MasterConnection(master.addr, timeout=600) as conn:
                 conn.set_dataset([data])
-            return run_clients(client, master.addr, clients, opt.warmup, opt.seconds)
+            pids = [master.proc.pid]
+            return run_clients(client, master.addr, clients, opt.warmup, opt.seconds, pids)
         finally:
             master.stop()
             for p in opt.root.glob(f"{db.name}*"):
@@ -120,10 +125,10 @@ def chunkmaster_runner(store: str, client: Client) -> Callable[[int, Options], f
     return measure
 
 
-def peer_runner(peer: str) -> Callable[[int, Options], float]:
+def peer_runner(peer: str) -> Callable[[int, Options], Measurement]:
     """A peer's script in its own virtualenv (installed on first use); one JSON line back."""
 
-    def measure(clients: int, opt: Options) -> float:
+    def measure(clients: int, opt: Options) -> Measurement:
         python = HERE / ".envs" / peer / "bin" / "python"
         if not (HERE / ".envs" / peer / ".installed").exists():
             subprocess.run(["sh", str(HERE / "install.sh"), peer], check=True)
@@ -134,7 +139,8 @@ def peer_runner(peer: str) -> Callable[[int, Options], float]:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"{peer} peer failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        return float(json.loads(done.stdout.strip().splitlines()[-1])["cycles_per_s"])
+        reply: Measurement = json.loads(done.stdout.strip().splitlines()[-1])
+        return reply
 
     return measure
 
@@ -171,29 +177,41 @@ def main() -> None:
         f"repeats={args.repeats}",
         flush=True,
     )
-    rates: dict[tuple[str, int], list[float]] = {}
+    results: dict[tuple[str, int], list[Measurement]] = {}
     for repeat in range(args.repeats):
         for n in clients:
             for runner in runners:
-                rate = runner.measure(n, opt)
-                rates.setdefault((runner.name, n), []).append(rate)
-                row = {"runner": runner.name, "clients": n, "repeat": repeat}
-                row |= {"cycles_per_s": round(rate, 1), "tasks": opt.tasks}
+                m = runner.measure(n, opt)
+                results.setdefault((runner.name, n), []).append(m)
+                row: dict[str, object] = {"runner": runner.name, "clients": n, "repeat": repeat}
+                row |= {k: round(v, 3) for k, v in m.items()}
                 print(json.dumps(row), flush=True)
+    print_table(runners, clients, results, "cycles_per_s", "cycles/s", args.repeats)
+    print_table(
+        runners, clients, results, "server_cpu_us_per_cycle", "server CPU us/cycle", args.repeats
+    )
 
+
+def print_table(
+    runners: list[Runner],
+    clients: list[int],
+    results: dict[tuple[str, int], list[Measurement]],
+    key: str,
+    label: str,
+    repeats: int,
+) -> None:
     print()
-    print(f"cycles/s, median of {args.repeats} (min-max); ratio = median / {BASELINE} median")
-    head = f"{'runner':26}" + "".join(f" {f'{n} cl cycles/s':>24} {'ratio':>6}" for n in clients)
-    print(head)
+    print(f"{label}, median of {repeats} (min-max); ratio = median / {BASELINE}'s median")
+    print(f"{'runner':26}" + "".join(f" {f'{n} cl {label}':>26} {'ratio':>6}" for n in clients))
     for runner in runners:
         line = f"{runner.name:26}"
         for n in clients:
-            xs = rates[(runner.name, n)]
+            xs = [m[key] for m in results[(runner.name, n)]]
             med = statistics.median(xs)
-            base = rates.get((BASELINE, n))
-            ratio = f"{med / statistics.median(base):.2f}" if base else "-"
+            base = results.get((BASELINE, n))
+            ratio = f"{med / statistics.median(m[key] for m in base):.2f}" if base else "-"
             spread = f"{med:.0f} ({min(xs):.0f}-{max(xs):.0f})"
-            line += f" {spread:>24} {ratio:>6}"
+            line += f" {spread:>26} {ratio:>6}"
         print(line)
 
 
