@@ -3,7 +3,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench fuzz clean proto
+.PHONY: demo test lint bench peers fuzz clean proto
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	sh scripts/bootstrap.sh $(VENV)
@@ -23,6 +23,10 @@ bench: $(STAMP)
 	$(PY) bench/dispatch_bench.py
 	$(PY) bench/stream_bench.py
 	$(PY) bench/failover_bench.py
+
+# Side by side with DLRover and tf.data service; each peer's virtualenv is made on first use.
+peers: $(STAMP)
+	$(PY) bench/peers/run.py
 
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_rpc.py --examples 3000
