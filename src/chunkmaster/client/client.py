@@ -98,9 +98,10 @@ class Client:
     reaches them, so no records are read ahead.
 
     `session` (default): one Session stream to the master (docs/sessions.md), named `name`
-    (default `worker`: host:pid:N, N telling apart the clients of one process), reporting progress every `report_every` records and at least every
-    `report_interval` seconds; commit() and data_checkpoint() need it. `session=False` speaks
-    the unary calls only (tasks then come back by the master's timeout only).
+    (default `worker`: host:pid:N, N telling apart the clients of one process), reporting
+    progress every `report_every` records and at least every `report_interval` seconds;
+    commit() needs it. `session=False` speaks the unary calls only (tasks then come back by
+    the master's timeout only).
     """
 
     def __init__(
@@ -269,8 +270,7 @@ class Client:
                 return
             self._progress.add(task)
         log.info(
-            "task %d (epoch %d) of pass %d came after its pass was left; the session hands "
-            "it back",
+            "task %d (epoch %d) of pass %d came after its pass was left; the session hands it back",
             task.meta.id,
             task.meta.epoch,
             task.pass_id,

@@ -31,7 +31,12 @@ import grpc
 from chunkmaster.client.connection import CallCancelled, MasterConnection, TransportError
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink, backoff_delay
 from chunkmaster.client.progress import task_records
-from chunkmaster.core.errors import MasterError, SessionExpiredError, UnavailableError
+from chunkmaster.core.errors import (
+    MasterError,
+    NotReadyError,
+    SessionExpiredError,
+    UnavailableError,
+)
 from chunkmaster.core.model import Position, Task
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc.wire import error_from_name, task_from_pb
@@ -122,6 +127,7 @@ class _Stream:
         self.hello_seq = 0
         self.hello = Reply("Hello")
         self.broken = threading.Event()
+        self.welcomed = False  # a stream that never got its Welcome fails quietly (the link logs)
         self.expired = False
 
     def requests(self) -> Iterator[pb.SessionRequest]:
@@ -210,7 +216,8 @@ class TrainerSession:
             try:
                 resp = cancel.run(reply)
             except MasterError as exc:
-                if finished:  # answered without a task: send them again (idempotent)
+                if finished and isinstance(exc, (UnavailableError, NotReadyError)):
+                    # the master may not have applied them: send them again (idempotent)
                     with self._lock:
                         self._finishes[:0] = finished
                         self._arm_flush()
@@ -441,6 +448,7 @@ class TrainerSession:
                 stream.send(self._pending[seq].request)
             resent = len(self._pending)
             self._stream = stream
+            stream.welcomed = True
         if resuming:
             log.warning(
                 "session %s resumed with the master at %s (%d message(s) sent again)",
@@ -505,7 +513,8 @@ class TrainerSession:
                 if self._stream is stream:
                     self._stream = None
                 closing = self._closing
-            if not (closing or stream.expired or self._token.cancelled) and why is not None:
+            quiet = closing or stream.expired or not stream.welcomed or self._token.cancelled
+            if why is not None and not quiet:
                 log.warning(
                     "session %s: stream broken (%s); reconnecting",
                     self._session_id,
