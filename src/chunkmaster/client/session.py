@@ -44,7 +44,8 @@ from chunkmaster.rpc.wire import error_from_name, task_from_pb
 log = logging.getLogger("chunkmaster.client")
 
 FINISH_FLUSH = 0.1
-"""Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false)."""
+"""Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false);
+it goes at once if a task request is in flight already (the next waits for its answer)."""
 
 
 def session_error(err: pb.SessionError) -> MasterError:
@@ -240,7 +241,10 @@ class TrainerSession:
         )
         with self._lock:
             self._finishes.append(pos)
-            self._arm_flush()
+            if self._asking():  # the next NextTask waits for this one's answer: go now
+                self._flush_at = time.monotonic()
+            else:
+                self._arm_flush()
         self._wake.set()
 
     def failed(self, task: Task, reason: str) -> None:
@@ -262,7 +266,9 @@ class TrainerSession:
         return reply
 
     def report_now(self) -> None:
-        """Send progress now (enough records were consumed since the last report)."""
+        """Send progress soon: enough records were consumed since the last report. Called
+        at a run boundary (client lock held); the session's thread sends it, and reports
+        asked for meanwhile go out as one."""
         self._report_due = True
         self._wake.set()
 
@@ -322,6 +328,13 @@ class TrainerSession:
         finished, self._finishes = self._finishes, []
         self._flush_at = None
         return finished
+
+    def _asking(self) -> bool:
+        """A task request is in flight (a long poll, maybe): nothing rides on one soon."""
+        return any(
+            p.reply.kind == "next" and p.request.next.want_task and not p.reply.cancelled
+            for p in self._pending.values()
+        )
 
     def _arm_flush(self) -> None:
         if self._flush_at is None:
@@ -481,7 +494,7 @@ class TrainerSession:
             with self._lock:
                 if self._flush_at is not None and now >= self._flush_at:
                     self._flush_finishes()
-                due, self._report_due = self._report_due, False
+            due, self._report_due = self._report_due, False
             if due or now >= next_keep_alive:
                 progress = [position_to_pb(p) for p in self._progress()]
                 with self._lock:
