@@ -304,6 +304,9 @@ class TrainerSession:
             self._token.cancel()
             with self._lock:
                 stream, self._stream = self._stream, None
+                pending, self._pending = self._pending, {}
+            for p in pending.values():  # whoever still waits (a commit) learns it is over
+                p.reply.cancel()
             if stream is not None:
                 stream.close()
             self._wake.set()
