@@ -38,11 +38,6 @@ class LoadedChunk:
     def count(self) -> int:
         return len(self.ends)
 
-    def head(self, n: int) -> Iterator[bytes]:
-        """Records 0..n-1, each cut out when it is asked for (C-level: no Python frame)."""
-        records = cut_records(self._data, self.ends, n)
-        return map(bytes, records) if self._copy else records
-
     def cut(self, a: int, b: int) -> tuple[Iterator[bytes], Iterator[int]]:
         """Records a..b-1, and the list iterator over their ends that drives them.
 
@@ -56,10 +51,6 @@ class LoadedChunk:
         starts = map(operator.add, chain((first,), ends), repeat(4))
         records = map(self._data.__getitem__, map(slice, starts, it))
         return (map(bytes, records) if self._copy else records), it
-
-    def last(self) -> bytes:
-        """The last record (the chunk is not empty)."""
-        return bytes(last_record(self._data, self.ends))
 
 
 def cut_records(data: bytes, ends: list[int], n: int) -> Iterator[bytes]:
