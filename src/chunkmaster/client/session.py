@@ -43,6 +43,10 @@ from chunkmaster.rpc.wire import error_from_name, task_from_pb
 
 log = logging.getLogger("chunkmaster.client")
 
+REPORT_GAP = 0.02
+"""Seconds between two progress reports at least: above report_every / REPORT_GAP records per
+second, a report covers more than report_every records (REPORT_GAP seconds' worth)."""
+
 FINISH_FLUSH = 0.1
 """Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false);
 it goes at once if a task request is in flight already (the next waits for its answer)."""
@@ -181,6 +185,7 @@ class TrainerSession:
         self.keep_alive_seconds = report_interval
         self._wake = threading.Event()
         self._report_due = False
+        self._reported = 0.0  # when progress was last sent (time.monotonic())
         self._closing = False
         self._said_goodbye = False
         self._token = CancelToken()
@@ -267,10 +272,12 @@ class TrainerSession:
 
     def report_now(self) -> None:
         """Send progress soon: enough records were consumed since the last report. Called
-        at a run boundary (client lock held); the session's thread sends it, and reports
-        asked for meanwhile go out as one."""
+        at run boundaries (client lock held) until it is sent; the session's thread sends
+        it, at most every REPORT_GAP seconds (each wake of another thread costs the trainer's
+        thread a turn of the GIL)."""
         self._report_due = True
-        self._wake.set()
+        if time.monotonic() - self._reported >= REPORT_GAP:
+            self._wake.set()
 
     def close(self, positions: Sequence[Position], timeout: float) -> None:
         """Say Goodbye, handing the held tasks back at `positions`; wait (bounded) for the ack."""
@@ -488,6 +495,8 @@ class TrainerSession:
             timeout = next_keep_alive - now
             if flush_at is not None:
                 timeout = min(timeout, flush_at - now)
+            if self._report_due:
+                timeout = min(timeout, self._reported + REPORT_GAP - now)
             if timeout > 0:
                 self._wake.wait(timeout)
             self._wake.clear()
@@ -497,12 +506,14 @@ class TrainerSession:
             with self._lock:
                 if self._flush_at is not None and now >= self._flush_at:
                     self._flush_finishes()
-            due, self._report_due = self._report_due, False
+            due = self._report_due and now - self._reported >= REPORT_GAP
             if due or now >= next_keep_alive:
+                self._report_due = False
                 progress = [position_to_pb(p) for p in self._progress()]
                 with self._lock:
                     if not self._closing:
                         self._send("keep_alive", pb.KeepAlive(progress=progress), False)
+                self._reported = now
                 next_keep_alive = now + period
 
     # ---- the reader thread of one stream ----------------------------------------------------
