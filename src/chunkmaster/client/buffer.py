@@ -5,6 +5,11 @@ chunk when it reaches it (`chunks.ChunkReader`), as a direct scan does: the data
 handed between threads, only tasks are. A task's last record is a run of its own that carries
 the task, so "finished" is reported when the trainer takes that record [D10]. Everything here
 is guarded by the client's lock (`cond`), which the methods below take or expect held.
+
+A task handed out again starts at `task.start`: the chunks before it are skipped without being
+read, and the first records of the chunk it starts in are dropped. Runs are cut at most
+`run_limit` records long, and each run is noted in `Progress` (progress.py), whose positions
+come from the runs' own iterators.
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from chunkmaster.client.chunks import ChunkReader
+from chunkmaster.client.chunks import ChunkReader, LoadedChunk
 from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
-from chunkmaster.client.reporter import Reporter
+from chunkmaster.client.progress import Progress
+from chunkmaster.client.reporter import Reports
 from chunkmaster.core.model import Task
 from chunkmaster.recordio.errors import RecordIOError
 
@@ -33,22 +39,43 @@ class Run(NamedTuple):
 
 
 class PassBuffer:
-    """Tasks of one pass not yet read to their end, and the pass's outcome once known."""
+    """Tasks of one pass not yet read to their end, and the pass's outcome once known.
+
+    `returns_tasks`: the tasks it holds when abandoned go back to the master by the session's
+    Goodbye (else after the master's timeout). `report_now` is called (lock held) when enough
+    records were consumed since the last progress report.
+    """
 
     def __init__(
-        self, pass_id: int, cond: threading.Condition, reporter: Reporter, parent: CancelToken
+        self,
+        pass_id: int,
+        cond: threading.Condition,
+        reporter: Reports,
+        parent: CancelToken,
+        progress: Progress,
+        *,
+        run_limit: int = 0,
+        report_now: Callable[[], None] | None = None,
+        returns_tasks: bool = False,
     ) -> None:
         self.pass_id = pass_id
         self.cancel = CancelToken(parent)
         self._cond = cond
         self._reporter = reporter
+        self._progress = progress
+        self._run_limit = run_limit  # 0: a chunk's records in one run
+        self._report_now = report_now
+        self._returns_tasks = returns_tasks
         self._reader = ChunkReader()
         self._tasks: deque[Task] = deque()
         self.held: dict[int, Task] = {}  # taken from the master, neither finished nor failed
         self.end: BaseException | None = None  # raised once the tasks are used up
         self._task: Task | None = None  # being read
-        self._next_chunk = 0
-        self._tail: Run | None = None  # the last record of the task just read
+        self._next_chunk = 0  # the next chunk of `_task` to load
+        self._chunk_first = 0  # the loaded chunk's first record, counted in the task
+        self._skip = 0  # records to drop at the start of the next chunk loaded
+        self._loaded: LoadedChunk | None = None
+        self._at = 0  # the loaded chunk's next record
 
     # ---- the fetcher's side (takes the lock) ----------------------------------------------
 
@@ -61,11 +88,15 @@ class PassBuffer:
 
     def add_task(self, task: Task) -> None:
         with self._cond:
-            if self.cancel.cancelled:
-                raise Cancelled()  # abandoned meanwhile; the task comes back after its timeout
-            self.held[task.meta.id] = task
-            self._tasks.append(task)
-            self._cond.notify_all()
+            self.add_task_locked(task)
+
+    def add_task_locked(self, task: Task) -> None:
+        if self.cancel.cancelled:
+            raise Cancelled()  # abandoned meanwhile
+        self.held[task.meta.id] = task
+        self._progress.add(task)
+        self._tasks.append(task)
+        self._cond.notify_all()
 
     def finish(self, end: BaseException) -> None:
         """The pass is over (EndOfPass) or cannot go on (the error the trainer gets)."""
@@ -83,20 +114,36 @@ class PassBuffer:
         A chunk that cannot be read is reported failed and raised as TaskReadError.
         """
         while True:
-            if self._tail is not None:
-                run, self._tail = self._tail, None
-                if run.finishes is not None:
-                    self._taken(run.finishes, done)
-                return run
             task = self._task
+            loaded = self._loaded
+            if task is not None and loaded is not None:
+                n = loaded.count
+                last_chunk = self._next_chunk == len(task.chunks)
+                stop = n - 1 if last_chunk else n  # a task's last record is a run of its own
+                a = self._at
+                if a < stop:
+                    b = stop if not self._run_limit else min(stop, a + self._run_limit)
+                    self._at = b
+                    return self._run(task, loaded, a, b, None)
+                self._loaded = None
+                if not last_chunk:
+                    self._chunk_first += task.chunks[self._next_chunk - 1].num_records
+                    continue
+                self._task = None
+                if a < n:
+                    self._at = n
+                    return self._run(task, loaded, a, n, task, done)
+                self._taken(task, done)  # an empty last chunk
+                continue
             if task is None:
                 if not self._tasks:
                     return None
                 task = self._task = self._tasks.popleft()
-                self._next_chunk = 0
+                self._skip_to_start(task)
             chunks = task.chunks
-            if self._next_chunk == len(chunks):  # an empty task
-                self._task = None
+            if self._next_chunk == len(chunks):  # nothing left to read: an empty task, or
+                self._task = None  # a task handed out again at its end
+                self._progress.stop_reading()
                 self._taken(task, done)
                 continue
             chunk = chunks[self._next_chunk]
@@ -106,27 +153,53 @@ class PassBuffer:
             except (RecordIOError, OSError) as exc:
                 self._task = None
                 self.held.pop(task.meta.id, None)
+                self._progress.dropped(task)
                 self._cond.notify_all()  # a slot for the fetcher
                 err = TaskReadError(task, chunk, exc)
                 log.error("%s; reporting the task failed", err)
                 self._reporter.failed(task, err.reason)
                 raise err from None
-            n = loaded.count
-            if self._next_chunk < len(chunks):
-                if n:
-                    return Run(loaded.head(n), None)
-                continue
-            self._task = None
-            if not n:
-                self._taken(task, done)
-                continue
-            self._tail = Run(iter((loaded.last(),)), task)
-            if n > 1:
-                return Run(loaded.head(n - 1), None)
+            self._loaded = loaded
+            self._at = min(self._skip, loaded.count)
+            self._skip = 0
+
+    def _skip_to_start(self, task: Task) -> None:
+        """Skip the chunks wholly before `task.start` (unread); drop the rest in the next."""
+        skip = task.start
+        i = 0
+        first = 0
+        chunks = task.chunks
+        while i < len(chunks) and skip >= chunks[i].num_records:
+            skip -= chunks[i].num_records
+            first += chunks[i].num_records
+            i += 1
+        self._next_chunk = i
+        self._chunk_first = first
+        self._skip = skip if i < len(chunks) else 0
+        self._loaded = None
+
+    def _run(
+        self,
+        task: Task,
+        loaded: LoadedChunk,
+        a: int,
+        b: int,
+        finishes: Task | None,
+        done: list[Task] | None = None,
+    ) -> Run:
+        records, ends = loaded.cut(a, b)
+        due = self._progress.run_started(task, self._chunk_first + a, b - a, ends)
+        if due and self._report_now is not None:
+            self._report_now()
+        if finishes is not None:
+            assert done is not None
+            self._taken(finishes, done)
+        return Run(records, finishes)
 
     def _taken(self, task: Task, done: list[Task]) -> None:
         """The trainer took the task's last record: report it finished."""
         self.held.pop(task.meta.id, None)
+        self._progress.finished(task)
         self._cond.notify_all()  # a slot for the fetcher
         self._reporter.finished(task)
         done.append(task)
@@ -135,20 +208,23 @@ class PassBuffer:
         """Stop the pass's fetcher and drop what it fetched (lock held)."""
         self.cancel.cancel()
         if self.end is None:
+            back = (
+                "the session hands them back when the client closes, or"
+                if self._returns_tasks
+                else "the master hands them out again"
+            )
             log.info(
                 "pass %d abandoned (%s)%s",
                 self.pass_id,
                 why,
-                (
-                    f"; tasks {sorted(self.held)} not reported finished, the master hands them "
-                    "out again after its timeout"
-                )
+                f"; tasks {sorted(self.held)} not reported finished, {back} after its timeout"
                 if self.held
                 else "",
             )
             self.end = EndOfPass(self.pass_id)
+        self._progress.stop_reading()
         self._tasks.clear()
         self.held.clear()
         self._task = None
-        self._tail = None
+        self._loaded = None
         self._cond.notify_all()

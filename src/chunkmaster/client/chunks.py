@@ -38,14 +38,19 @@ class LoadedChunk:
     def count(self) -> int:
         return len(self.ends)
 
-    def head(self, n: int) -> Iterator[bytes]:
-        """Records 0..n-1, each cut out when it is asked for (C-level: no Python frame)."""
-        records = cut_records(self._data, self.ends, n)
-        return map(bytes, records) if self._copy else records
+    def cut(self, a: int, b: int) -> tuple[Iterator[bytes], Iterator[int]]:
+        """Records a..b-1, and the list iterator over their ends that drives them.
 
-    def last(self) -> bytes:
-        """The last record (the chunk is not empty)."""
-        return bytes(last_record(self._data, self.ends))
+        The records come from C-level iterators whose innermost step is that list iterator,
+        so `operator.length_hint(ends)` is, at any moment and from any thread, how many of
+        the records are not taken yet: progress is known without any work per record.
+        """
+        ends = self.ends[a:b]
+        it = iter(ends)
+        first = self.ends[a - 1] if a else 0
+        starts = map(operator.add, chain((first,), ends), repeat(4))
+        records = map(self._data.__getitem__, map(slice, starts, it))
+        return (map(bytes, records) if self._copy else records), it
 
 
 def cut_records(data: bytes, ends: list[int], n: int) -> Iterator[bytes]:

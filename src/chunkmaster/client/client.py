@@ -3,11 +3,14 @@
 `Client` is the public API. Per pass, a `TaskFetcher` thread (fetcher.py) asks the master for
 tasks, ahead of need, into a `PassBuffer` (buffer.py); the trainer's thread takes runs of
 records from it, reading and checking each chunk when it reaches it (chunks.py), as a direct
-`recordio.scan` does: only tasks cross threads, never chunk data. A `Reporter` thread
-(reporter.py) sends TaskFinished/TaskFailed, so a report never waits behind a long poll. The
-records of a run come from one C-level iterator, so one step of it is atomic under the GIL and
-several trainer threads may share next_record(); only between runs does the trainer take the
-lock.
+`recordio.scan` does: only tasks cross threads, never chunk data. The records of a run come
+from one C-level iterator, so one step of it is atomic under the GIL and several trainer
+threads may share next_record(); only between runs does the trainer take the lock.
+
+With a session (the default), everything goes over one stream (session.py): task requests
+carry the finishes, keep-alives carry the positions read off the runs' iterators
+(progress.py), commit() makes them durable, close() hands the held tasks back. Without one,
+a `Reporter` thread (reporter.py) sends TaskFinished/TaskFailed by unary calls.
 
 Guarantees (the original's defects in brackets):
 * A task is reported finished when the trainer *takes* its last record [D10]; a crashed
@@ -39,14 +42,18 @@ from chunkmaster.client.buffer import PassBuffer
 from chunkmaster.client.connection import (
     DATASET_TIMEOUT,
     DEFAULT_TIMEOUT,
+    CallCancelled,
     MasterConnection,
     TransportError,
 )
 from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadError
-from chunkmaster.client.fetcher import TaskFetcher
+from chunkmaster.client.fetcher import TaskFetcher, TaskSource, UnaryTasks
 from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
-from chunkmaster.client.reporter import Reporter
-from chunkmaster.core.model import Task
+from chunkmaster.client.progress import Progress
+from chunkmaster.client.reporter import Reporter, Reports
+from chunkmaster.client.session import TrainerSession
+from chunkmaster.core.errors import CheckpointRefusedError
+from chunkmaster.core.model import Position, Task
 
 if TYPE_CHECKING:
     from chunkmaster.etcd.discovery import MasterLocator
@@ -89,6 +96,12 @@ class Client:
     ahead of the one being read: few, because each held task's timeout on the master is running.
     `buffer_size` is kept for compatibility: chunks are read in the trainer's thread when it
     reaches them, so no records are read ahead.
+
+    `session` (default): one Session stream to the master (docs/sessions.md), named `name`
+    (default `worker`: host:pid:N, N telling apart the clients of one process), reporting
+    progress every `report_every` records and at least every `report_interval` seconds;
+    commit() needs it. `session=False` speaks the unary calls only (tasks then come back by
+    the master's timeout only).
     """
 
     def __init__(
@@ -106,6 +119,10 @@ class Client:
         retry_timeout: float | None = None,
         worker: str | None = None,
         on_task_done: Callable[[Task], None] | None = None,
+        session: bool = True,
+        name: str | None = None,
+        report_every: int = 1000,
+        report_interval: float = 5.0,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
@@ -129,7 +146,31 @@ class Client:
         self._next: Callable[[], bytes] = _EMPTY_ITER.__next__
         self._fetchers: list[threading.Thread] = []
         self._closed = False
-        self._reporter = Reporter(self._link, self.worker)
+        if report_every < 0 or not report_interval > 0:
+            raise ValueError(
+                f"report_every ({report_every}) must be >= 0 and report_interval "
+                f"({report_interval}) > 0"
+            )
+        self.report_every = report_every if session else 0
+        self._progress = Progress(self.report_every, keep_finished=session)
+        self._session: TrainerSession | None = None
+        self._reporter: Reporter | None = None
+        self._reports: Reports
+        self._source: TaskSource
+        if session:
+            self._session = TrainerSession(
+                self._link,
+                name=name or self.worker,
+                report_every=self.report_every,
+                report_interval=report_interval,
+                progress=self._report_positions,
+                on_unclaimed=self._adopt,
+            )
+            self._reports = self._source = self._session
+        else:
+            self._reporter = Reporter(self._link, self.worker)
+            self._reports = self._reporter
+            self._source = UnaryTasks(self._link, self.worker)
 
     # ---- plain calls ---------------------------------------------------------------------
 
@@ -169,6 +210,72 @@ class Client:
         """The master's status (pass, queues, failed tasks with their reasons)."""
         return self._call("status", lambda c: c.status())
 
+    def data_checkpoint(self) -> bytes:
+        """The job's data position at the last commits (save it beside the model checkpoint;
+        `chunkmaster master --restore FILE` resumes from it). Waits for what the master holds
+        to be durable."""
+        return self._call("data_checkpoint", lambda c: c.data_checkpoint())
+
+    # ---- sessions ----------------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str | None:
+        """The master's ID of this trainer's session (None without one, "" until opened)."""
+        return None if self._session is None else self._session.session_id
+
+    def commit(self, timeout: float | None = None) -> None:
+        """Make durable on the master what this trainer consumed since its last commit.
+
+        Sends the task being read at its exact position (the records taken so far) and the
+        tasks finished since at their end; returns once the master has made them durable.
+        Raises the master's error: CheckpointRefusedError if one of those tasks was handed to
+        another trainer meanwhile (its records past the last report will be delivered again;
+        the refused positions are not sent again). TimeoutError after `timeout` seconds (the
+        commit may still be applied; the next one sends the positions again).
+        """
+        session = self._session
+        if session is None:
+            raise RuntimeError("commit() needs a session: create the Client with session=True")
+        with self._lock:
+            self._check_open()
+            positions = self._progress.to_commit()
+        if not positions:
+            return
+        try:
+            session.commit(positions).result(timeout)
+        except Cancelled:
+            raise ClientClosedError("client closed during commit") from None
+        except CallCancelled:
+            raise ClientClosedError("client closed during commit") from None
+        except CheckpointRefusedError:
+            with self._lock:
+                self._progress.committed(positions)
+            raise
+        with self._lock:
+            self._progress.committed(positions)
+
+    def _report_positions(self) -> list[Position]:
+        """What a keep-alive carries: the held tasks whose position moved (the session's
+        thread calls this)."""
+        with self._lock:
+            return self._progress.report()
+
+    def _adopt(self, task: Task) -> None:
+        """A task that came for a request given up on: read it if its pass is being read,
+        else hold it so that the session hands it back."""
+        with self._lock:
+            ps = self._pass
+            if ps is not None and ps.pass_id == task.pass_id and not ps.cancel.cancelled:
+                ps.add_task_locked(task)
+                return
+            self._progress.add(task)
+        log.info(
+            "task %d (epoch %d) of pass %d came after its pass was left; the session hands it back",
+            task.meta.id,
+            task.meta.epoch,
+            task.pass_id,
+        )
+
     def _call(
         self, what: str, fn: Callable[[MasterConnection], _T], deadline: float | None = None
     ) -> _T:
@@ -194,14 +301,25 @@ class Client:
             old = self._pass
             if old is not None:
                 self._abandon(old, f"pass {pass_id} started")
-            ps = PassBuffer(pass_id, self._cond, self._reporter, self._token)
+            session = self._session
+            ps = PassBuffer(
+                pass_id,
+                self._cond,
+                self._reports,
+                self._token,
+                self._progress,
+                run_limit=self.report_every,
+                report_now=None if session is None else session.report_now,
+                returns_tasks=session is not None,
+            )
             self._pass = ps
             fetcher = TaskFetcher(
-                self._link,
+                self._source,
                 ps,
                 worker=self.worker,
                 poll_wait=self.poll_wait,
                 prefetch_tasks=self.prefetch_tasks,
+                on_unclaimed=None if session is None else self._adopt,
             )
             self._fetchers = [t for t in self._fetchers if t.is_alive()]
             self._fetchers.append(fetcher.thread)
@@ -343,7 +461,10 @@ class Client:
     # ---- closing -----------------------------------------------------------------------
 
     def close(self, flush_timeout: float = 5.0) -> None:
-        """Stop every thread: cancel the pass, send queued reports (bounded), drop the channel."""
+        """Stop every thread: cancel the pass, send queued reports (bounded), drop the channel.
+
+        With a session: says Goodbye, handing the held tasks back at their exact positions,
+        and waits up to `flush_timeout` s for the master's ack."""
         with self._lock:
             if self._closed:
                 return
@@ -358,7 +479,12 @@ class Client:
                 t.join(self.poll_wait + self._link.rpc_timeout)
                 if t.is_alive():
                     log.warning("%s did not stop in time; closing the channel under it", t.name)
-        self._reporter.close(flush_timeout)
+        if self._session is not None:
+            with self._lock:
+                positions = self._progress.held_positions()
+            self._session.close(positions, flush_timeout)
+        if self._reporter is not None:
+            self._reporter.close(flush_timeout)
         self._link.close()
         if self._locator is not None:
             self._locator.close()

@@ -7,7 +7,7 @@ deadline, so nothing in this module can block forever.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -142,6 +142,14 @@ class MasterConnection:
         reply = self._call("Status", pb.StatusRequest(), self.timeout)
         result: dict[str, Any] = json.loads(reply.json)
         return result
+
+    def open_session(self, requests: Iterator[pb.SessionRequest]) -> Any:
+        """Open a Session stream fed by `requests`: an iterator of SessionResponse with
+        cancel(); no deadline (it lives as long as the trainer), gRPC keep-alives watch it."""
+        try:
+            return self._stub.Session(requests)
+        except ValueError:
+            raise _closed_channel(self.addr) from None
 
     def data_checkpoint(self) -> bytes:
         reply = self._call("DataCheckpoint", pb.DataCheckpointRequest(), self.timeout)

@@ -3,6 +3,8 @@
 It holds at most 1 + prefetch_tasks tasks, so the next task is at hand when the trainer ends
 the current one: the trainer never waits on the network between tasks. It ends the pass when
 the master has moved past it [D2], and hands "all tasks failed" to the trainer as an error.
+How a task is asked for is a `TaskSource`: a unary GetTask (`UnaryTasks`, below) or a NextTask
+on the trainer's session stream (session.py).
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from typing import Protocol
 
 from chunkmaster.client.buffer import PassBuffer
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.errors import EndOfPass
-from chunkmaster.client.link import Cancelled, MasterLink
+from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
 from chunkmaster.core.errors import (
     AllTaskFailedError,
     NoMoreAvailableError,
@@ -32,23 +36,67 @@ PASS_POLL_MAX = 0.5  # seconds between GetTask calls while the master is still i
 WAIT_LOG_EVERY = 30.0
 
 
+class TaskSource(Protocol):
+    """Asks the master for the next task of a pass; raises the master's answer otherwise."""
+
+    def next_task(
+        self, pass_id: int, wait: float, request_id: str, cancel: CancelToken
+    ) -> Task: ...
+
+
+class UnaryTasks:
+    """Tasks by unary GetTask calls, retried through the link (no session)."""
+
+    def __init__(self, link: MasterLink, worker: str) -> None:
+        self._link = link
+        self._worker = worker
+
+    def next_task(self, pass_id: int, wait: float, request_id: str, cancel: CancelToken) -> Task:
+        return self._link.call(
+            f"GetTask(pass {pass_id})",
+            functools.partial(
+                self._get_task, pass_id=pass_id, wait=wait, request_id=request_id, cancel=cancel
+            ),
+            cancel,
+        )
+
+    def _get_task(
+        self,
+        conn: MasterConnection,
+        *,
+        pass_id: int,
+        wait: float,
+        request_id: str,
+        cancel: CancelToken,
+    ) -> Task:
+        # Abandoning the pass cancels the long poll; a task the master dispatched meanwhile
+        # keeps its timer there (the dispatch is shielded) and comes back after its timeout.
+        call = conn.get_task_async(pass_id, wait=wait, worker=self._worker, request_id=request_id)
+        return cancel.run(call)
+
+
 class TaskFetcher:
-    """The thread that fills one PassBuffer with tasks; stopped by cancelling the buffer."""
+    """The thread that fills one PassBuffer with tasks; stopped by cancelling the buffer.
+
+    `on_unclaimed` gets a task that arrived after the pass was abandoned (the session hands
+    it back); without it such a task comes back after the master's timeout.
+    """
 
     def __init__(
         self,
-        link: MasterLink,
+        source: TaskSource,
         buffer: PassBuffer,
         *,
         worker: str,
         poll_wait: float,
         prefetch_tasks: int,
+        on_unclaimed: Callable[[Task], None] | None = None,
     ) -> None:
-        self._link = link
+        self._source = source
         self._buffer = buffer
-        self._worker = worker
         self._poll_wait = poll_wait
         self._prefetch_tasks = prefetch_tasks
+        self._on_unclaimed = on_unclaimed
         self.thread = threading.Thread(
             target=self._loop,
             name=f"chunkmaster-fetch-{worker}-pass{buffer.pass_id}",
@@ -80,11 +128,7 @@ class TaskFetcher:
             # failed over, a deadline passed), the retry gets that same task back.
             request_id = uuid.uuid4().hex
             try:
-                task = self._link.call(
-                    f"GetTask(pass {buf.pass_id})",
-                    functools.partial(self._get_task, request_id=request_id),
-                    buf.cancel,
-                )
+                task = self._source.next_task(buf.pass_id, self._poll_wait, request_id, buf.cancel)
             except PassBeforeError:
                 buf.finish(EndOfPass(buf.pass_id))
                 return
@@ -104,18 +148,12 @@ class TaskFetcher:
                     polls += 1
                 continue
             waiting = None
-            buf.add_task(task)
-
-    def _get_task(self, conn: MasterConnection, request_id: str) -> Task:
-        # Abandoning the pass cancels the long poll; a task the master dispatched meanwhile
-        # keeps its timer there (the dispatch is shielded) and comes back after its timeout.
-        call = conn.get_task_async(
-            self._buffer.pass_id,
-            wait=self._poll_wait,
-            worker=self._worker,
-            request_id=request_id,
-        )
-        return self._buffer.cancel.run(call)
+            try:
+                buf.add_task(task)
+            except Cancelled:
+                if self._on_unclaimed is not None:
+                    self._on_unclaimed(task)
+                raise
 
 
 def _log_wait(pass_id: int, exc: Exception, waited: float, level: int) -> None:

@@ -23,7 +23,6 @@ from chunkmaster.client.connection import (
     DEFAULT_TIMEOUT,
     CallCancelled,
     MasterConnection,
-    PendingCall,
     TransportError,
 )
 from chunkmaster.core.errors import UnavailableError
@@ -31,6 +30,7 @@ from chunkmaster.core.errors import UnavailableError
 log = logging.getLogger("chunkmaster.client")
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 LOG_EVERY = 10.0
 """Seconds between "still waiting" log lines of one wait."""
@@ -53,6 +53,15 @@ class Locator(Protocol):
     def close(self) -> None: ...
 
 
+class Awaited(Protocol[T_co]):
+    """An answer in flight that another thread may cancel: a long-polling GetTask
+    (connection.PendingCall) or a message on the session stream (session.Reply)."""
+
+    def result(self) -> T_co: ...
+
+    def cancel(self) -> None: ...
+
+
 class CancelToken:
     """A cancellation flag that can also abort the one RPC currently attached to it.
 
@@ -62,7 +71,7 @@ class CancelToken:
     def __init__(self, parent: CancelToken | None = None) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
-        self._call: PendingCall[Any] | None = None
+        self._call: Awaited[Any] | None = None
         self._children: list[CancelToken] = []
         if parent is not None:
             with parent._lock:
@@ -94,7 +103,7 @@ class CancelToken:
         if self._event.is_set():
             raise Cancelled()
 
-    def run(self, call: PendingCall[T]) -> T:
+    def run(self, call: Awaited[T]) -> T:
         """Wait for `call`, cancelling it if this token is (or gets) cancelled."""
         with self._lock:
             if self._event.is_set():

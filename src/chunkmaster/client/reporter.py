@@ -5,13 +5,21 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
 from chunkmaster.core.errors import MasterError
 from chunkmaster.core.model import Task
 
 log = logging.getLogger("chunkmaster.client")
+
+
+class Reports(Protocol):
+    """Where a pass buffer sends its finishes and failures (this Reporter, or the session)."""
+
+    def finished(self, task: Task) -> None: ...
+
+    def failed(self, task: Task, reason: str) -> None: ...
 
 
 class Report(NamedTuple):

@@ -1,0 +1,175 @@
+"""How far the trainer has consumed each task it holds, read off the record iterators.
+
+A run of records comes from C-level iterators whose innermost step is a list iterator over the
+run's record ends (`chunks.LoadedChunk.cut`): `operator.length_hint` of it is how many records
+of the run are not taken yet. The position of the task being read is therefore the run's first
+record (counted from the task's first record) plus the records taken, known at any moment
+without any work per record. Only run boundaries (the slow path) update anything here.
+
+Everything here is guarded by the client's lock. Positions always count from the task's first
+record, whatever the dispatch's start.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from chunkmaster.core.model import Position, Task
+
+
+def task_records(task: Task) -> int:
+    """The records in a task (its chunks' counts)."""
+    return sum(c.num_records for c in task.chunks)
+
+
+@dataclass
+class HeldTask:
+    """A task this trainer holds: taken from the master, neither finished nor failed."""
+
+    task: Task
+    total: int
+    done: int  # records [0, done) consumed, not counting the run being read
+    reported: int  # the position last sent to the master
+    committed: int  # the position last committed (the dispatch's start before any commit)
+
+    def at(self, records: int) -> Position:
+        meta = self.task.meta
+        return Position(meta.id, meta.epoch, self.task.pass_id, records)
+
+
+@dataclass
+class _Run:
+    held: HeldTask
+    first: int  # the run's first record, counted from the task's first record
+    length: int
+    ends: Iterator[int]  # the list iterator whose length_hint says what is left
+
+    @property
+    def taken(self) -> int:
+        return self.length - operator.length_hint(self.ends)
+
+
+class Progress:
+    """Positions of the held tasks, the tasks finished since the last commit, and when to
+    report. `report_every` records between two progress reports (0: report only with the
+    periodic keep-alive). With `keep_finished` False (no sessions) finished tasks are not kept.
+    """
+
+    def __init__(self, report_every: int, *, keep_finished: bool = True) -> None:
+        self.report_every = report_every
+        self._keep_finished = keep_finished
+        self._held: dict[int, HeldTask] = {}
+        self._finished: dict[int, Position] = {}  # finished since the last commit, at their end
+        self._run: _Run | None = None
+        self._consumed = 0  # records taken in runs that are over
+        self._reported_at = 0  # `consumed` when progress was last sent
+
+    # ---- the trainer's side -----------------------------------------------------------------
+
+    def add(self, task: Task) -> None:
+        """A task was handed to this trainer; nothing of it before `task.start` is read here."""
+        self._held[task.meta.id] = HeldTask(task, task_records(task), task.start, -1, -1)
+
+    def run_started(self, task: Task, first: int, length: int, ends: Iterator[int]) -> bool:
+        """The trainer takes records [first, first + length) of `task` through `ends`.
+
+        True when `report_every` records were consumed since the last report: send one now.
+        """
+        self._close_run()
+        held = self._held.get(task.meta.id)
+        if held is None:  # not tracked (adopted late); track it from here
+            self.add(task)
+            held = self._held[task.meta.id]
+        held.done = first
+        self._run = _Run(held, first, length, ends)
+        return 0 < self.report_every <= self._consumed - self._reported_at
+
+    def stop_reading(self) -> None:
+        """The run being read is dropped (the pass was abandoned): its position stays put."""
+        self._close_run()
+
+    def finished(self, task: Task) -> None:
+        """The trainer takes the task's last record (its run is handed out whole)."""
+        run = self._run
+        if run is not None and run.held.task.meta.id == task.meta.id:
+            self._consumed += run.length
+            self._run = None
+        held = self._forget(task)
+        if held is not None and self._keep_finished:
+            self._finished[task.meta.id] = held.at(held.total)
+
+    def dropped(self, task: Task) -> None:
+        """The task failed here (a chunk could not be read): it is no longer this trainer's."""
+        self._forget(task)
+
+    def _forget(self, task: Task) -> HeldTask | None:
+        run = self._run
+        if run is not None and run.held.task.meta.id == task.meta.id:
+            self._close_run()
+        held = self._held.get(task.meta.id)
+        if held is not None and held.task.meta.epoch == task.meta.epoch:
+            return self._held.pop(task.meta.id)
+        return None
+
+    def _close_run(self) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            taken = run.taken
+            run.held.done = run.first + taken
+            self._consumed += taken
+
+    # ---- positions (any thread, lock held) --------------------------------------------------
+
+    def position(self, held: HeldTask) -> int:
+        run = self._run
+        if run is not None and run.held is held:
+            return run.first + run.taken
+        return held.done
+
+    @property
+    def consumed(self) -> int:
+        """Records taken by the trainer so far (through the client's runs)."""
+        run = self._run
+        return self._consumed + (run.taken if run is not None else 0)
+
+    def report(self) -> list[Position]:
+        """Positions of held tasks that moved since the last report (marked as reported)."""
+        out = []
+        for held in self._held.values():
+            pos = self.position(held)
+            if pos != held.reported and pos > held.task.start:
+                held.reported = pos
+                out.append(held.at(pos))
+        self._reported_at = self.consumed
+        return out
+
+    def held_positions(self) -> list[Position]:
+        """Every held task at its exact position (a Goodbye hands them back there)."""
+        return [held.at(self.position(held)) for held in self._held.values()]
+
+    def to_commit(self) -> list[Position]:
+        """Every task consumed since the last commit: held ones at their exact position,
+        finished ones at their end."""
+        out = list(self._finished.values())
+        for held in self._held.values():
+            pos = self.position(held)
+            if pos > max(held.committed, held.task.start):
+                out.append(held.at(pos))
+        return out
+
+    def committed(self, positions: list[Position]) -> None:
+        """These positions were committed (or refused: they are not sent again)."""
+        for pos in positions:
+            fin = self._finished.get(pos.task_id)
+            if fin is not None and fin == pos:
+                del self._finished[pos.task_id]
+                continue
+            held = self._held.get(pos.task_id)
+            if held is not None and held.task.meta.epoch == pos.epoch:
+                held.committed = max(held.committed, pos.records)
+
+    @property
+    def held(self) -> dict[int, HeldTask]:
+        return self._held

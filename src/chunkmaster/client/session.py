@@ -1,0 +1,612 @@
+"""The trainer's session: one long-lived bidirectional stream to the master (docs/sessions.md).
+
+The session's thread opens the stream (Hello, then Welcome: through the link's addresses,
+backoff and etcd lookups), sends again what was not answered when a stream broke, and sends the
+keep-alives that carry progress. A reader thread per stream hands each answer to the `Reply`
+its sender waits on. Callers send from their own threads: the pass fetcher a NextTask, which
+carries the finishes queued since the last one (a finish and the next request travel in one
+message); the client a Commit or the Goodbye.
+
+A message that expects an answer stays pending until answered and is sent again as is (same
+seq, same request_id) on the next stream: the master treats a repeat as the original. If the
+session ended while the trainer was away (SessionExpiredError), a new one is opened and the
+pending messages go out in it; task requests get fresh request IDs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from chunkmaster.client.connection import CallCancelled, MasterConnection, TransportError
+from chunkmaster.client.link import Cancelled, CancelToken, MasterLink, backoff_delay
+from chunkmaster.client.progress import task_records
+from chunkmaster.core.errors import (
+    MasterError,
+    NotReadyError,
+    SessionExpiredError,
+    UnavailableError,
+)
+from chunkmaster.core.model import Position, Task
+from chunkmaster.rpc import master_pb2 as pb
+from chunkmaster.rpc.wire import error_from_name, task_from_pb
+
+log = logging.getLogger("chunkmaster.client")
+
+REPORT_GAP = 0.02
+"""Seconds between two progress reports at least: above report_every / REPORT_GAP records per
+second, a report covers more than report_every records (REPORT_GAP seconds' worth)."""
+
+FINISH_FLUSH = 0.1
+"""Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false);
+it goes at once if a task request is in flight already (the next waits for its answer)."""
+
+
+def session_error(err: pb.SessionError) -> MasterError:
+    """The master's error carried by a SessionError."""
+    exc = error_from_name(err.error, err.message)
+    return exc if exc is not None else MasterError(f"{err.error}: {err.message}")
+
+
+def position_to_pb(pos: Position) -> pb.TaskPosition:
+    return pb.TaskPosition(
+        task_id=pos.task_id, epoch=pos.epoch, pass_id=pos.pass_id, records=pos.records
+    )
+
+
+class Reply:
+    """The master's answer to one message, awaited by the thread that sent it."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._response: pb.SessionResponse | None = None
+        self._error: BaseException | None = None
+        self.cancelled = False
+
+    def resolve(self, response: pb.SessionResponse) -> bool:
+        """Deliver the answer; False if the waiter gave up (cancelled) before it came."""
+        with self._lock:
+            if self.cancelled or self._done.is_set():
+                return False
+            self._response = response
+            self._done.set()
+            return True
+
+    def fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._error = exc
+                self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> pb.SessionResponse:
+        """The answer; raises the master's error, CallCancelled, or TimeoutError."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"no answer to {self.kind} within {timeout}s")
+        with self._lock:
+            response, error = self._response, self._error
+        if error is not None:
+            raise error
+        if response is None:
+            raise CallCancelled()
+        if response.WhichOneof("body") == "error":
+            raise session_error(response.error)
+        return response
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self.cancelled = True
+            self._done.set()
+
+
+@dataclass
+class _Pending:
+    request: pb.SessionRequest
+    reply: Reply
+
+
+class _Stream:
+    """One Session call: its outgoing queue, the call, the Hello it began with."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self.queue: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
+        self.call: Any = None
+        self.hello_seq = 0
+        self.hello = Reply("Hello")
+        self.broken = threading.Event()
+        self.welcomed = False  # a stream that never got its Welcome fails quietly (the link logs)
+        self.expired = False
+
+    def requests(self) -> Iterator[pb.SessionRequest]:
+        while True:
+            req = self.queue.get()
+            if req is None:
+                return
+            yield req
+
+    def send(self, req: pb.SessionRequest) -> None:
+        self.queue.put(req)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        if self.call is not None:
+            self.call.cancel()
+
+
+class TrainerSession:
+    """The client side of one trainer's session, across reconnects and renewals.
+
+    `progress()` returns the positions to send with a keep-alive (called without this
+    session's lock: it takes the client's). `on_unclaimed(task)` gets a task that arrived for
+    a request its sender gave up on (a pass abandoned meanwhile).
+    """
+
+    def __init__(
+        self,
+        link: MasterLink,
+        *,
+        name: str,
+        report_every: int,
+        report_interval: float,
+        progress: Callable[[], list[Position]],
+        on_unclaimed: Callable[[Task], None],
+    ) -> None:
+        self._link = link
+        self.name = name
+        self._report_every = report_every
+        self._report_interval = report_interval
+        self._progress = progress
+        self._on_unclaimed = on_unclaimed
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._pending: dict[int, _Pending] = {}
+        self._finishes: list[pb.TaskPosition] = []
+        self._flush_at: float | None = None
+        self._stream: _Stream | None = None  # set once Welcome came and the pending went out
+        self._session_id = ""
+        self.keep_alive_seconds = report_interval
+        self._wake = threading.Event()
+        self._report_due = False
+        self._reported = 0.0  # when progress was last sent (time.monotonic())
+        self._closing = False
+        self._said_goodbye = False
+        self._token = CancelToken()
+        self._thread = threading.Thread(
+            target=self._main, name=f"chunkmaster-session-{name}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def session_id(self) -> str:
+        """The master's ID of this session ("" until the first Welcome)."""
+        return self._session_id
+
+    # ---- what callers send ----------------------------------------------------------------
+
+    def next_task(self, pass_id: int, wait: float, request_id: str, cancel: CancelToken) -> Task:
+        """A task of `pass_id` (waiting up to `wait` s on the master), with the finishes
+        queued meanwhile riding along. Raises the master's answer otherwise, or Cancelled."""
+        attempt = 0
+        while True:
+            with self._lock:
+                if self._closing:
+                    raise Cancelled()
+                finished = self._take_finishes()
+                msg = pb.NextTask(
+                    finished=finished,
+                    want_task=True,
+                    pass_id=pass_id,
+                    wait_seconds=wait,
+                    request_id=request_id,
+                )
+                reply = self._send("next", msg, answered=True)
+            assert reply is not None
+            try:
+                resp = cancel.run(reply)
+            except MasterError as exc:
+                if finished and isinstance(exc, (UnavailableError, NotReadyError)):
+                    # the master may not have applied them: send them again (idempotent)
+                    with self._lock:
+                        self._finishes[:0] = finished
+                        self._arm_flush()
+                    self._wake.set()
+                if not isinstance(exc, UnavailableError):
+                    raise
+                if attempt == 0:
+                    log.warning("NextTask(pass %d): %s; retrying with backoff", pass_id, exc)
+                link = self._link
+                cancel.sleep(backoff_delay(attempt, link.backoff_base, link.backoff_max))
+                attempt += 1
+                continue
+            return task_from_pb(resp.task)
+
+    def finished(self, task: Task) -> None:
+        """Queue the finish of `task`: it rides on the next NextTask, or goes alone soon."""
+        meta = task.meta
+        pos = pb.TaskPosition(
+            task_id=meta.id, epoch=meta.epoch, pass_id=task.pass_id, records=task_records(task)
+        )
+        with self._lock:
+            self._finishes.append(pos)
+            if self._asking():  # the next NextTask waits for this one's answer: go now
+                self._flush_at = time.monotonic()
+            else:
+                self._arm_flush()
+        self._wake.set()
+
+    def failed(self, task: Task, reason: str) -> None:
+        meta = task.meta
+        msg = pb.TaskFailedRequest(meta=pb.TaskMeta(id=meta.id, epoch=meta.epoch), reason=reason)
+        with self._lock:
+            self._send("failed", msg, answered=True)
+
+    def commit(self, positions: Sequence[Position]) -> Reply:
+        """Send a Commit (after the finishes queued before it); its Reply comes once durable."""
+        with self._lock:
+            if self._closing:
+                raise Cancelled()
+            self._flush_finishes()
+            reply = self._send(
+                "commit", pb.Commit(positions=[position_to_pb(p) for p in positions]), True
+            )
+        assert reply is not None
+        return reply
+
+    def report_now(self) -> None:
+        """Send progress soon: enough records were consumed since the last report. Called
+        at run boundaries (client lock held) until it is sent; the session's thread sends
+        it, at most every REPORT_GAP seconds (each wake of another thread costs the trainer's
+        thread a turn of the GIL)."""
+        self._report_due = True
+        if time.monotonic() - self._reported >= REPORT_GAP:
+            self._wake.set()
+
+    def close(self, positions: Sequence[Position], timeout: float) -> None:
+        """Say Goodbye, handing the held tasks back at `positions`; wait (bounded) for the ack."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self._flush_finishes()
+            if not self._session_id and self._stream is None:
+                reply = None  # never opened: nothing to hand back
+            else:
+                msg = pb.Goodbye(progress=[position_to_pb(p) for p in positions])
+                reply = self._send("goodbye", msg, answered=True)
+        self._wake.set()
+        try:
+            if reply is not None:
+                ack = reply.result(timeout)
+                log.info(
+                    "session %s closed; %d task(s) handed back", self._session_id, ack.ack.applied
+                )
+        except TimeoutError:
+            log.warning(
+                "session %s: no answer to Goodbye within %.1fs; the master hands this "
+                "trainer's tasks back when its lease runs out",
+                self._session_id,
+                timeout,
+            )
+        except MasterError as exc:
+            log.warning("session %s: Goodbye: %s", self._session_id, exc)
+        finally:
+            self._token.cancel()
+            with self._lock:
+                stream, self._stream = self._stream, None
+                pending, self._pending = self._pending, {}
+            for p in pending.values():  # whoever still waits (a commit) learns it is over
+                p.reply.cancel()
+            if stream is not None:
+                stream.close()
+            self._wake.set()
+            if self._thread is not threading.current_thread():
+                self._thread.join(self._link.rpc_timeout)
+
+    # ---- sending (lock held) -----------------------------------------------------------------
+
+    def _send(self, kind: str, msg: Any, answered: bool) -> Reply | None:
+        self._seq += 1
+        req = pb.SessionRequest(seq=self._seq, **{kind: msg})
+        reply = None
+        if answered:
+            reply = Reply(kind)
+            self._pending[self._seq] = _Pending(req, reply)
+        stream = self._stream
+        if stream is not None:
+            stream.send(req)
+        return reply
+
+    def _take_finishes(self) -> list[pb.TaskPosition]:
+        finished, self._finishes = self._finishes, []
+        self._flush_at = None
+        return finished
+
+    def _asking(self) -> bool:
+        """A task request is in flight (a long poll, maybe): nothing rides on one soon."""
+        return any(
+            p.reply.kind == "next" and p.request.next.want_task and not p.reply.cancelled
+            for p in self._pending.values()
+        )
+
+    def _arm_flush(self) -> None:
+        if self._flush_at is None:
+            self._flush_at = time.monotonic() + FINISH_FLUSH
+
+    def _flush_finishes(self) -> None:
+        if self._finishes:
+            self._send("next", pb.NextTask(finished=self._take_finishes()), answered=True)
+
+    def _renew(self) -> None:
+        """The session ended on the master: the next Hello opens a new one, and the pending
+        task requests get fresh IDs (the old IDs belong to the old session's dispatches)."""
+        self._session_id = ""
+        for seq, p in list(self._pending.items()):
+            if p.reply.kind != "next" or not p.request.next.want_task:
+                continue
+            if p.reply.cancelled:
+                del self._pending[seq]
+                continue
+            req = pb.SessionRequest()
+            req.CopyFrom(p.request)
+            req.next.request_id = uuid.uuid4().hex
+            self._pending[seq] = _Pending(req, p.reply)
+
+    # ---- the session's thread ------------------------------------------------------------
+
+    def _main(self) -> None:
+        while not self._token.cancelled:
+            try:
+                stream = self._connect()
+            except Cancelled:
+                return
+            except TransportError as exc:  # retry_timeout ran out: the waiters get the error
+                with self._lock:
+                    pending, self._pending = self._pending, {}
+                for p in pending.values():
+                    p.reply.fail(exc)
+                continue
+            self._serve(stream)
+            with self._lock:
+                if self._stream is stream:
+                    self._stream = None
+            if self._said_goodbye:
+                return
+
+    def _connect(self) -> _Stream:
+        attempt = 0
+        while True:
+            try:
+                return self._link.call("Session", self._open, self._token)
+            except SessionExpiredError:
+                with self._lock:
+                    closing = self._closing
+                    old = self._session_id
+                    self._renew()
+                if closing:
+                    self._end_goodbye()
+                    raise Cancelled() from None
+                log.warning(
+                    "session %s ended while this trainer was away (its tasks went to other "
+                    "trainers); opening a new session",
+                    old,
+                )
+            except MasterError as exc:
+                log.warning("Session: the master refused Hello: %s; retrying", exc)
+                self._token.sleep(
+                    backoff_delay(attempt, self._link.backoff_base, self._link.backoff_max)
+                )
+                attempt += 1
+
+    def _end_goodbye(self) -> None:
+        """The session is over without a Goodbye's ack: release whoever waits for it."""
+        with self._lock:
+            for seq, p in list(self._pending.items()):
+                if p.reply.kind == "goodbye":
+                    del self._pending[seq]
+                    p.reply.resolve(pb.SessionResponse(seq=seq, ack=pb.Ack(applied=0)))
+            self._said_goodbye = True
+
+    def _open(self, conn: MasterConnection) -> _Stream:
+        """Open a stream and say Hello; once welcomed, send everything pending again."""
+        stream = _Stream(conn.addr)
+        with self._lock:
+            if self._closing and not self._session_id:
+                self._said_goodbye = True
+                raise Cancelled()
+            self._seq += 1
+            stream.hello_seq = self._seq
+            hello = pb.SessionRequest(
+                seq=self._seq,
+                hello=pb.Hello(
+                    session_id=self._session_id,
+                    name=self.name,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    report_every=self._report_every,
+                ),
+            )
+            resuming = self._session_id
+        stream.send(hello)
+        stream.call = conn.open_session(stream.requests())
+        threading.Thread(
+            target=self._read,
+            args=(stream,),
+            name=f"chunkmaster-session-read-{self.name}",
+            daemon=True,
+        ).start()
+        timeout = self._link.rpc_timeout
+        try:
+            resp = self._token.run(_Bounded(stream.hello, timeout))
+        except TimeoutError:
+            stream.close()
+            no_welcome = grpc.RpcError(f"no Welcome within {timeout}s")
+            raise TransportError(conn.addr, no_welcome) from None
+        except BaseException:
+            stream.close()
+            raise
+        welcome = resp.welcome
+        with self._lock:
+            self._session_id = welcome.session_id
+            if welcome.keep_alive_seconds > 0:
+                self.keep_alive_seconds = welcome.keep_alive_seconds
+            for seq in sorted(self._pending):
+                stream.send(self._pending[seq].request)
+            resent = len(self._pending)
+            self._stream = stream
+            stream.welcomed = True
+        if resuming:
+            log.warning(
+                "session %s resumed with the master at %s (%d message(s) sent again)",
+                welcome.session_id,
+                conn.addr,
+                resent,
+            )
+        else:
+            log.info("session %s opened with the master at %s", welcome.session_id, conn.addr)
+        return stream
+
+    def _serve(self, stream: _Stream) -> None:
+        """Keep-alives with progress, and finishes nothing else carried, until the stream
+        breaks or the session closes."""
+        period = min(self.keep_alive_seconds, self._report_interval)
+        next_keep_alive = time.monotonic() + period
+        while not stream.broken.is_set() and not self._token.cancelled:
+            with self._lock:
+                flush_at = self._flush_at
+            now = time.monotonic()
+            timeout = next_keep_alive - now
+            if flush_at is not None:
+                timeout = min(timeout, flush_at - now)
+            if self._report_due:
+                timeout = min(timeout, self._reported + REPORT_GAP - now)
+            if timeout > 0:
+                self._wake.wait(timeout)
+            self._wake.clear()
+            if stream.broken.is_set() or self._token.cancelled:
+                return
+            now = time.monotonic()
+            with self._lock:
+                if self._flush_at is not None and now >= self._flush_at:
+                    self._flush_finishes()
+            due = self._report_due and now - self._reported >= REPORT_GAP
+            if due or now >= next_keep_alive:
+                self._report_due = False
+                progress = [position_to_pb(p) for p in self._progress()]
+                with self._lock:
+                    if not self._closing:
+                        self._send("keep_alive", pb.KeepAlive(progress=progress), False)
+                self._reported = now
+                next_keep_alive = now + period
+
+    # ---- the reader thread of one stream ----------------------------------------------------
+
+    def _read(self, stream: _Stream) -> None:
+        why: BaseException | None = None
+        try:
+            for resp in stream.call:
+                self._on_response(stream, resp)
+        except grpc.RpcError as exc:
+            why = exc
+        except Exception as exc:  # a bug here must not leave the session silent
+            log.exception("session %s: reading the stream failed", self._session_id)
+            why = exc
+        finally:
+            stream.broken.set()
+            stream.hello.fail(
+                TransportError(
+                    stream.addr,
+                    why if isinstance(why, grpc.RpcError) else grpc.RpcError("the stream ended"),
+                )
+            )
+            with self._lock:
+                if self._stream is stream:
+                    self._stream = None
+                closing = self._closing
+            quiet = closing or stream.expired or not stream.welcomed or self._token.cancelled
+            if why is not None and not quiet:
+                log.warning(
+                    "session %s: stream broken (%s); reconnecting",
+                    self._session_id,
+                    TransportError(stream.addr, why) if isinstance(why, grpc.RpcError) else why,
+                )
+            self._wake.set()
+
+    def _on_response(self, stream: _Stream, resp: pb.SessionResponse) -> None:
+        if resp.seq == stream.hello_seq and not stream.hello.done:
+            stream.hello.resolve(resp)
+            return
+        kind = resp.WhichOneof("body")
+        if kind == "error" and resp.error.error == SessionExpiredError.__name__:
+            self._expired(stream, resp.seq)
+            return
+        with self._lock:
+            entry = self._pending.pop(resp.seq, None)
+            if entry is not None and entry.reply.kind == "goodbye":
+                self._said_goodbye = True
+        if entry is None:
+            if kind == "error":
+                log.warning("session %s: master: %s", self._session_id, session_error(resp.error))
+            return
+        if entry.reply.resolve(resp):
+            return
+        if kind == "task":  # its request was given up on: hand the task to whoever can use it
+            self._on_unclaimed(task_from_pb(resp.task))
+        elif kind == "error" and entry.reply.kind in ("failed", "next"):
+            log.warning(
+                "session %s: %s report: %s",
+                self._session_id,
+                entry.reply.kind,
+                session_error(resp.error),
+            )
+
+    def _expired(self, stream: _Stream, seq: int) -> None:
+        """The master no longer knows this session: open a new one on a new stream."""
+        with self._lock:
+            if stream.expired:
+                return
+            stream.expired = True
+            closing = self._closing
+            old = self._session_id
+            self._renew()
+        if closing:  # the session is over anyway: that is what Goodbye asked for
+            self._end_goodbye()
+            stream.close()
+            return
+        log.warning(
+            "session %s ended while this trainer was away (its tasks went to other trainers); "
+            "opening a new session",
+            old,
+        )
+        stream.close()
+
+
+class _Bounded:
+    """A Reply awaited with a timeout, cancellable through a CancelToken."""
+
+    def __init__(self, reply: Reply, timeout: float) -> None:
+        self._reply = reply
+        self._timeout = timeout
+
+    def result(self) -> pb.SessionResponse:
+        return self._reply.result(self._timeout)
+
+    def cancel(self) -> None:
+        self._reply.cancel()

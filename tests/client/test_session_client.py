@@ -1,0 +1,176 @@
+"""The client's session against a real master: finishes riding on task requests, progress,
+commit, data checkpoints, Goodbye handing tasks back at their exact position, a master
+restarted under the trainer (the session resumes) and one that forgot it (a new session)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.datasets import write_records
+from helpers.inproc import InProcessMaster
+from helpers.master_process import MasterProcess
+
+from chunkmaster.client import Client, EndOfPass
+from chunkmaster.client.connection import MasterConnection
+from chunkmaster.client.session import TrainerSession
+from chunkmaster.core.checkpoint import decode
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def _dataset(tmp_path: Path, n: int, chunk: int = 40) -> tuple[str, list[bytes]]:
+    records = [b"%06d" % i for i in range(n)]
+    return str(write_records(tmp_path / "d.rio", records, max_chunk_size=chunk)), records
+
+
+def _rest(c: Client) -> list[bytes]:
+    out = []
+    while True:
+        try:
+            out.append(c.next_record(timeout=60))
+        except EndOfPass:
+            return out
+
+
+def test_finishes_ride_on_task_requests_and_the_ledger_counts_every_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[Any] = []
+    real_send = TrainerSession._send
+
+    def spy(self: TrainerSession, kind: str, msg: Any, answered: bool) -> Any:
+        sent.append((kind, msg))
+        return real_send(self, kind, msg, answered)
+
+    monkeypatch.setattr(TrainerSession, "_send", spy)
+    path, records = _dataset(tmp_path, 300)
+    with InProcessMaster(chunks_per_task=2, timeout_dur=60.0) as m:
+        with Client(m.addr, name="alice", report_every=7) as c:
+            c.set_dataset([path])
+            assert Counter(c.records(0)) == Counter(records)
+            st = m.status()
+            assert [t["name"] for t in st["trainers"]] == ["alice"]
+            assert st["cur_pass"] == 1
+            led = st["ledger"][0]
+            assert led["dispatched"] == led["consumed"] == len(records)
+        assert m.status()["sessions"] == 0  # Goodbye ended it
+    nexts = [msg for kind, msg in sent if kind == "next"]
+    riding = [msg for msg in nexts if msg.want_task and msg.finished]
+    finished = [f.task_id for msg in nexts for f in msg.finished]
+    assert riding, "no finish rode on a task request"
+    assert sorted(finished) == sorted(set(finished))  # each task finished once
+    assert len(set(finished)) == m_tasks(path)
+
+
+def m_tasks(path: str) -> int:
+    from chunkmaster.master.datasets import load_dataset
+
+    return len(load_dataset([path], 2).task_records)
+
+
+def test_progress_commit_checkpoint_and_goodbye_are_at_exact_positions(tmp_path: Path) -> None:
+    path, records = _dataset(tmp_path, 200)
+    with InProcessMaster(chunks_per_task=1000, timeout_dur=600.0) as m:  # one task
+        with Client(m.addr, report_every=5, report_interval=60.0) as a:
+            a.set_dataset([path])
+            a.start_get_records(0)
+            got = [a.next_record(timeout=30) for _ in range(12)]
+            assert got == records[:12]
+
+            def consumed() -> int:
+                return int(m.status()["trainers"][0]["records_consumed"])
+
+            # A run boundary every 5 records: 10 records since the last report wake the sender.
+            wait_for(lambda: consumed() >= 10, "progress to reach the master")
+            a.commit()
+            assert m.status()["ledger"][0]["committed"] == 12
+            assert decode(a.data_checkpoint()).passes[0].partial == {0: 12}
+            a.commit()  # nothing new: returns at once
+            assert a.next_record(timeout=30) == records[12]
+        # close() said Goodbye with the exact position: 13 records taken
+        assert m.status()["sessions"] == 0
+        with Client(m.addr) as b:
+            b.start_get_records(0)
+            assert Counter(_rest(b)) == Counter(records[13:])
+        led = m.status()["ledger"][0]
+        assert led["redispatched"] == {}  # handed back exactly: nothing may come twice
+
+
+def test_commit_needs_a_session(tmp_path: Path) -> None:
+    with InProcessMaster() as m, Client(m.addr, session=False) as c:
+        with pytest.raises(RuntimeError, match="session"):
+            c.commit()
+        assert c.session_id is None
+
+
+def test_a_master_restarted_under_the_trainer_resumes_its_session(tmp_path: Path) -> None:
+    path, records = _dataset(tmp_path, 300)
+    master = MasterProcess(
+        ["--store", str(tmp_path / "s.db"), "--chunk-per-task", "2", "--task-timeout-dur", "10m"],
+        log_path=tmp_path / "m.log",
+    ).start()
+    try:
+        with Client(master.addr, report_every=3, rpc_timeout=5.0) as c:
+            c.set_dataset([path])
+            c.start_get_records(0)
+            got = [c.next_record(timeout=30) for _ in range(20)]
+            wait_for(lambda: bool(c.session_id), "the session to open")
+            sid = c.session_id
+            master.restart()
+            got += _rest(c)
+            assert c.session_id == sid
+            assert set(got) == set(records)
+            with MasterConnection(master.addr) as conn:
+                st = conn.status()
+            assert st["cur_pass"] == 1
+            assert [t["session"] for t in st["trainers"]] == [sid]
+    finally:
+        master.kill()
+
+
+def test_a_session_the_master_forgot_is_replaced_by_a_new_one(tmp_path: Path) -> None:
+    path, records = _dataset(tmp_path, 200)
+    args = ["--chunk-per-task", "2", "--task-timeout-dur", "10m"]
+    first = MasterProcess([*args, "--store", str(tmp_path / "a.db")]).start()
+    port = int(str(first.addr).rsplit(":", 1)[1])
+    second = MasterProcess([*args, "--store", str(tmp_path / "b.db")], port=port)
+    try:
+        with Client(first.addr, rpc_timeout=5.0) as c:
+            c.set_dataset([path])
+            c.start_get_records(0)
+            got = [c.next_record(timeout=30) for _ in range(10)]
+            wait_for(lambda: bool(c.session_id), "the session to open")
+            old = c.session_id
+            first.kill()
+            second.start()  # a fresh store: it never heard of that session
+            with MasterConnection(second.addr, timeout=30) as conn:
+                conn.set_dataset([path])
+            got += _rest(c)
+            assert c.session_id not in ("", old)
+            assert set(got) == set(records)
+    finally:
+        first.kill()
+        second.kill()
+
+
+def test_goodbye_hands_back_tasks_held_but_not_read(tmp_path: Path) -> None:
+    path, _ = _dataset(tmp_path, 100)
+    with InProcessMaster(chunks_per_task=2, timeout_dur=600.0) as m:
+        with Client(m.addr, prefetch_tasks=2) as a:
+            a.set_dataset([path])
+            a.start_get_records(0)
+            a.next_record(timeout=30)
+            wait_for(lambda: m.status()["pending"] == 3, "the prefetched tasks")
+        st = m.status()
+        assert st["pending"] == 0 and st["sessions"] == 0
