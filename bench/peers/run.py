@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
 import subprocess
 import sys
@@ -104,6 +105,51 @@ def unary_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int
         return count_cycles(cycle, wait_start())
 
 
+def session_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int:
+    """A trainer's session cycle: one NextTask carrying the previous task's finish, on one
+    stream (one request in flight, the same shape as the unary client)."""
+    requests: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
+    with grpc.insecure_channel(addr) as channel:
+        call = channel.stream_stream(
+            "/chunkmaster.v1.Master/Session",
+            request_serializer=pb.SessionRequest.SerializeToString,
+            response_deserializer=pb.SessionResponse.FromString,
+        )(iter(requests.get, None))
+        seq = 1
+        requests.put(pb.SessionRequest(seq=seq, hello=pb.Hello(name=f"bench-{index}")))
+        next(call)
+        pass_id = 0
+        finished: list[pb.TaskPosition] = []
+
+        def cycle() -> bool:
+            nonlocal seq, pass_id, finished
+            seq += 1
+            msg = pb.NextTask(finished=finished, want_task=True, pass_id=pass_id, wait_seconds=2)
+            requests.put(pb.SessionRequest(seq=seq, next=msg))
+            resp = next(call)
+            finished = []
+            if resp.WhichOneof("body") == "error":
+                if resp.error.error == "PassBeforeError":
+                    pass_id += 1
+                elif resp.error.error not in ("NoMoreAvailableError", "PassAfterError"):
+                    raise RuntimeError(resp.error.message)
+                return False
+            t = resp.task
+            records = sum(c.num_records for c in t.chunks)
+            finished = [
+                pb.TaskPosition(
+                    task_id=t.meta.id, epoch=t.meta.epoch, pass_id=t.pass_id, records=records
+                )
+            ]
+            return True
+
+        try:
+            return count_cycles(cycle, wait_start())
+        finally:
+            requests.put(None)
+            call.cancel()
+
+
 def chunkmaster_runner(store: str, client: Client) -> Callable[[int, Options], Measurement]:
     """A fresh `chunkmaster master` per measurement (this .venv), `tasks` one-chunk tasks."""
 
@@ -148,6 +194,8 @@ def peer_runner(peer: str) -> Callable[[int, Options], Measurement]:
 RUNNERS = [
     Runner("chunkmaster-unary-memory", chunkmaster_runner("memory", unary_client)),
     Runner("chunkmaster-unary-sqlite", chunkmaster_runner("sqlite", unary_client)),
+    Runner("chunkmaster-session-memory", chunkmaster_runner("memory", session_client)),
+    Runner("chunkmaster-session-sqlite", chunkmaster_runner("sqlite", session_client)),
     Runner("dlrover", peer_runner("dlrover")),
     Runner("tfdata", peer_runner("tfdata")),
 ]

@@ -128,6 +128,9 @@ class Ledger:
         return result, asyncio.shield(done)  # one caller's cancellation must not fail the batch
 
     async def _flush_loop(self) -> None:
+        # One turn of the event loop first: the events that callers made ready together (a
+        # session's finishes and the dispatch they ride with) then share one write.
+        await asyncio.sleep(0)
         while self._queue:
             batch, done = self._queue, self._queue_done
             self._queue, self._queue_done = [], None
