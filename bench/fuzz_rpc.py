@@ -4,7 +4,10 @@ Not a speed bench: a long property run kept out of the quick suite. For each exa
 either random bytes or a well-formed message with hostile field values (huge, negative,
 non-finite, unicode), then checks that the master answered with a status code of the error
 table (never UNKNOWN or INTERNAL), is still alive, reports JSON without NaN or Infinity, and that
-a refused request (any non-OK answer to a report or save request) changed nothing.
+a refused request (any non-OK answer to a report or save request) changed nothing. The Session
+stream is fuzzed too: short streams of random bytes and hostile messages (Hello, NextTask,
+KeepAlive, Commit, failures, Goodbye), whose stream status and every SessionError must carry a
+code of the table.
 
     .venv/bin/python bench/fuzz_rpc.py --examples 2000
 """
@@ -69,6 +72,46 @@ def messages() -> st.SearchStrategy[tuple[str, bytes]]:
     return st.one_of(wellformed.map(lambda m: (m[0], m[1].SerializeToString())), raw)
 
 
+def _session_request(seq: int, body: dict[str, Any]) -> bytes:
+    return pb.SessionRequest(seq=seq % 2**64, **body).SerializeToString()
+
+
+def _hello(sid: str, name: str, host: str, pid: int) -> dict[str, Any]:
+    return {"hello": pb.Hello(session_id=sid, name=name, host=host, pid=pid)}
+
+
+def _next(finished: list[Any], want: bool, p: int, w: float, r: str) -> dict[str, Any]:
+    wait = min(w, 0.05) if math.isfinite(w) else w  # a finite wait stays short
+    msg = pb.NextTask(finished=finished, want_task=want, pass_id=p, wait_seconds=wait, request_id=r)
+    return {"next": msg}
+
+
+def _failed(task: int, epoch: int, reason: str) -> dict[str, Any]:
+    return {"failed": pb.TaskFailedRequest(meta=pb.TaskMeta(id=task, epoch=epoch), reason=reason)}
+
+
+def session_streams() -> st.SearchStrategy[list[bytes]]:
+    records = st.integers(0, 2**64 - 1)
+    pos = st.builds(pb.TaskPosition, task_id=ints, epoch=ints, pass_id=ints, records=records)
+    positions = st.lists(pos, max_size=3)
+    bodies = st.one_of(
+        st.builds(_hello, st.one_of(st.just(""), texts), texts, texts, ints),
+        st.builds(_next, positions, st.booleans(), ints, floats, texts),
+        st.builds(lambda ps: {"keep_alive": pb.KeepAlive(progress=ps)}, positions),
+        st.builds(lambda ps: {"commit": pb.Commit(positions=ps)}, positions),
+        st.builds(lambda ps: {"goodbye": pb.Goodbye(progress=ps)}, positions),
+        st.builds(_failed, ints, ints, texts),
+        st.just({}),
+    )
+    item = st.one_of(
+        st.tuples(ints, bodies).map(lambda sb: _session_request(*sb)), st.binary(max_size=48)
+    )
+    framed = st.lists(item, max_size=4).map(
+        lambda rest: [_session_request(1, {"hello": pb.Hello(name="fuzz")}), *rest]
+    )
+    return st.one_of(framed, st.lists(item, min_size=1, max_size=4))
+
+
 def _saver(status: dict[str, Any]) -> str | None:
     saver = status["save_model"]
     return None if saver is None else str(saver["trainer_id"])
@@ -128,13 +171,37 @@ def main() -> int:
             if _saver(after) not in (None, _saver(before)):  # a window may only expire
                 findings.append(f"refused {name} {body!r} changed the save lock")
 
+    codes = {c.value[0] for c in ALLOWED}
+    session = channel.stream_stream(
+        "/chunkmaster.v1.Master/Session", lambda b: b, pb.SessionResponse.FromString
+    )
+
+    @settings(max_examples=args.examples, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(session_streams())
+    def stream(items: list[bytes]) -> None:
+        counts["streams"] += 1
+        try:
+            for resp in session(iter(items), timeout=10):
+                if resp.WhichOneof("body") == "error" and resp.error.code not in codes:
+                    findings.append(f"Session {items!r}: SessionError code {resp.error.code}")
+        except grpc.RpcError as exc:
+            if exc.code() not in ALLOWED:  # type: ignore[attr-defined]
+                findings.append(f"Session {items!r}: {exc.code()}")  # type: ignore[attr-defined]
+        assert proc.poll() is None, "the master died"
+        status()  # still strict JSON
+
+    counts["streams"] = 0
     try:
         one()
+        stream()
     finally:
         channel.close()
         proc.terminate()
         proc.wait(30)
-    print(f"{counts['examples']} examples, {counts['refused']} refused, {len(findings)} findings")
+    print(
+        f"{counts['examples']} examples, {counts['refused']} refused, "
+        f"{counts['streams']} session streams, {len(findings)} findings"
+    )
     for f in findings[:20]:
         print("  ", f)
     return 1 if findings else 0
