@@ -23,6 +23,8 @@ bench: $(STAMP)
 	$(PY) bench/dispatch_bench.py
 	$(PY) bench/stream_bench.py
 	$(PY) bench/failover_bench.py
+	$(PY) bench/session_bench.py
+	$(PY) bench/progress_bench.py
 
 # Side by side with DLRover and tf.data service; each peer's virtualenv is made on first use.
 peers: $(STAMP)
