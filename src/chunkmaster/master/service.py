@@ -270,17 +270,7 @@ class Service:
 
     async def task_failed(self, meta: TaskMeta, reason: str = "") -> bool:
         """A trainer could not process a task; its reason stays visible in status."""
-        self._check_started()
-        _check(meta.id >= 0, f"task id {meta.id} is negative")
-        _check(meta.epoch >= 0, f"epoch {meta.epoch} is negative")
-        ev = Fail(meta.id, meta.epoch, reason or "failed (no reason given)")
-        why = fail_ignored(self.ledger.state, ev)
-        if why is not None:
-            log.info("failure of task %d (epoch %d) ignored: %s", meta.id, meta.epoch, why)
-            return False
-        applied = bool(await self.ledger.commit(ev))
-        self._log_failure(meta.id, ev.reason)
-        return applied
+        return bool(await self.submit_failure(meta, reason))
 
     async def _expire(self, task_id: int, epoch: int) -> None:
         if not self.ledger.available:
