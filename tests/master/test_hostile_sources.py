@@ -12,6 +12,7 @@ from helpers.master_process import MasterProcess
 
 from chunkmaster.client import Client
 from chunkmaster.client.connection import MasterConnection
+from chunkmaster.master.datasets import ItemTimeout, map_in_daemon_threads
 
 
 def test_a_source_that_never_answers_neither_jams_nor_outlives_the_master(tmp_path: Path) -> None:
@@ -41,3 +42,20 @@ def test_a_source_that_never_answers_neither_jams_nor_outlives_the_master(tmp_pa
         for conn in held:
             conn.close()
         silent.close()
+
+
+def test_an_item_past_its_deadline_fails_at_once_naming_it() -> None:
+    """A file whose index never comes (a hung file system) fails set_dataset by its deadline;
+    its thread is abandoned, not waited for."""
+    release = threading.Event()
+
+    def index(name: str) -> str:
+        if name == "hung":
+            release.wait()
+        return name.upper()
+
+    assert map_in_daemon_threads(index, ["a", "b"], 4, item_timeout=30) == ["A", "B"]
+    with pytest.raises(ItemTimeout) as err:
+        map_in_daemon_threads(index, ["a", "hung", "c"], 2, item_timeout=0.2)
+    assert err.value.item == "hung"
+    release.set()

@@ -133,6 +133,13 @@ SETTINGS = (
         "tasks it holds go back to the queue (Go-style duration or seconds; default 10s)",
     ),
     Setting(
+        "index_timeout",
+        ("--index-timeout",),
+        _env("INDEX_TIMEOUT"),
+        "longest time reading one file's chunk index may take before set_dataset fails "
+        "naming the file (a hung file system); default 2m",
+    ),
+    Setting(
         "restore",
         ("--restore",),
         _env("RESTORE"),

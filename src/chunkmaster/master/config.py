@@ -113,6 +113,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "task_timeout": parse_duration,
     "task_timeout_max": _integer,
     "trainer_ttl": parse_duration,
+    "index_timeout": parse_duration,
     "restore": _optional,
     "restore_replace": _flag,
     "chunks_per_task": _integer,
@@ -142,6 +143,8 @@ class MasterConfig:
     task_timeout_max: int = 3
     #: Seconds a silent trainer keeps its session (and the tasks it holds).
     trainer_ttl: float = 10.0
+    #: Seconds one file's chunk index may take to read before SetDataset fails naming it.
+    index_timeout: float = 120.0
     #: A data checkpoint file to start from (`chunkmaster checkpoint save`).
     restore: str | None = None
     #: With `restore`: replace a store that already holds state.
@@ -167,6 +170,8 @@ class MasterConfig:
             raise ConfigError(("task_timeout",), "must be positive")
         if not 0 < self.trainer_ttl < float("inf"):
             raise ConfigError(("trainer_ttl",), "must be a positive duration")
+        if not 0 < self.index_timeout < float("inf"):
+            raise ConfigError(("index_timeout",), "must be a positive duration")
         if self.restore_replace and self.restore is None:
             raise ConfigError(("restore_replace",), "only means something with a restore file")
         if self.task_timeout_max < 0:

@@ -14,6 +14,7 @@ import glob
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from chunkmaster.core.errors import DatasetError, NoDatasetError
 log = logging.getLogger("chunkmaster.datasets")
 
 MAX_INDEX_THREADS = 32
+INDEX_TIMEOUT = 120.0  # seconds one file's chunk index may take to read
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -53,28 +55,56 @@ async def in_daemon_thread(fn: Callable[..., R], *args: Any) -> R:
     return await done
 
 
-def map_in_daemon_threads(fn: Callable[[T], R], items: Iterable[T], workers: int) -> list[R]:
+class ItemTimeout(Exception):
+    """One item of map_in_daemon_threads took longer than its deadline."""
+
+    def __init__(self, item: object, seconds: float) -> None:
+        super().__init__(f"{item} took longer than {seconds:g}s")
+        self.item = item
+        self.seconds = seconds
+
+
+def map_in_daemon_threads(
+    fn: Callable[[T], R], items: Iterable[T], workers: int, item_timeout: float | None = None
+) -> list[R]:
     """[fn(x) for x in items] on up to `workers` daemon threads; the first error (in item
-    order among those that failed) is raised once the threads have stopped taking items."""
+    order among those that failed) is raised once the threads have stopped taking items.
+
+    An item still running `item_timeout` seconds after it started raises ItemTimeout at once:
+    its thread is abandoned (a daemon: it never holds the process), the others stop taking
+    items."""
     todo = list(enumerate(items))
     results: list[Any] = [None] * len(todo)
     errors: list[tuple[int, BaseException]] = []
-    lock = threading.Lock()
+    cond = threading.Condition()
+    started: dict[int, float] = {}  # item index -> time.monotonic() it started
     pending = iter(todo)
+    stopped = 0
 
     def worker() -> None:
+        nonlocal stopped
         while True:
-            with lock:
+            with cond:
                 item = None if errors else next(pending, None)
-            if item is None:
-                return
+                if item is None:
+                    stopped += 1
+                    cond.notify_all()
+                    return
+                started[item[0]] = time.monotonic()
             i, x = item
             try:
-                results[i] = fn(x)
+                result = fn(x)
             except BaseException as exc:
-                with lock:
+                with cond:
                     errors.append((i, exc))
+                    started.pop(i, None)
+                    stopped += 1
+                    cond.notify_all()
                 return
+            with cond:
+                results[i] = result
+                started.pop(i, None)
+                cond.notify_all()
 
     threads = [
         threading.Thread(target=worker, name="load-index", daemon=True)
@@ -82,10 +112,20 @@ def map_in_daemon_threads(fn: Callable[[T], R], items: Iterable[T], workers: int
     ]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise min(errors, key=lambda e: e[0])[1]
+    with cond:
+        while stopped < len(threads):
+            if item_timeout is None or not started:
+                cond.wait()
+                continue
+            oldest, since = min(started.items(), key=lambda kv: kv[1])
+            left = since + item_timeout - time.monotonic()
+            if left <= 0:
+                errors.append((oldest, ItemTimeout(todo[oldest][1], item_timeout)))
+                break
+            cond.wait(left)
+        failed = list(errors)
+    if failed:
+        raise min(failed, key=lambda e: e[0])[1]
     return results
 
 
@@ -116,8 +156,12 @@ def expand_globs(globs: Sequence[str]) -> list[str]:
     return list(seen)
 
 
-def load_dataset(globs: Sequence[str], chunks_per_task: int) -> Dataset:
-    """Expand `globs` and read every file's chunk index (headers only), in parallel."""
+def load_dataset(
+    globs: Sequence[str], chunks_per_task: int, file_timeout: float | None = INDEX_TIMEOUT
+) -> Dataset:
+    """Expand `globs` and read every file's chunk index (headers only), in parallel; a file
+    whose index takes longer than `file_timeout` seconds (a hung file system) is an error
+    naming it."""
     from chunkmaster.recordio import RecordIOError, load_index
 
     files = expand_globs(globs)
@@ -132,7 +176,13 @@ def load_dataset(globs: Sequence[str], chunks_per_task: int) -> Dataset:
             raise DatasetError(f"no valid dataset specified: cannot read {path}: {exc}") from exc
         return list(idx.chunk_offsets), list(idx.chunk_records), size
 
-    indexes = map_in_daemon_threads(index_of, files, MAX_INDEX_THREADS)
+    try:
+        indexes = map_in_daemon_threads(index_of, files, MAX_INDEX_THREADS, file_timeout)
+    except ItemTimeout as exc:
+        raise DatasetError(
+            f"no valid dataset specified: reading the chunk index of {exc.item} took longer "
+            f"than {exc.seconds:g}s (is its file system hung?)"
+        ) from None
     sizes = [size for _, _, size in indexes]
     dataset = Dataset.build(
         globs,

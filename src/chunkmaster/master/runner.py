@@ -115,6 +115,7 @@ async def run_master(
         failure_max=config.task_timeout_max,
         failed_policy=config.failed_policy,
         trainer_ttl=config.trainer_ttl,
+        index_timeout=config.index_timeout,
         job=config.job or "default",
     )
     try:

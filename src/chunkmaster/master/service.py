@@ -60,7 +60,7 @@ from chunkmaster.core.state import (
     finish_ignored,
     save_allowed,
 )
-from chunkmaster.master.datasets import in_daemon_thread, load_dataset
+from chunkmaster.master.datasets import INDEX_TIMEOUT, in_daemon_thread, load_dataset
 from chunkmaster.master.leases import LeaseKeeper
 from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.timeouts import TimeoutScheduler
@@ -88,6 +88,7 @@ class Service:
         compact_min: int | None = None,
         trainer_ttl: float = TRAINER_TTL,
         job: str = "default",
+        index_timeout: float = INDEX_TIMEOUT,
     ) -> None:
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
@@ -97,6 +98,7 @@ class Service:
             raise ValueError(f"trainer_ttl must be positive, not {trainer_ttl}")
         self.store = store
         self.job = job
+        self.index_timeout = index_timeout
         self.chunks_per_task = chunks_per_task
         self.timeout_dur = float(timeout_dur)
         self.failure_max = failure_max
@@ -199,7 +201,9 @@ class Service:
         await asyncio.shield(self._loading)
 
     async def _load(self, globs: list[str]) -> None:
-        dataset = await in_daemon_thread(load_dataset, globs, self.chunks_per_task)
+        dataset = await in_daemon_thread(
+            load_dataset, globs, self.chunks_per_task, self.index_timeout
+        )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset))
 
@@ -484,7 +488,9 @@ class Service:
                 "store only; start with --restore-replace to replace the state it holds"
             )
         globs = list(cp.dataset.globs)
-        dataset = await in_daemon_thread(load_dataset, globs, cp.dataset.chunks_per_task)
+        dataset = await in_daemon_thread(
+            load_dataset, globs, cp.dataset.chunks_per_task, self.index_timeout
+        )
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
         totals = dataset.task_records
         commits = tuple(
