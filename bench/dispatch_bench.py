@@ -29,7 +29,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -139,12 +141,23 @@ def _load_process(addr: str, clients: int, warmup: float, seconds: float, out: m
     asyncio.run(main())
 
 
-def measure(addr: str, clients: int, warmup: float, seconds: float) -> float:
+def measure(
+    addr: str,
+    clients: int,
+    warmup: float,
+    seconds: float,
+    target: Callable[..., None] = _load_process,
+    extra: tuple[Any, ...] = (),
+) -> float:
+    """Cycles/s of `clients` clients spread over two processes running `target(*extra, addr,
+    clients_here, warmup, seconds, queue)` (the unary GetTask+TaskFinished loop by default)."""
     procs_n = min(clients, 2)
     per = [clients // procs_n + (1 if i < clients % procs_n else 0) for i in range(procs_n)]
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_load_process, args=(addr, n, warmup, seconds, q)) for n in per]
+    procs = [
+        ctx.Process(target=target, args=(*extra, addr, n, warmup, seconds, q)) for n in per
+    ]
     for p in procs:
         p.start()
     results = [q.get(timeout=warmup + seconds + 120) for _ in procs]

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from dispatch_bench import Master, _client_loop, make_dataset
+from dispatch_bench import measure as dispatch_measure
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.rpc import master_pb2 as pb
@@ -100,10 +101,12 @@ async def _session_loop(
         await call.write(pb.SessionRequest(seq=seq, hello=pb.Hello(name=f"bench-{slot}")))
         await call.read()
         pass_id = 0
+        asked: dict[int, int] = {}  # request seq -> the pass it asked for
 
         async def ask(finished: list[pb.TaskPosition]) -> None:
             nonlocal seq
             seq += 1
+            asked[seq] = pass_id
             msg = pb.NextTask(finished=finished, want_task=True, pass_id=pass_id, wait_seconds=2)
             await call.write(pb.SessionRequest(seq=seq, next=msg))
 
@@ -116,7 +119,7 @@ async def _session_loop(
             finished: list[pb.TaskPosition] = []
             if resp.WhichOneof("body") == "error":
                 if resp.error.error == "PassBeforeError":
-                    pass_id += 1
+                    pass_id = max(pass_id, asked[resp.seq] + 1)  # two in flight: move once
                 elif resp.error.error not in ("NoMoreAvailableError", "PassAfterError"):
                     raise RuntimeError(resp.error.message)
             else:
@@ -155,19 +158,7 @@ def _load_process(
 
 
 def measure(kind: str, addr: str, clients: int, warmup: float, seconds: float) -> float:
-    procs_n = min(clients, 2)
-    per = [clients // procs_n + (1 if i < clients % procs_n else 0) for i in range(procs_n)]
-    ctx = mp.get_context("spawn")
-    q: mp.Queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=_load_process, args=(kind, addr, n, warmup, seconds, q)) for n in per
-    ]
-    for p in procs:
-        p.start()
-    results = [q.get(timeout=warmup + seconds + 120) for _ in procs]
-    for p in procs:
-        p.join(30)
-    return sum(n for n, _ in results) / max(dt for _, dt in results)
+    return dispatch_measure(addr, clients, warmup, seconds, _load_process, (kind,))
 
 
 def store_args(store: str, root: Path) -> list[str]:

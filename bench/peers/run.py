@@ -105,9 +105,12 @@ def unary_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int
         return count_cycles(cycle, wait_start())
 
 
-def session_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int:
-    """A trainer's session cycle: one NextTask carrying the previous task's finish, on one
-    stream (one request in flight, the same shape as the unary client)."""
+def session_client(
+    addr: str, index: int, wait_start: Callable[[], Window], window: int = 1
+) -> int:
+    """A trainer's session cycle: NextTask requests that carry the previous task's finish, on
+    one stream, `window` of them in flight (1: the unary client's shape; 2: a Client that holds
+    a task while it asks for the next, as tf.data's worker prefetches splits)."""
     requests: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
     with grpc.insecure_channel(addr) as channel:
         call = channel.stream_stream(
@@ -119,18 +122,27 @@ def session_client(addr: str, index: int, wait_start: Callable[[], Window]) -> i
         requests.put(pb.SessionRequest(seq=seq, hello=pb.Hello(name=f"bench-{index}")))
         next(call)
         pass_id = 0
+        asked: dict[int, int] = {}  # request seq -> the pass it asked for
+
+        def ask(finished: list[pb.TaskPosition]) -> None:
+            nonlocal seq
+            seq += 1
+            asked[seq] = pass_id
+            msg = pb.NextTask(finished=finished, want_task=True, pass_id=pass_id, wait_seconds=2)
+            requests.put(pb.SessionRequest(seq=seq, next=msg))
+
+        for _ in range(window - 1):
+            ask([])
         finished: list[pb.TaskPosition] = []
 
         def cycle() -> bool:
-            nonlocal seq, pass_id, finished
-            seq += 1
-            msg = pb.NextTask(finished=finished, want_task=True, pass_id=pass_id, wait_seconds=2)
-            requests.put(pb.SessionRequest(seq=seq, next=msg))
+            nonlocal pass_id, finished
+            ask(finished)
             resp = next(call)
             finished = []
             if resp.WhichOneof("body") == "error":
                 if resp.error.error == "PassBeforeError":
-                    pass_id += 1
+                    pass_id = max(pass_id, asked[resp.seq] + 1)  # two in flight: move once
                 elif resp.error.error not in ("NoMoreAvailableError", "PassAfterError"):
                     raise RuntimeError(resp.error.message)
                 return False
@@ -148,6 +160,10 @@ def session_client(addr: str, index: int, wait_start: Callable[[], Window]) -> i
         finally:
             requests.put(None)
             call.cancel()
+
+
+def session2_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int:
+    return session_client(addr, index, wait_start, window=2)
 
 
 def chunkmaster_runner(store: str, client: Client) -> Callable[[int, Options], Measurement]:
@@ -196,6 +212,8 @@ RUNNERS = [
     Runner("chunkmaster-unary-sqlite", chunkmaster_runner("sqlite", unary_client)),
     Runner("chunkmaster-session-memory", chunkmaster_runner("memory", session_client)),
     Runner("chunkmaster-session-sqlite", chunkmaster_runner("sqlite", session_client)),
+    Runner("chunkmaster-session2-memory", chunkmaster_runner("memory", session2_client)),
+    Runner("chunkmaster-session2-sqlite", chunkmaster_runner("sqlite", session2_client)),
     Runner("dlrover", peer_runner("dlrover")),
     Runner("tfdata", peer_runner("tfdata")),
 ]
