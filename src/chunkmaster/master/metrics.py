@@ -334,6 +334,9 @@ class MetricsServer:
         except ConnectionError:
             writer.close()
             return
+        except Exception:  # a bug, not the client's fault: say so, keep serving
+            log.exception("the metrics server failed to answer a request")
+            status, ctype, body = "500 Internal Server Error", "text/plain", b"internal error\n"
         try:
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
