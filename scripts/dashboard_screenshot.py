@@ -5,7 +5,7 @@ three session trainers reading at different speeds, and one task a reader report
 about a third of the pass is done, headless chromium shoots the page. Run once by hand, from
 the repository root (needs chromium: scripts/ensure-chromium.sh):
 
-    .venv/bin/python scripts/dashboard_screenshot.py [--out docs/dashboard.png]
+    .venv/bin/python scripts/dashboard_screenshot.py [--out docs/dashboard.png] [--size 1200,900]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def status(addr: str) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=str(ROOT / "docs" / "dashboard.png"))
+    ap.add_argument("--size", default="1200,900", help="window WIDTH,HEIGHT (a phone: 390,1400)")
     args = ap.parse_args()
     browser = shutil.which("chromium")
     if browser is None:
@@ -73,19 +74,23 @@ def main() -> int:
         for name, step in TRAINERS:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, str(TRAINER), "--addr", rpc, "--passes", "2"]
-                    + ["--out", str(work / f"{name}.log"), "--name", name]
-                    + ["--report-every", "5", "--step-time", str(step)],
+                    [
+                        *(sys.executable, str(TRAINER), "--addr", rpc, "--passes", "2"),
+                        *("--out", str(work / f"{name}.log"), "--name", name),
+                        *("--report-every", "5", "--step-time", str(step)),
+                    ],
                     stderr=subprocess.DEVNULL,
                 )
             )
         while status(http)["done"] < status(http)["num_tasks"] // 3:
             time.sleep(0.2)
         subprocess.run(
-            [browser, "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars"]
-            + [f"--user-data-dir={work / 'profile'}", "--virtual-time-budget=3000"]
-            + [f"--screenshot={Path(args.out).resolve()}", "--window-size=1200,900"]
-            + [f"http://{http}/"],
+            [
+                *(browser, "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars"),
+                *(f"--user-data-dir={work / 'profile'}", "--virtual-time-budget=3000"),
+                *(f"--screenshot={Path(args.out).resolve()}", f"--window-size={args.size}"),
+                f"http://{http}/",
+            ],
             check=True,
             capture_output=True,
         )
