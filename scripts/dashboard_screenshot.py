@@ -3,7 +3,8 @@
 A master (in-memory store, --metrics-port 0), a RecordIO dataset of 600 records in 300 tasks,
 three session trainers reading at different speeds, and one task a reader reports failed; once
 about a third of the pass is done, headless chromium shoots the page. Run once by hand, from
-the repository root (needs chromium: scripts/ensure-chromium.sh):
+the repository root (needs chromium: scripts/ensure-chromium.sh); it also saves a scrape of the
+metrics (docs/metrics-during-a-pass.txt):
 
     .venv/bin/python scripts/dashboard_screenshot.py [--out docs/dashboard.png] [--size 1200,900]
 """
@@ -43,6 +44,11 @@ def status(addr: str) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=str(ROOT / "docs" / "dashboard.png"))
+    ap.add_argument(
+        "--metrics-out",
+        default=str(ROOT / "docs" / "metrics-during-a-pass.txt"),
+        help="where to save a scrape of /metrics taken with the screenshot",
+    )
     ap.add_argument("--size", default="1200,900", help="window WIDTH,HEIGHT (a phone: 390,1400)")
     args = ap.parse_args()
     browser = shutil.which("chromium")
@@ -94,7 +100,9 @@ def main() -> int:
             check=True,
             capture_output=True,
         )
-        print(f"wrote {args.out}")
+        with urllib.request.urlopen(f"http://{http}/metrics", timeout=10) as r:
+            Path(args.metrics_out).write_bytes(r.read())
+        print(f"wrote {args.out} and {args.metrics_out}")
     finally:
         for p in [*procs, master]:
             p.kill()
