@@ -194,7 +194,9 @@ class MasterMetrics:
         )
         for reason in (TIMEOUT_REASON, READ_FAILURE):
             self.failures.labels(reason)
-        self._dispatched_at: dict[int, tuple[int, float]] = {}  # task -> (epoch, monotonic)
+        # task -> (epoch, monotonic time) of its latest dispatch; one entry per task at most,
+        # so tasks handed back without a finish (a session's end) cost no more than that
+        self._dispatched_at: dict[int, tuple[int, float]] = {}
         service.ledger.on_event.append(self._on_event)
         service.ledger.on_save.append(self._on_save)
 
