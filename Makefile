@@ -14,6 +14,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	sh scripts/ensure-etcd.sh
+	sh scripts/ensure-chromium.sh
 	$(PY) -m ruff check src tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)

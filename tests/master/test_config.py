@@ -64,6 +64,8 @@ def test_a_bad_environment_variable_is_one_line_naming_it(env: dict[str, str], n
         (["--endpoints", "127.0.0.1:2379"], "--store and --endpoints"),
         (["--etcd-cert", "c.pem"], "--etcd-cert and --etcd-key"),
         (["--job", "a/b"], "--job"),
+        (["--metrics-port", "70000"], "--metrics-port"),
+        (["--metrics-port", "nine"], "--metrics-port"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it(args: list[str], named: str) -> None:

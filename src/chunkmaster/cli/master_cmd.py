@@ -203,6 +203,15 @@ SETTINGS = (
         "PATH",
     ),
     Setting(
+        "metrics_port",
+        ("--metrics-port",),
+        _env("METRICS_PORT"),
+        "serve Prometheus metrics (/metrics), the status as JSON (/status.json) and a live "
+        "dashboard (/) over HTTP on this port, on the same interface as the RPC port; "
+        "0 picks a free one (default: off)",
+        "PORT",
+    ),
+    Setting(
         "log_level",
         ("--log-level",),
         _env("LOG_LEVEL"),

@@ -122,6 +122,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "store_sync": _store_sync,
     "store_on_damage": _store_on_damage,
     "ready_file": _optional,
+    "metrics_port": _integer,
 }
 
 #: The texts that make up `MasterConfig.etcd` (empty `endpoints`: no etcd).
@@ -158,10 +159,16 @@ class MasterConfig:
     store_on_damage: str = "refuse"
     #: Where to write the ready file (see chunkmaster.master.readiness); None: none.
     ready_file: str | None = None
+    #: Port of the metrics and dashboard HTTP server (0 picks a free one); None: no server.
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(("port",), f"{self.port} is not a TCP port (0 to 65535)")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(
+                ("metrics_port",), f"{self.metrics_port} is not a TCP port (0 to 65535)"
+            )
         if self.ttl_sec < 1:
             raise ConfigError(("ttl_sec",), f"{self.ttl_sec} is not a TTL: at least 1 second")
         if self.job is not None and (not self.job or "/" in self.job):

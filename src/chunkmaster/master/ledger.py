@@ -57,6 +57,10 @@ class Ledger:
         self.next_retry_at: float | None = None  # time.monotonic() of the next attempt
         self.on_reset: list[Callable[[], None]] = []  # called after the state was rebuilt
         self.on_change: list[Callable[[], None]] = []  # called after every applied event
+        #: called with each event `submit` applied and its result (metrics count them)
+        self.on_event: list[Callable[[Event, Task | bool | int | None], None]] = []
+        #: called with each batch written and the seconds its write took (metrics time them)
+        self.on_save: list[Callable[[int, float], None]] = []
         self._retry_first = retry_first
         self._retry_max = retry_max
         self._log_every = log_every
@@ -125,6 +129,8 @@ class Ledger:
             self._flusher = asyncio.create_task(self._flush_loop(), name="ledger-flush")
         for cb in self.on_change:
             cb()
+        for observe in self.on_event:
+            observe(event, result)
         return result, asyncio.shield(done)  # one caller's cancellation must not fail the batch
 
     async def _flush_loop(self) -> None:
@@ -135,11 +141,14 @@ class Ledger:
             batch, done = self._queue, self._queue_done
             self._queue, self._queue_done = [], None
             assert done is not None
+            began = time.monotonic()
             try:
                 await self.store.save(batch)
             except Exception as exc:
                 self._fail(done, exc)
                 return
+            for saved in self.on_save:
+                saved(len(batch), time.monotonic() - began)
             self.durable_seq = batch[-1][0]
             self.entries_since_snapshot += len(batch)
             done.set_result(None)

@@ -2,9 +2,10 @@
 
 With `--ready-file PATH` the master writes, once it listens (and, on etcd, once it leads and has
 published its address), a small JSON object: ``{"addr": "127.0.0.1:PORT", "pid": N, "store":
-"sqlite"|"memory"|"etcd"}``. It is written to a temporary file and renamed, so a reader sees the
-whole object or nothing. A stale file is removed at start-up, and the file again at a clean
-exit; after a crash it stays, and its pid tells whose it was.
+"sqlite"|"memory"|"etcd"}``, plus ``"metrics_addr": "HOST:PORT"`` with `--metrics-port`.
+It is written to a temporary file and renamed, so a reader sees the whole object or nothing.
+A stale file is removed at start-up, and the file again at a clean exit; after a crash it
+stays, and its pid tells whose it was.
 """
 
 from __future__ import annotations
@@ -34,10 +35,15 @@ class MasterNotReady(RuntimeError):
     """The master exited, or did not become ready in time; the message carries its log."""
 
 
-def write_ready_file(path: str | Path, addr: str, store: str) -> None:
+def write_ready_file(
+    path: str | Path, addr: str, store: str, *, metrics_addr: str | None = None
+) -> None:
     """Atomically publish this process's readiness at `path`."""
     target = Path(path)
-    body = json.dumps({"addr": addr, "pid": os.getpid(), "store": store})
+    info: dict[str, Any] = {"addr": addr, "pid": os.getpid(), "store": store}
+    if metrics_addr is not None:
+        info["metrics_addr"] = metrics_addr
+    body = json.dumps(info)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:

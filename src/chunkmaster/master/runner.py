@@ -20,6 +20,7 @@ from typing import Any
 
 from chunkmaster.master.config import MasterConfig
 from chunkmaster.master.leadership import Leadership
+from chunkmaster.master.metrics import RpcMetrics, start_metrics
 from chunkmaster.master.readiness import remove_ready_file, write_ready_file
 from chunkmaster.master.server import MasterServer
 from chunkmaster.master.service import Service
@@ -125,13 +126,24 @@ async def run_master(
     except Exception:
         await service.close()
         raise
-    server = MasterServer(service, host, config.port)
+    metrics = None
+    if config.metrics_port is not None:
+        metrics, http = await start_metrics(
+            service, host, config.metrics_port, elected=leadership is not None
+        )
+    interceptors = () if metrics is None else (RpcMetrics(metrics),)
+    server = MasterServer(service, host, config.port, interceptors=interceptors)
     await server.start()
     if leadership is not None:
         await leadership.publish_addr(f"{host}:{server.port}")
     log.info("serving on %s", server.address)
     if config.ready_file is not None:
-        write_ready_file(config.ready_file, server.address, config.store_name)
+        write_ready_file(
+            config.ready_file,
+            server.address,
+            config.store_name,
+            metrics_addr=None if metrics is None else http.address,
+        )
     lost = asyncio.create_task(leadership.lost.wait()) if leadership is not None else None
     waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
     if lost is not None:
@@ -141,12 +153,16 @@ async def run_master(
     if lost is not None and lost.done():
         log.critical("lost the master lock: stopping at once so that the new leader alone serves")
         code = 1
+        if metrics is not None:
+            metrics.leading(False, change=True)
         await server.stop(grace=0)
     else:
         log.info("shutting down")
         await server.stop(grace=1.0)
     for w in waiters:
         w.cancel()
+    if metrics is not None:
+        await http.stop()
     await service.close()
     if config.ready_file is not None:
         remove_ready_file(config.ready_file)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -148,10 +148,18 @@ class MasterServicer(pb_grpc.MasterServicer):
 class MasterServer:
     """A Service served over gRPC on `host:port` (port 0 picks a free one)."""
 
-    def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        service: Service,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
+    ) -> None:
         self.service = service
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.server = grpc.aio.server(
+            interceptors=interceptors,
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.keepalive_permit_without_calls", 1),

@@ -1,0 +1,382 @@
+"""What an operator watches: Prometheus metrics and a live dashboard, on one small HTTP port.
+
+Figures that describe the state (the pass, the queues, the trainers, the record ledger, the
+store's health) are read from the service when Prometheus scrapes, so they can never drift
+from it. Only events that leave no trace in the state are counted as they happen: dispatches,
+finishes and failures (the ledger's `on_event`), store writes (its `on_save`), RPCs (a gRPC
+server interceptor) and leadership. Every figure lives in a private registry, so two masters
+in one process (the tests) never mix their numbers.
+
+The HTTP server runs on the master's event loop (asyncio streams): the state is read on the
+thread that changes it, and a slow client holds only its own connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from chunkmaster.core.events import Dispatch, Event, Fail, Finish
+from chunkmaster.core.model import TIMEOUT_REASON, Task
+from chunkmaster.core.state import READ_FAILURE
+from chunkmaster.master.service import Service
+
+log = logging.getLogger("chunkmaster.metrics")
+
+__all__ = ["MasterMetrics", "MetricsServer", "RpcMetrics", "start_metrics"]
+
+#: Seconds a task may take between dispatch and finish: from a tiny test task to hours.
+TASK_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1200, 3600, 4 * 3600)
+#: Seconds for one RPC or one store write: sub-millisecond to a GetTask's long wait.
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+    10, 30, 60,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+if TYPE_CHECKING:
+    Handler = grpc.RpcMethodHandler[Any, Any]
+    Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    Handler = grpc.RpcMethodHandler
+    Interceptor = grpc.aio.ServerInterceptor
+READ_TIMEOUT = 10.0  # seconds a client has to send its request
+
+
+class StateCollector(Collector):
+    """The figures the state holds, read at scrape time from `Service.status()`."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.service.status()
+        yield _gauge("chunkmaster_pass", "The pass being dispatched.", st["cur_pass"])
+        yield _gauge("chunkmaster_ready", "1 once a dataset is set.", int(st["ready"]))
+        yield _gauge("chunkmaster_dataset_tasks", "Tasks in one pass.", st["num_tasks"])
+        queues = GaugeMetricFamily(
+            "chunkmaster_tasks", "Tasks of the current pass by queue.", labels=["queue"]
+        )
+        for queue in ("todo", "pending", "done", "failed"):
+            queues.add_metric([queue], st[queue])
+        yield queues
+        yield _gauge(
+            "chunkmaster_tasks_with_failures",
+            "Tasks that failed at least once (all passes).",
+            st["tasks_with_failures"],
+        )
+        yield _gauge("chunkmaster_trainers", "Trainers with a live session.", st["sessions"])
+        rate = GaugeMetricFamily(
+            "chunkmaster_trainer_records_per_second",
+            "Each trainer's recent reading rate (records/s), from its progress reports.",
+            labels=["trainer", "session"],
+        )
+        consumed = GaugeMetricFamily(
+            "chunkmaster_trainer_records_consumed",
+            "Records each trainer reported consumed, all passes.",
+            labels=["trainer", "session"],
+        )
+        for t in st["trainers"]:
+            labels = [t["name"], t["session"]]
+            if t["records_per_second"] is not None:
+                rate.add_metric(labels, t["records_per_second"])
+            consumed.add_metric(labels, t["records_consumed"])
+        yield rate
+        yield consumed
+        records = GaugeMetricFamily(
+            "chunkmaster_pass_records",
+            "Records of a pass (the current and the previous one) by stage: handed out, "
+            "reported consumed, committed.",
+            labels=["pass", "stage"],
+        )
+        again = GaugeMetricFamily(
+            "chunkmaster_pass_records_redispatched",
+            "Records of a pass handed out again, by why.",
+            labels=["pass", "reason"],
+        )
+        for entry in st["ledger"]:
+            p = str(entry["pass"])
+            for stage in ("dispatched", "consumed", "committed"):
+                records.add_metric([p, stage], entry[stage])
+            for reason, n in entry["redispatched"].items():
+                again.add_metric([p, reason], n)
+        yield records
+        yield again
+        yield _gauge(
+            "chunkmaster_commit_floor", "The first pass not wholly committed.", st["commit_floor"]
+        )
+        store = st["store"]
+        yield _gauge(
+            "chunkmaster_store_healthy", "1 while the store takes writes.", int(store["healthy"])
+        )
+        yield _gauge(
+            "chunkmaster_store_failed_attempts",
+            "Store writes that failed since it last worked.",
+            store["failed_attempts"],
+        )
+        yield _gauge("chunkmaster_journal_seq", "Last journal entry applied.", store["seq"])
+        yield _gauge(
+            "chunkmaster_journal_durable_seq",
+            "Last journal entry the store acknowledged.",
+            store["durable_seq"],
+        )
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+class MasterMetrics:
+    """The master's registry: state figures read at scrape time plus event counters."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        r.register(StateCollector(service))
+        self.dispatches = Counter("chunkmaster_dispatches", "Tasks handed out.", registry=r)
+        self.finishes = Counter("chunkmaster_finishes", "Tasks reported finished.", registry=r)
+        self.failures = Counter(
+            "chunkmaster_failures",
+            "Task failures by reason: 'timeout' (no finish in time) or 'read failure' "
+            "(the trainer reported one).",
+            ["reason"],
+            registry=r,
+        )
+        self.task_seconds = Histogram(
+            "chunkmaster_task_duration_seconds",
+            "Seconds from a task's dispatch to its finish.",
+            buckets=TASK_BUCKETS,
+            registry=r,
+        )
+        self.rpc_seconds = Histogram(
+            "chunkmaster_rpc_duration_seconds",
+            "Seconds a unary RPC took to answer, by method (GetTask includes its wait).",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.refused = Counter(
+            "chunkmaster_rpc_refused",
+            "RPCs answered with an error, by method and status code.",
+            ["method", "code"],
+            registry=r,
+        )
+        self.store_seconds = Histogram(
+            "chunkmaster_store_commit_seconds",
+            "Seconds one batch of journal entries took to be durable in the store.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.store_batch = Histogram(
+            "chunkmaster_store_batch_entries",
+            "Journal entries written per store batch.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.leader = Gauge(
+            "chunkmaster_leader", "1 while this master leads and serves.", registry=r
+        )
+        self.leadership_changes = Counter(
+            "chunkmaster_leadership_changes",
+            "Times this process won or lost the job's leadership (etcd).",
+            registry=r,
+        )
+        for reason in (TIMEOUT_REASON, READ_FAILURE):
+            self.failures.labels(reason)
+        # task -> (epoch, monotonic time) of its latest dispatch; one entry per task at most,
+        # so tasks handed back without a finish (a session's end) cost no more than that
+        self._dispatched_at: dict[int, tuple[int, float]] = {}
+        service.ledger.on_event.append(self._on_event)
+        service.ledger.on_save.append(self._on_save)
+
+    def _on_event(self, event: Event, result: Task | bool | int | None) -> None:
+        if isinstance(event, Dispatch) and isinstance(result, Task):
+            self.dispatches.inc()
+            self._dispatched_at[result.meta.id] = (result.meta.epoch, time.monotonic())
+        elif isinstance(event, Finish) and result:
+            self.finishes.inc()
+            began = self._dispatched_at.pop(event.task_id, None)
+            if began is not None and began[0] == event.epoch:
+                self.task_seconds.observe(time.monotonic() - began[1])
+        elif isinstance(event, Fail) and result:
+            self.failures.labels(
+                TIMEOUT_REASON if event.reason == TIMEOUT_REASON else READ_FAILURE
+            ).inc()
+            self._dispatched_at.pop(event.task_id, None)
+
+    def _on_save(self, entries: int, seconds: float) -> None:
+        self.store_batch.observe(entries)
+        self.store_seconds.observe(seconds)
+
+    def leading(self, leads: bool, *, change: bool) -> None:
+        """Note whether this master leads; `change`: it won or lost an election."""
+        self.leader.set(1 if leads else 0)
+        if change:
+            self.leadership_changes.inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RpcMetrics(Interceptor):
+    """Times every unary RPC by method and counts refusals by status code. Placed first
+    among the server's interceptors, it also counts what later ones (auth) refuse."""
+
+    def __init__(self, metrics: MasterMetrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._timed(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                self._watched(method, handler.stream_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _timed(self, method: str, inner: Any) -> Any:
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            began = time.perf_counter()
+            try:
+                return await inner(request, context)
+            except BaseException:
+                self._refused(method, context, grpc.StatusCode.UNKNOWN)
+                raise
+            finally:
+                self.metrics.rpc_seconds.labels(method).observe(time.perf_counter() - began)
+
+        return call
+
+    def _watched(self, method: str, inner: Any) -> Any:
+        """A stream lasts as long as its trainer: counted when refused, never timed."""
+
+        async def call(
+            requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            try:
+                async for response in inner(requests, context):
+                    yield response
+            except BaseException:
+                self._refused(method, context, grpc.StatusCode.UNKNOWN)
+                raise
+
+        return call
+
+    def _refused(
+        self, method: str, context: grpc.aio.ServicerContext[Any, Any], default: grpc.StatusCode
+    ) -> None:
+        code = context.code() or default
+        if isinstance(code, grpc.StatusCode) and code is not grpc.StatusCode.OK:
+            self.metrics.refused.labels(method, code.name).inc()
+
+
+def dashboard_html() -> bytes:
+    return resources.files("chunkmaster.master").joinpath("dashboard.html").read_bytes()
+
+
+class MetricsServer:
+    """`/metrics` (Prometheus), `/status.json` (the master's status) and `/` (the dashboard),
+    over plain HTTP/1.1, one request per connection."""
+
+    def __init__(self, metrics: MasterMetrics) -> None:
+        self.metrics = metrics
+        self._server: asyncio.Server | None = None
+        self._page = dashboard_html()
+        self.host, self.port = "", 0
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    async def start(self, host: str, port: int) -> None:
+        try:
+            self._server = await asyncio.start_server(self._handle, host, port)
+        except OSError as exc:
+            raise OSError(f"cannot listen for metrics on {host}:{port}: {exc.strerror}") from None
+        self.host = host
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
+            status, ctype, body = self._answer(head)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
+        except ConnectionError:
+            writer.close()
+            return
+        except Exception:  # a bug, not the client's fault: say so, keep serving
+            log.exception("the metrics server failed to answer a request")
+            status, ctype, body = "500 Internal Server Error", "text/plain", b"internal error\n"
+        try:
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    def _answer(self, head: bytes) -> tuple[str, str, bytes]:
+        parts = head.split(b"\r\n", 1)[0].split()
+        if len(parts) != 3:
+            return "400 Bad Request", "text/plain", b"bad request\n"
+        verb, target = parts[0], parts[1].split(b"?", 1)[0]
+        if verb != b"GET":
+            return "405 Method Not Allowed", "text/plain", b"only GET\n"
+        if target == b"/metrics":
+            return "200 OK", CONTENT_TYPE_LATEST, self.metrics.exposition()
+        if target == b"/status.json":
+            body = json.dumps(self.metrics.service.status()).encode()
+            return "200 OK", "application/json", body
+        if target in (b"/", b"/index.html"):
+            return "200 OK", "text/html; charset=utf-8", self._page
+        return "404 Not Found", "text/plain", b"not found: try /, /metrics or /status.json\n"
+
+
+async def start_metrics(
+    service: Service, host: str, port: int, *, elected: bool
+) -> tuple[MasterMetrics, MetricsServer]:
+    """The master's metrics, served on `host:port` (0 picks a free port). `elected`: this
+    master won an election to serve (etcd), which counts as a leadership change."""
+    metrics = MasterMetrics(service)
+    metrics.leading(True, change=elected)
+    server = MetricsServer(metrics)
+    await server.start(host, port)
+    log.info("metrics and dashboard on http://%s/", server.address)
+    return metrics, server

@@ -1,0 +1,132 @@
+"""The dashboard, rendered by a real headless browser (Debian's chromium, installed by
+scripts/ensure-chromium.sh from `make test`) against a real master with a real trainer."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chunkmaster.master.readiness import read_ready_file
+from tests.helpers.datasets import numbered_records
+from tests.helpers.master_process import MasterProcess
+
+HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+TRAINER = "dash-trainer-7"
+QUEUES = ("todo", "pending", "done", "failed")
+
+
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.fail("chromium is not installed: run scripts/ensure-chromium.sh (make test does)")
+    return path
+
+
+def render(url: str, profile: Path) -> str:
+    """The page's DOM once its scripts ran (virtual time lets its first fetches finish)."""
+    out = subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def status(addr: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{addr}/status.json", timeout=10) as r:
+        body: dict[str, Any] = json.loads(r.read())
+    return body
+
+
+def text_of(dom: str, element_id: str) -> str:
+    m = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
+    assert m is not None, f"no element #{element_id} in the rendered page"
+    return m.group(1)
+
+
+@pytest.fixture
+def busy_master(tmp_path: Path) -> Iterator[tuple[MasterProcess, str]]:
+    """A master in the middle of a pass: one trainer holds a task and reads slowly."""
+    m = MasterProcess(
+        ["--store", ":memory:", "--metrics-port", "0", "--chunk-per-task", "1"]
+    ).start()
+    data = numbered_records(tmp_path / "data.recordio", 40)
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            str(HELPERS / "session_trainer.py"),
+            "--addr",
+            m.addr or "",
+            "--out",
+            str(tmp_path / "trainer.log"),
+            "--passes",
+            "1",
+            "--dataset",
+            data,
+            "--name",
+            TRAINER,
+            "--report-every",
+            "1",
+            "--step-time",
+            "600",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        info = read_ready_file(m.ready_file)
+        assert info is not None
+        yield m, str(info["metrics_addr"])
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+        m.kill()
+
+
+def test_dashboard_shows_the_pass_queues_and_trainer(
+    busy_master: tuple[MasterProcess, str], tmp_path: Path
+) -> None:
+    master, addr = busy_master
+    end = time.monotonic() + 60
+    while True:  # the trainer has opened its session and holds a task
+        st = status(addr)
+        if st["sessions"] == 1 and st["pending"] >= 1:
+            break
+        assert time.monotonic() < end, f"the trainer never started: {master.log()[-2000:]}"
+        time.sleep(0.1)
+    for _ in range(5):  # the trainer may still be fetching ahead: retry until it holds still
+        before = status(addr)
+        dom = render(f"http://{addr}/", tmp_path / "profile")
+        after = status(addr)
+        if all(before[q] == after[q] for q in QUEUES):
+            break
+    else:
+        pytest.fail("the queues never held still for one render")
+    assert text_of(dom, "pass") == str(after["cur_pass"]) == "0"
+    for q in QUEUES:
+        assert text_of(dom, f"q-{q}") == str(after[q]), q
+    assert sum(after[q] for q in QUEUES) == 40 and after["pending"] >= 1
+    assert text_of(dom, "n-trainers") == "1"
+    assert f"<td>{TRAINER}</td>" in dom
+    assert "store healthy" in text_of(dom, "health")
