@@ -212,6 +212,14 @@ SETTINGS = (
         "PORT",
     ),
     Setting(
+        "log_format",
+        ("--log-format",),
+        _env("LOG_FORMAT"),
+        "text (default) or json: one JSON object per line, with the pass, task and trainer "
+        "it concerns",
+        "{text,json}",
+    ),
+    Setting(
         "log_level",
         ("--log-level",),
         _env("LOG_LEVEL"),
@@ -273,32 +281,42 @@ def gather(
     return texts, sources
 
 
-def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[MasterConfig, str]:
-    """The master's config and the log level, or a CliError naming the flag or variable."""
+@dataclass(frozen=True)
+class Logging:
+    level: str = "info"
+    format: str = "text"
+
+
+def config_from(
+    args: argparse.Namespace, environ: Mapping[str, str]
+) -> tuple[MasterConfig, Logging]:
+    """The master's config and how to log, or a CliError naming the flag or variable."""
     texts, sources = gather(args, environ)
     level = texts.pop("log_level", "info")
+    log_format = texts.pop("log_format", "text")
+    if log_format not in ("text", "json"):
+        raise CliError(f"{sources['log_format']}: {log_format!r} is not text or json", USAGE_EXIT)
     if level not in LOG_LEVELS:
         raise CliError(
             f"{sources['log_level']}: {level!r} is not one of {', '.join(sorted(LOG_LEVELS))}",
             USAGE_EXIT,
         )
     try:
-        return MasterConfig.from_text(texts), level
+        return MasterConfig.from_text(texts), Logging(level, log_format)
     except ConfigError as exc:
         named = " and ".join(sources.get(f, f) for f in exc.fields)
         raise CliError(f"{named}: {exc.message}", USAGE_EXIT) from None
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=LOG_LEVELS[level],
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def setup_logging(level: str, fmt: str = "text") -> None:
+    from chunkmaster import logs
+
+    logs.setup(LOG_LEVELS[level], fmt)
 
 
 def run(args: argparse.Namespace) -> int:
-    config, level = config_from(args, os.environ)
-    setup_logging(level)
+    config, logging_ = config_from(args, os.environ)
+    setup_logging(logging_.level, logging_.format)
     from chunkmaster.master.runner import run_master
 
     try:

@@ -60,6 +60,7 @@ from chunkmaster.core.state import (
     finish_ignored,
     save_allowed,
 )
+from chunkmaster.logs import about
 from chunkmaster.master.datasets import INDEX_TIMEOUT, in_daemon_thread, load_dataset
 from chunkmaster.master.leases import LeaseKeeper
 from chunkmaster.master.ledger import Ledger
@@ -268,7 +269,13 @@ class Service:
         ev = Finish(task_id, epoch, pass_id)
         why = finish_ignored(self.ledger.state, ev)
         if why is not None:
-            log.info("finish of task %d (epoch %d) ignored: %s", task_id, epoch, why)
+            log.info(
+                "finish of task %d (epoch %d) ignored: %s",
+                task_id,
+                epoch,
+                why,
+                extra=about(task=task_id, epoch=epoch),
+            )
             return False
         return bool(await self.ledger.commit(ev))
 
@@ -287,6 +294,7 @@ class Service:
     def _log_failure(self, task_id: int, reason: str) -> None:
         st = self.ledger.state
         n = st.failure_total.get(task_id, 0)
+        extra = about(pass_id=st.cur_pass, task=task_id, reason=reason)
         if task_id in st.failed:
             log.warning(
                 "task %d failed %d times (last: %s); over the limit of %d, set aside as failed",
@@ -294,9 +302,10 @@ class Service:
                 n,
                 reason,
                 st.failure_max,
+                extra=extra,
             )
         else:
-            log.warning("task %d failed (%s); dispatching it again", task_id, reason)
+            log.warning("task %d failed (%s); dispatching it again", task_id, reason, extra=extra)
 
     async def request_save_model(self, trainer_id: str, block_dur: float) -> bool:
         """Approve one trainer at a time to save the model, for `block_dur` seconds."""
@@ -332,7 +341,14 @@ class Service:
         sid = uuid.uuid4().hex
         await self.ledger.commit(OpenSession(sid, name, host, pid, report_every))
         self.leases.renew(sid)
-        log.info("trainer %s (%s, pid %d) opened session %s", name, host, pid, sid)
+        log.info(
+            "trainer %s (%s, pid %d) opened session %s",
+            name,
+            host,
+            pid,
+            sid,
+            extra=about(trainer=name, session=sid),
+        )
         return sid
 
     def touch(self, session: str) -> None:
@@ -420,6 +436,7 @@ class Service:
             s.pid,
             reason,
             held,
+            extra=about(trainer=s.name, session=session, reason=reason),
         )
         return held
 
