@@ -128,7 +128,7 @@ def check_data_roots(globs: Sequence[str], roots: Sequence[str]) -> None:
             continue  # expand_globs names it as a bad pattern
         if "://" in pattern or "::" in pattern:
             _check_url(pattern, urls)
-        elif local:
+        elif roots:
             _check_local(pattern, local)
 
 
@@ -155,6 +155,8 @@ def _check_local(pattern: str, roots: list[str]) -> None:
     def inside(path: str) -> bool:
         return any(_within(path, root, os.sep) for root in roots)
 
+    if not roots:
+        raise _refuse(pattern, "is a local path, and the master's data roots are all URLs")
     if not inside(os.path.realpath(pattern)):
         raise _refuse(pattern, f"is outside the master's data roots ({', '.join(roots)})")
     for match in glob.glob(pattern):
