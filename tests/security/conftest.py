@@ -30,6 +30,8 @@ class Pki:
     other_ca: str
     rogue_cert: str  # signed by other_ca
     rogue_key: str
+    other_client_cert: str  # a second trainer, signed by ca
+    other_client_key: str
 
 
 def _name(cn: str) -> x509.Name:
@@ -105,6 +107,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     server_cert, server_key = leaf("master", root, server=True)
     client_cert, client_key = leaf("trainer-a", root, server=False)
     rogue_cert, rogue_key = leaf("rogue", other, server=False)
+    other_client_cert, other_client_key = leaf("trainer-b", root, server=False)
     return Pki(
         ca=_write_cert(d / "ca.pem", root[0]),
         server_cert=server_cert,
@@ -114,6 +117,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         other_ca=_write_cert(d / "other-ca.pem", other[0]),
         rogue_cert=rogue_cert,
         rogue_key=rogue_key,
+        other_client_cert=other_client_cert,
+        other_client_key=other_client_key,
     )
 
 

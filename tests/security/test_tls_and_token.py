@@ -150,3 +150,28 @@ def test_a_trainer_with_a_wrong_token_gets_the_error_not_a_hang(
             client.next_record(timeout=30)
         with pytest.raises(UnauthenticatedError):
             client.set_dataset(["/nowhere/*.rio"])
+
+
+def _hello(conn: MasterConnection, session_id: str = "") -> pb.SessionResponse:
+    hello = pb.SessionRequest(seq=1, hello=pb.Hello(session_id=session_id, name="t"))
+    replies = list(conn.open_session(iter([hello])))
+    assert len(replies) == 1
+    return replies[0]
+
+
+def test_under_mutual_tls_a_session_is_bound_to_its_certificate(
+    mtls_master: InProcessMaster, pki: Pki
+) -> None:
+    a = ChannelSecurity.load(TOKEN, pki.ca, pki.client_cert, pki.client_key)
+    b = ChannelSecurity.load(TOKEN, pki.ca, pki.other_client_cert, pki.other_client_key)
+    with MasterConnection(mtls_master.addr, security=a) as conn_a, MasterConnection(
+        mtls_master.addr, security=b
+    ) as conn_b:
+        sid = _hello(conn_a).welcome.session_id
+        assert sid
+        refused = _hello(conn_b, sid)
+        assert refused.WhichOneof("body") == "error"
+        assert refused.error.error == "PermissionDeniedError"
+        assert refused.error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+        assert _hello(conn_a, sid).welcome.session_id == sid  # its owner resumes it
+        assert _hello(conn_b).welcome.session_id not in ("", sid)  # b opens its own

@@ -13,10 +13,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from chunkmaster.core.errors import InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
-from chunkmaster.master.auth import TokenInterceptor
+from chunkmaster.master.auth import TokenInterceptor, peer_identity
 from chunkmaster.master.datasets import check_data_roots, in_daemon_thread
 from chunkmaster.master.service import Service
-from chunkmaster.master.stream import Malformed, SessionConversation
+from chunkmaster.master.stream import Malformed, SessionConversation, SessionOwners
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc
 from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb
@@ -94,6 +94,7 @@ class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, service: Service, data_roots: Sequence[str] = ()) -> None:
         self.service = service
         self.data_roots = tuple(data_roots)
+        self.owners = SessionOwners()
 
     async def SetDataset(self, request: Any, context: Any) -> Any:
         globs = list(request.globs)
@@ -149,9 +150,10 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.DataCheckpointResponse(checkpoint=blob)
 
     async def Session(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        async for response in SessionConversation(self.service, context.peer()).run(
-            request_iterator
-        ):
+        conversation = SessionConversation(
+            self.service, context.peer(), peer_identity(context), self.owners
+        )
+        async for response in conversation.run(request_iterator):
             yield response
 
 
