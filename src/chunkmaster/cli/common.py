@@ -10,7 +10,13 @@ from chunkmaster.master.config import parse_duration
 if TYPE_CHECKING:
     from chunkmaster.client.connection import ChannelSecurity
 
-__all__ = ["CliError", "add_security_flags", "channel_security", "parse_duration"]
+__all__ = [
+    "CliError",
+    "add_security_flags",
+    "channel_security",
+    "parse_duration",
+    "security_kwargs",
+]
 
 
 class CliError(Exception):
@@ -55,5 +61,9 @@ def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         token = None if args.token_file is None else read_token(args.token_file)
     except ValueError as exc:
         raise CliError(str(exc), 2) from None
-    return {"token": token, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert,
-            "tls_key": args.tls_key}
+    return {
+        "token": token,
+        "tls_ca": args.tls_ca,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+    }

@@ -110,9 +110,8 @@ async def run_master(
     credentials = None
     if config.tls_cert is not None and config.tls_key is not None:
         credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
-    host = config.host or (
-        "127.0.0.1" if config.etcd is None or not config.protected else external_ip()
-    )
+    # Unprotected, a master beyond loopback was refused by its config unless --insecure.
+    host = config.host or ("127.0.0.1" if config.etcd is None else external_ip())
     _log_protection(config, host)
     leadership: Leadership | None = None
     if config.etcd is not None:
