@@ -42,6 +42,10 @@ def cloud_reader(
     *,
     addr: str | None = None,
     first_pass: int = 0,
+    token: str | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> Reader:
     """A reader creator over a master found through etcd (or at `addr`).
 
@@ -49,12 +53,17 @@ def cloud_reader(
     iteration of the returned reader is one pass, numbered from `first_pass` (give the
     master's current pass to a restarted trainer so it does not replay finished passes).
     The reader has `close()`; its client is also closed when the reader is collected.
+    `token`, `tls_ca`, `tls_cert` and `tls_key` are `chunkmaster.Client`'s.
     """
     client = Client(
         addr,
         etcd_endpoints=None if addr is not None else etcd_endpoints,
         etcd_timeout=timeout_sec,
         buffer_size=buf_size,
+        token=token,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
     try:
         client.set_dataset(_paths(paths))

@@ -46,6 +46,10 @@ class MasterDataset(IterableDataset[Any]):
         transform: Callable[[bytes], Any] | None = None,
         buffer_size: int = 1024,
         client_options: dict[str, Any] | None = None,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
@@ -56,6 +60,15 @@ class MasterDataset(IterableDataset[Any]):
         self.transform = transform
         self.buffer_size = buffer_size
         self.client_options = dict(client_options or {})
+        # Paths and the token, passed to each worker's Client (see Client for their meaning).
+        for name, value in (
+            ("token", token),
+            ("tls_ca", tls_ca),
+            ("tls_cert", tls_cert),
+            ("tls_key", tls_key),
+        ):
+            if value is not None:
+                self.client_options[name] = value
         self.pass_id: int | None = None
 
     def set_pass(self, pass_id: int) -> None:

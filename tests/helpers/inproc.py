@@ -20,9 +20,19 @@ T = TypeVar("T")
 
 
 class InProcessMaster:
-    def __init__(self, store: Store | None = None, **service_kwargs: Any) -> None:
+    """`server_options` go to MasterServer (credentials, token, data_roots); the rest of the
+    keyword arguments to the Service."""
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        server_options: dict[str, Any] | None = None,
+        **service_kwargs: Any,
+    ) -> None:
         self.store = store if store is not None else InMemStore()
         self.service_kwargs = service_kwargs
+        self.server_options = dict(server_options or {})
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.service: Service | None = None
@@ -39,7 +49,7 @@ class InProcessMaster:
         async def start() -> None:
             self.service = Service(self.store, **self.service_kwargs)
             await self.service.start()
-            self.server = MasterServer(self.service, "127.0.0.1", 0)
+            self.server = MasterServer(self.service, "127.0.0.1", 0, **self.server_options)
             await self.server.start()
 
         self.call(start)

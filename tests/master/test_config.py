@@ -93,6 +93,7 @@ def test_from_text_types_every_field() -> None:
             "failed_policy": "keep",
             "job": "j1",
             "endpoints": "http://a:2379, b",
+            "host": "127.0.0.1",  # loopback: no TLS or token needed
             "etcd_user": "u",
             "etcd_password": "s3cret-pw",
         }

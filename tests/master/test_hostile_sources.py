@@ -27,7 +27,8 @@ def test_a_source_that_never_answers_neither_jams_nor_outlives_the_master(tmp_pa
 
     threading.Thread(target=accept, daemon=True).start()
     port = silent.getsockname()[1]
-    master = MasterProcess(["--store", str(tmp_path / "state.db")]).start()
+    root = f"ftp://127.0.0.1:{port}/"  # URLs are refused unless a data root names them
+    master = MasterProcess(["--store", str(tmp_path / "state.db"), "--data-root", root]).start()
     try:
         with Client(master.addr) as c, pytest.raises(TimeoutError):
             c.set_dataset([f"ftp://127.0.0.1:{port}/train-*.rio"], timeout=1.0)

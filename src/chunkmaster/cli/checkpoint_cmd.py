@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chunkmaster.cli.common import CliError
+from chunkmaster.cli.common import CliError, add_security_flags, channel_security
 
 
 def register(sub: Any) -> None:
@@ -27,6 +27,7 @@ def register(sub: Any) -> None:
     save.add_argument("--addr", required=True, help="the master's HOST:PORT")
     save.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
     save.add_argument("file", metavar="FILE", help="where to write it (atomically)")
+    add_security_flags(save)
     save.set_defaults(func=run_save)
     show = cmds.add_parser("show", help="print what a data checkpoint file holds")
     show.add_argument("file", metavar="FILE")
@@ -58,7 +59,8 @@ def run_save(args: argparse.Namespace) -> int:
     from chunkmaster.client.connection import MasterConnection, TransportError
     from chunkmaster.core.errors import MasterError
 
-    with MasterConnection(args.addr, timeout=args.timeout) as conn:
+    security = channel_security(args)
+    with MasterConnection(args.addr, timeout=args.timeout, security=security) as conn:
         try:
             blob = conn.data_checkpoint()
         except (TransportError, MasterError) as exc:

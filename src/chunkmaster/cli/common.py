@@ -1,10 +1,22 @@
-"""Helpers shared by the command modules: errors and durations."""
+"""Helpers shared by the command modules: errors, durations, and how to reach a master."""
 
 from __future__ import annotations
 
+import argparse
+from typing import TYPE_CHECKING, Any
+
 from chunkmaster.master.config import parse_duration
 
-__all__ = ["CliError", "parse_duration"]
+if TYPE_CHECKING:
+    from chunkmaster.client.connection import ChannelSecurity
+
+__all__ = [
+    "CliError",
+    "add_security_flags",
+    "channel_security",
+    "parse_duration",
+    "security_kwargs",
+]
 
 
 class CliError(Exception):
@@ -13,3 +25,45 @@ class CliError(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def add_security_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that say what a command shows a protected master (docs/security.md)."""
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="file holding the master's token (default: the CHUNKMASTER_TOKEN variable)",
+    )
+    p.add_argument(
+        "--tls-ca", metavar="FILE", help="talk TLS; this CA (PEM) signs the master's certificate"
+    )
+    p.add_argument("--tls-cert", metavar="FILE", help="this client's certificate (mutual TLS)")
+    p.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert")
+
+
+def channel_security(args: argparse.Namespace) -> ChannelSecurity:
+    """What the flags of `add_security_flags` ask for, or a CliError naming the bad one."""
+    from chunkmaster.client.connection import ChannelSecurity
+    from chunkmaster.master.auth import read_token
+
+    try:
+        token = None if args.token_file is None else read_token(args.token_file)
+        return ChannelSecurity.load(token, args.tls_ca, args.tls_cert, args.tls_key)
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+
+
+def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The same, as `Client` keyword arguments (paths, the token read from its file)."""
+    from chunkmaster.master.auth import read_token
+
+    try:
+        token = None if args.token_file is None else read_token(args.token_file)
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+    return {
+        "token": token,
+        "tls_ca": args.tls_ca,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+    }

@@ -48,6 +48,7 @@ class Setting:
     help: str
     metavar: str | None = None
     const: str | None = None  # a flag that may be given bare means this
+    append: bool = False  # the flag may be repeated; its values are joined with commas
 
     @property
     def flag(self) -> str:
@@ -66,7 +67,57 @@ SETTINGS = (
         _env("HOST"),
         "interface to listen on (default 127.0.0.1 with the embedded store; "
         "with --endpoints, this host's first non-loopback IPv4 address). "
-        "Use 0.0.0.0 to accept trainers from every interface",
+        "Use 0.0.0.0 to accept trainers from every interface. A non-loopback address "
+        "needs TLS or a token, or --insecure",
+    ),
+    Setting(
+        "tls_cert",
+        ("--tls-cert",),
+        _env("TLS_CERT"),
+        "serve gRPC over TLS with this certificate file (PEM; with --tls-key)",
+        "FILE",
+    ),
+    Setting(
+        "tls_key",
+        ("--tls-key",),
+        _env("TLS_KEY"),
+        "the TLS certificate's private key file (PEM; with --tls-cert)",
+        "FILE",
+    ),
+    Setting(
+        "tls_client_ca",
+        ("--tls-client-ca",),
+        _env("TLS_CLIENT_CA"),
+        "mutual TLS: every client must present a certificate signed by this CA (PEM)",
+        "FILE",
+    ),
+    Setting(
+        "token_file",
+        ("--token-file",),
+        ("CHUNKMASTER_TOKEN_FILE",),
+        "every call must carry the token held in this file (as 'authorization: Bearer "
+        "TOKEN'); or set CHUNKMASTER_TOKEN. Never a command-line value: other users could "
+        "read it",
+        "PATH",
+    ),
+    Setting(
+        "insecure",
+        ("--insecure",),
+        _env("INSECURE"),
+        "listen on a non-loopback address without TLS or a token (anyone who can reach "
+        "the master can drive it)",
+        "yes|no",
+        const="yes",
+    ),
+    Setting(
+        "data_roots",
+        ("--data-root",),
+        _env("DATA_ROOT"),
+        "a directory or URL prefix (s3://bucket/data/) datasets must lie in; repeat it for "
+        "several (comma-separated in the variable). Only the URL schemes of the roots are "
+        "allowed; without it, datasets are local paths only",
+        "ROOT",
+        append=True,
     ),
     Setting(
         "endpoints",
@@ -229,7 +280,7 @@ SETTINGS = (
 )
 
 #: Settings that come only from the environment.
-ENV_ONLY = {"etcd_password": ("CHUNKMASTER_ETCD_PASSWORD",)}
+ENV_ONLY = {"etcd_password": ("CHUNKMASTER_ETCD_PASSWORD",), "token": ("CHUNKMASTER_TOKEN",)}
 
 
 def register(sub: Any) -> None:
@@ -247,6 +298,8 @@ def register(sub: Any) -> None:
         # Text only, no default: the value and where it came from are settled in `gather`.
         metavar = s.metavar or s.flag.removeprefix("--").upper().replace("-", "_")
         extra: dict[str, Any] = {} if s.const is None else {"nargs": "?", "const": s.const}
+        if s.append:
+            extra["action"] = "append"
         p.add_argument(
             *s.flags, dest=s.field, default=None, metavar=metavar, help=s.help, **extra
         )
@@ -265,6 +318,8 @@ def gather(
     for s in SETTINGS:
         sources[s.field] = s.flag
         value = getattr(args, s.field)
+        if isinstance(value, list):
+            value = ",".join(value)
         if value is not None:
             texts[s.field] = value
             continue

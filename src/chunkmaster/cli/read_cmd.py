@@ -15,7 +15,7 @@ import sys
 import time
 from typing import IO, TYPE_CHECKING, Any
 
-from chunkmaster.cli.common import CliError
+from chunkmaster.cli.common import CliError, add_security_flags, security_kwargs
 
 if TYPE_CHECKING:
     from chunkmaster.client import Client
@@ -74,6 +74,7 @@ def register(sub: Any) -> None:
         help="give up after the master has been unreachable this long (default: never)",
     )
     p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
+    add_security_flags(p)
     p.set_defaults(func=run)
 
 
@@ -98,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
             buffer_size=args.buffer_size,
             retry_timeout=args.retry_timeout,
             on_task_done=done.append,
+            **security_kwargs(args),
         )
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:
         raise CliError(str(exc)) from None
     with client:
         try:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from chunkmaster.cli.common import CliError
+from chunkmaster.cli.common import CliError, add_security_flags, channel_security
 
 
 def register(sub: Any) -> None:
@@ -16,16 +16,19 @@ def register(sub: Any) -> None:
     p.add_argument("--addr", required=True, help="the master's HOST:PORT")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    add_security_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from chunkmaster.client.connection import MasterConnection, TransportError
+    from chunkmaster.core.errors import MasterError
 
-    with MasterConnection(args.addr, timeout=args.timeout) as conn:
+    security = channel_security(args)
+    with MasterConnection(args.addr, timeout=args.timeout, security=security) as conn:
         try:
             st = conn.status()
-        except TransportError as exc:
+        except (TransportError, MasterError) as exc:
             raise CliError(str(exc)) from None
     if args.json:
         print(json.dumps(st, indent=2))

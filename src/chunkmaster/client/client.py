@@ -43,6 +43,7 @@ from chunkmaster.client.connection import (
     DATASET_TIMEOUT,
     DEFAULT_TIMEOUT,
     CallCancelled,
+    ChannelSecurity,
     MasterConnection,
     TransportError,
 )
@@ -97,6 +98,11 @@ class Client:
     `buffer_size` is kept for compatibility: chunks are read in the trainer's thread when it
     reaches them, so no records are read ahead.
 
+    `token` (default: the CHUNKMASTER_TOKEN environment variable) goes with every call;
+    `tls_ca` (a PEM file path) turns TLS on and says which CA signs the master's certificate;
+    `tls_cert` and `tls_key` are the trainer's certificate for a master that asks for one
+    (mutual TLS).
+
     `session` (default): one Session stream to the master (docs/sessions.md), named `name`
     (default `worker`: host:pid:N, N telling apart the clients of one process), reporting
     progress every `report_every` records and at least every `report_interval` seconds;
@@ -123,6 +129,10 @@ class Client:
         name: str | None = None,
         report_every: int = 1000,
         report_interval: float = 5.0,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
@@ -137,7 +147,14 @@ class Client:
             self._locator = locator = _make_locator(
                 etcd_endpoints, etcd_timeout, etcd_job, etcd_options
             )
-        self._link = MasterLink(addr, locator, rpc_timeout=rpc_timeout, retry_timeout=retry_timeout)
+        security = ChannelSecurity.load(token, tls_ca, tls_cert, tls_key)
+        self._link = MasterLink(
+            addr,
+            locator,
+            rpc_timeout=rpc_timeout,
+            retry_timeout=retry_timeout,
+            security=security,
+        )
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._token = CancelToken()  # cancelled by close(): every pass and client-level call

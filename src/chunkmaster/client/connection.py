@@ -7,7 +7,10 @@ deadline, so nothing in this module can block forever.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -23,6 +26,64 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT = 10.0
 DATASET_TIMEOUT = 600.0
 """SetDataset's default deadline: indexing ten thousand files on a network filesystem is slow."""
+
+
+TOKEN_ENV = "CHUNKMASTER_TOKEN"
+
+
+@dataclass(frozen=True)
+class ChannelSecurity:
+    """What a trainer shows the master: a token, and TLS (the CA that signs the master's
+    certificate, and for mutual TLS the trainer's own certificate and key), as PEM bytes."""
+
+    token: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca: bytes | None = None
+    cert: bytes | None = field(default=None, repr=False)
+    key: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def load(
+        cls,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+    ) -> ChannelSecurity:
+        """Read the files (paths); the token comes from CHUNKMASTER_TOKEN if not given.
+        TLS is on once a CA or a client certificate is given. ValueError names a bad file."""
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key go together (the client's certificate)")
+        if token is None:
+            token = os.environ.get(TOKEN_ENV, "").strip() or None
+        return cls(
+            token=token,
+            tls=tls_ca is not None or tls_cert is not None,
+            ca=None if tls_ca is None else _read(tls_ca, "TLS CA"),
+            cert=None if tls_cert is None else _read(tls_cert, "TLS certificate"),
+            key=None if tls_key is None else _read(tls_key, "TLS key"),
+        )
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return None if self.token is None else (("authorization", f"Bearer {self.token}"),)
+
+    def channel(self, addr: str, options: list[tuple[str, Any]]) -> grpc.Channel:
+        """A channel to `addr`: over TLS if asked for, plain otherwise."""
+        if not self.tls:
+            return grpc.insecure_channel(addr, options=options)
+        creds = grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+        return grpc.secure_channel(addr, creds, options=options)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the {what} {path}: {exc.strerror}") from None
+
+
+PLAIN = ChannelSecurity()
 
 
 class TransportError(Exception):
@@ -74,12 +135,19 @@ class PendingCall(Generic[T]):
 
 
 class MasterConnection:
-    def __init__(self, addr: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        addr: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        security: ChannelSecurity = PLAIN,
+    ) -> None:
         self.addr = addr
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
+        self._metadata = security.metadata
+        self._channel = security.channel(
             addr,
-            options=[
+            [
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_timeout_ms", 5_000),
                 ("grpc.initial_reconnect_backoff_ms", 100),
@@ -90,7 +158,7 @@ class MasterConnection:
 
     def _call(self, method: str, request: Any, timeout: float) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=timeout)
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             err: MasterError | None = error_from_rpc(exc)
             if err is not None:
@@ -119,7 +187,9 @@ class MasterConnection:
             pass_id=pass_id, wait_seconds=wait, worker=worker, request_id=request_id
         )
         try:
-            future = self._stub.GetTask.future(request, timeout=wait + self.timeout)
+            future = self._stub.GetTask.future(
+                request, timeout=wait + self.timeout, metadata=self._metadata
+            )
         except ValueError:
             raise _closed_channel(self.addr) from None
         return PendingCall(self.addr, future, lambda reply: task_from_pb(reply.task))
@@ -147,7 +217,7 @@ class MasterConnection:
         """Open a Session stream fed by `requests`: an iterator of SessionResponse with
         cancel(); no deadline (it lives as long as the trainer), gRPC keep-alives watch it."""
         try:
-            return self._stub.Session(requests)
+            return self._stub.Session(requests, metadata=self._metadata)
         except ValueError:
             raise _closed_channel(self.addr) from None
 

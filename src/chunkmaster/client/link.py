@@ -21,7 +21,9 @@ import grpc
 
 from chunkmaster.client.connection import (
     DEFAULT_TIMEOUT,
+    PLAIN,
     CallCancelled,
+    ChannelSecurity,
     MasterConnection,
     TransportError,
 )
@@ -137,6 +139,7 @@ class MasterLink:
         retry_timeout: float | None = None,
         backoff_base: float = 0.05,
         backoff_max: float = 2.0,
+        security: ChannelSecurity = PLAIN,
     ) -> None:
         if (addr is None) == (locator is None):
             raise ValueError("give exactly one of addr and locator")
@@ -146,6 +149,7 @@ class MasterLink:
         self.retry_timeout = retry_timeout
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
+        self.security = security
         self._lock = threading.Lock()
         self._conn: MasterConnection | None = None
         self._closed = False
@@ -224,7 +228,9 @@ class MasterLink:
                 conn = None
             if conn is None:
                 assert addr is not None
-                conn = self._conn = MasterConnection(addr, timeout=self.rpc_timeout)
+                conn = self._conn = MasterConnection(
+                    addr, timeout=self.rpc_timeout, security=self.security
+                )
             return conn
 
     def _await_address(self, cancel: CancelToken, what: str) -> str:

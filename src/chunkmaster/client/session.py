@@ -35,11 +35,12 @@ from chunkmaster.core.errors import (
     MasterError,
     NotReadyError,
     SessionExpiredError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from chunkmaster.core.model import Position, Task
 from chunkmaster.rpc import master_pb2 as pb
-from chunkmaster.rpc.wire import error_from_name, task_from_pb
+from chunkmaster.rpc.wire import error_from_name, error_from_rpc, task_from_pb
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -383,6 +384,17 @@ class TrainerSession:
                 for p in pending.values():
                     p.reply.fail(exc)
                 continue
+            except UnauthenticatedError as exc:  # no retry mends a wrong token or certificate
+                with self._lock:
+                    pending, self._pending = self._pending, {}
+                for p in pending.values():
+                    p.reply.fail(exc)
+                log.error("Session: %s", exc)
+                try:
+                    self._token.sleep(self._link.backoff_max)
+                except Cancelled:
+                    return
+                continue
             self._serve(stream)
             with self._lock:
                 if self._stream is stream:
@@ -408,6 +420,8 @@ class TrainerSession:
                     "trainers); opening a new session",
                     old,
                 )
+            except UnauthenticatedError:
+                raise
             except MasterError as exc:
                 log.warning("Session: the master refused Hello: %s; retrying", exc)
                 self._token.sleep(
@@ -530,8 +544,11 @@ class TrainerSession:
             why = exc
         finally:
             stream.broken.set()
+            refused = error_from_rpc(why) if isinstance(why, grpc.RpcError) else None
             stream.hello.fail(
-                TransportError(
+                refused
+                if isinstance(refused, UnauthenticatedError)
+                else TransportError(
                     stream.addr,
                     why if isinstance(why, grpc.RpcError) else grpc.RpcError("the stream ended"),
                 )

@@ -78,3 +78,15 @@ class CheckpointRefusedError(MasterError):
     """A commit or data checkpoint the master cannot take (the text says why)."""
 
     message = "checkpoint refused"
+
+
+class UnauthenticatedError(MasterError):
+    """The call carried no token, or a wrong one: nothing was done."""
+
+    message = "unauthenticated: this master needs the job's token (authorization: Bearer ...)"
+
+
+class PermissionDeniedError(MasterError):
+    """The caller may not do this (a dataset outside the master's data roots); nothing changed."""
+
+    message = "permission denied"

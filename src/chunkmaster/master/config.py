@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.etcd.options import EtcdOptions
+from chunkmaster.master.auth import is_loopback, read_token
 
 __all__ = ["ETCD_FIELDS", "TEXT_FIELDS", "ConfigError", "MasterConfig", "parse_duration"]
 
@@ -84,6 +85,14 @@ def _flag(text: str) -> bool:
     raise ValueError(f"{text!r} is not a yes/no value (true, false, 1, 0)")
 
 
+def _roots(text: str) -> tuple[str, ...]:
+    roots = tuple(part.strip() for part in text.split(",") if part.strip())
+    for root in roots:
+        if "://" in root and not root.partition("://")[2].strip("/"):
+            raise ValueError(f"{root!r} names a whole scheme: give a bucket or a prefix")
+    return roots
+
+
 def _policy(text: str) -> FailedPolicy:
     try:
         return FailedPolicy(text)
@@ -123,6 +132,11 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "store_on_damage": _store_on_damage,
     "ready_file": _optional,
     "metrics_port": _integer,
+    "tls_cert": _optional,
+    "tls_key": _optional,
+    "tls_client_ca": _optional,
+    "insecure": _flag,
+    "data_roots": _roots,
 }
 
 #: The texts that make up `MasterConfig.etcd` (empty `endpoints`: no etcd).
@@ -161,6 +175,22 @@ class MasterConfig:
     ready_file: str | None = None
     #: Port of the metrics and dashboard HTTP server (0 picks a free one); None: no server.
     metrics_port: int | None = None
+    #: TLS certificate and key files; both or neither.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    #: With TLS: clients must present a certificate signed by this CA (mutual TLS).
+    tls_client_ca: str | None = None
+    #: The shared token every call must carry (never printed: repr=False).
+    token: str | None = field(default=None, repr=False)
+    #: Listen on a non-loopback address without TLS or a token.
+    insecure: bool = False
+    #: Directories or URL prefixes datasets must lie in; empty: local paths only, anywhere.
+    data_roots: tuple[str, ...] = ()
+
+    @property
+    def protected(self) -> bool:
+        """Whether callers must prove something (a token, or a certificate under mTLS)."""
+        return self.tls_cert is not None or self.token is not None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -195,6 +225,37 @@ class MasterConfig:
             raise ConfigError(
                 ("store", "endpoints"), "cannot both be set (the state lives in one place)"
             )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError(("tls_cert", "tls_key"), "a certificate and its key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError(
+                ("tls_client_ca",), "checks clients over TLS: give --tls-cert and --tls-key too"
+            )
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError((name,), f"{path} is not a file")
+        self._check_exposure()
+
+    def _check_exposure(self) -> None:
+        """Refuse to listen beyond loopback with nothing to keep strangers out."""
+        if self.protected or self.insecure:
+            return
+        advice = (
+            "anyone who can reach it could drive the master; protect it with --tls-cert and "
+            "--tls-key or --token-file (or CHUNKMASTER_TOKEN), or pass --insecure"
+        )
+        if self.host is not None and not is_loopback(self.host):
+            raise ConfigError(
+                ("host",), f"{self.host} is not a loopback address and there is no TLS or token: "
+                + advice,
+            )
+        if self.host is None and self.etcd is not None:
+            raise ConfigError(
+                ("endpoints",),
+                "with etcd the master listens on this host's external address, and there is "
+                "no TLS or token: " + advice + " (or --host 127.0.0.1 for a single machine)",
+            )
 
     @property
     def store_name(self) -> str:
@@ -209,7 +270,7 @@ class MasterConfig:
         not given keep their defaults."""
         values: dict[str, Any] = {}
         for name, text in texts.items():
-            if name in ETCD_FIELDS:
+            if name in ETCD_FIELDS or name in ("token", "token_file"):
                 continue
             if name not in TEXT_FIELDS:
                 raise KeyError(f"no master setting called {name!r}")
@@ -218,7 +279,21 @@ class MasterConfig:
             except ValueError as exc:
                 raise ConfigError((name,), str(exc)) from None
         values["etcd"] = _etcd_options(texts)
+        values["token"] = _token(texts)
         return cls(**values)
+
+
+def _token(texts: Mapping[str, str]) -> str | None:
+    """The token from a file (`token_file`) or the environment (`token`), never both."""
+    path, token = texts.get("token_file") or None, texts.get("token") or None
+    if path is not None and token is not None:
+        raise ConfigError(("token_file", "token"), "give the token one way, not both")
+    if path is None:
+        return None if token is None else token.strip() or None
+    try:
+        return read_token(path)
+    except ValueError as exc:
+        raise ConfigError(("token_file",), str(exc)) from None
 
 
 def _etcd_options(texts: Mapping[str, str]) -> EtcdOptions | None:

@@ -13,13 +13,14 @@ import contextlib
 import glob
 import logging
 import os
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from chunkmaster.core.dataset import Dataset
-from chunkmaster.core.errors import DatasetError, NoDatasetError
+from chunkmaster.core.errors import DatasetError, NoDatasetError, PermissionDeniedError
 
 log = logging.getLogger("chunkmaster.datasets")
 
@@ -139,6 +140,70 @@ def _expand_one(pattern: str) -> list[str]:
             return sorted(paths)
         return sorted(f"{protocol}://{p}" for p in paths)
     return sorted(m for m in glob.glob(pattern) if not os.path.isdir(m))
+
+
+def _within(path: str, root: str, sep: str) -> bool:
+    return path == root or path.startswith(root.rstrip(sep) + sep)
+
+
+def _split_url(text: str) -> tuple[str, str]:
+    """(scheme, normalised rest) of a URL; `..` and `.` segments are folded away."""
+    scheme, _, rest = text.partition("://")
+    rest = posixpath.normpath(rest) if rest else ""
+    return scheme.lower(), "" if rest == "." else rest
+
+
+def check_data_roots(globs: Sequence[str], roots: Sequence[str]) -> None:
+    """Refuse, with PermissionDeniedError naming the pattern, any pattern that reaches outside
+    every root, or uses a URL scheme no root names (without roots: any URL scheme).
+
+    Local patterns are resolved as the master would open them (relative to its working
+    directory, `..` and symlinks followed by os.path.realpath), both the pattern itself and
+    every file it matches. Without roots, local paths are not restricted.
+    """
+    local = [os.path.realpath(r) for r in roots if "://" not in r]
+    urls = [_split_url(r) for r in roots if "://" in r]
+    for pattern in globs:
+        if not isinstance(pattern, str) or not pattern:
+            continue  # expand_globs names it as a bad pattern
+        if "://" in pattern or "::" in pattern:
+            _check_url(pattern, urls)
+        elif roots:
+            _check_local(pattern, local)
+
+
+def _refuse(pattern: str, why: str) -> PermissionDeniedError:
+    return PermissionDeniedError(f"permission denied: dataset pattern {pattern!r} {why}")
+
+
+def _check_url(pattern: str, roots: list[tuple[str, str]]) -> None:
+    if not roots:
+        raise _refuse(
+            pattern,
+            "is a URL, and this master reads local paths only; start it with "
+            "--data-root SCHEME://PREFIX to allow URLs under that prefix",
+        )
+    if "::" in pattern:  # fsspec chaining would open a second URL the roots never named
+        raise _refuse(pattern, "chains URLs (::), which is not allowed")
+    scheme, rest = _split_url(pattern)
+    if not any(scheme == s and _within(rest, r, "/") for s, r in roots):
+        allowed = ", ".join(f"{s}://{r}" for s, r in roots)
+        raise _refuse(pattern, f"is outside the master's URL data roots ({allowed})")
+
+
+def _check_local(pattern: str, roots: list[str]) -> None:
+    def inside(path: str) -> bool:
+        return any(_within(path, root, os.sep) for root in roots)
+
+    if not roots:
+        raise _refuse(pattern, "is a local path, and the master's data roots are all URLs")
+    if not inside(os.path.realpath(pattern)):
+        raise _refuse(pattern, f"is outside the master's data roots ({', '.join(roots)})")
+    for match in glob.glob(pattern):
+        if not inside(os.path.realpath(match)):
+            raise _refuse(
+                pattern, "matches a path that resolves outside the master's data roots"
+            )
 
 
 def expand_globs(globs: Sequence[str]) -> list[str]:

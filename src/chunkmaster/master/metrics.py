@@ -14,8 +14,11 @@ thread that changes it, and a slow client holds only its own connection.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hmac
 import json
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from importlib import resources
@@ -303,8 +306,16 @@ class MetricsServer:
     """`/metrics` (Prometheus), `/status.json` (the master's status) and `/` (the dashboard),
     over plain HTTP/1.1, one request per connection."""
 
-    def __init__(self, metrics: MasterMetrics) -> None:
+    def __init__(
+        self,
+        metrics: MasterMetrics,
+        *,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.metrics = metrics
+        self._token = token
+        self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._page = dashboard_html()
         self.host, self.port = "", 0
@@ -316,7 +327,7 @@ class MetricsServer:
 
     async def start(self, host: str, port: int) -> None:
         try:
-            self._server = await asyncio.start_server(self._handle, host, port)
+            self._server = await asyncio.start_server(self._handle, host, port, ssl=self._ssl)
         except OSError as exc:
             raise OSError(f"cannot listen for metrics on {host}:{port}: {exc.strerror}") from None
         self.host = host
@@ -339,9 +350,10 @@ class MetricsServer:
         except Exception:  # a bug, not the client's fault: say so, keep serving
             log.exception("the metrics server failed to answer a request")
             status, ctype, body = "500 Internal Server Error", "text/plain", b"internal error\n"
+        challenge = 'WWW-Authenticate: Basic realm="chunkmaster"\r\n' if status[:3] == "401" else ""
         try:
             writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{challenge}"
                 f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
                 "Connection: close\r\n\r\n".encode()
                 + body
@@ -357,6 +369,9 @@ class MetricsServer:
         if len(parts) != 3:
             return "400 Bad Request", "text/plain", b"bad request\n"
         verb, target = parts[0], parts[1].split(b"?", 1)[0]
+        if self._token is not None and not self._authorized(head):
+            self.metrics.refused.labels("HTTP", "UNAUTHENTICATED").inc()
+            return "401 Unauthorized", "text/plain", b"the master's token is needed\n"
         if verb != b"GET":
             return "405 Method Not Allowed", "text/plain", b"only GET\n"
         if target == b"/metrics":
@@ -368,15 +383,42 @@ class MetricsServer:
             return "200 OK", "text/html; charset=utf-8", self._page
         return "404 Not Found", "text/plain", b"not found: try /, /metrics or /status.json\n"
 
+    def _authorized(self, head: bytes) -> bool:
+        """`Authorization: Bearer TOKEN`, or Basic with the token as password (a browser's
+        prompt), compared in constant time."""
+        assert self._token is not None
+        want = self._token.encode()
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() != b"authorization":
+                continue
+            scheme, _, cred = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer":
+                return hmac.compare_digest(cred.strip(), want)
+            if scheme.lower() == b"basic":
+                try:
+                    decoded = base64.b64decode(cred.strip(), validate=True)
+                except ValueError:
+                    return False
+                return hmac.compare_digest(decoded.partition(b":")[2], want)
+        return False
+
 
 async def start_metrics(
-    service: Service, host: str, port: int, *, elected: bool
+    service: Service,
+    host: str,
+    port: int,
+    *,
+    elected: bool,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[MasterMetrics, MetricsServer]:
     """The master's metrics, served on `host:port` (0 picks a free port). `elected`: this
     master won an election to serve (etcd), which counts as a leadership change."""
     metrics = MasterMetrics(service)
     metrics.leading(True, change=elected)
-    server = MetricsServer(metrics)
+    server = MetricsServer(metrics, token=token, ssl_context=ssl_context)
     await server.start(host, port)
-    log.info("metrics and dashboard on http://%s/", server.address)
+    scheme = "http" if ssl_context is None else "https"
+    log.info("metrics and dashboard on %s://%s/", scheme, server.address)
     return metrics, server

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chunkmaster.master.auth import is_loopback, server_credentials, server_ssl_context
 from chunkmaster.master.config import MasterConfig
 from chunkmaster.master.leadership import Leadership
 from chunkmaster.master.metrics import RpcMetrics, start_metrics
@@ -80,14 +81,37 @@ def build_store(config: MasterConfig) -> Store:
     )
 
 
-async def run_master(
-    config: MasterConfig, install_signals: Callable[[asyncio.Event], None]
-) -> int:
+def _log_protection(config: MasterConfig, host: str) -> None:
+    """One line at start-up saying who can reach this master and what they must prove."""
+    tls = "no TLS" if config.tls_cert is None else "TLS"
+    if config.tls_client_ca is not None:
+        tls = "mutual TLS"
+    token = "a token" if config.token is not None else "no token"
+    if not config.protected and is_loopback(host):
+        log.info(
+            "no TLS and no token: listening on loopback only (%s); give --tls-cert/--tls-key "
+            "or --token-file to serve other hosts",
+            host,
+        )
+    elif not config.protected:
+        log.warning("--insecure: listening on %s with no TLS and no token: anyone can call", host)
+    else:
+        log.info("security: %s, %s", tls, token)
+    if config.data_roots:
+        log.info("datasets must lie under: %s", ", ".join(config.data_roots))
+
+
+async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Event], None]) -> int:
     stop = asyncio.Event()
     install_signals(stop)
     if config.ready_file is not None:
         remove_ready_file(config.ready_file)  # a stale one must not pass for this master's
+    credentials = None
+    if config.tls_cert is not None and config.tls_key is not None:
+        credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+    # Unprotected, a master beyond loopback was refused by its config unless --insecure.
     host = config.host or ("127.0.0.1" if config.etcd is None else external_ip())
+    _log_protection(config, host)
     leadership: Leadership | None = None
     if config.etcd is not None:
         from chunkmaster.store.etcd import EtcdStore
@@ -128,11 +152,27 @@ async def run_master(
         raise
     metrics = None
     if config.metrics_port is not None:
+        tls = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            tls = server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+        # The same rules as the RPC port: its token, its TLS.
         metrics, http = await start_metrics(
-            service, host, config.metrics_port, elected=leadership is not None
+            service,
+            host,
+            config.metrics_port,
+            elected=leadership is not None,
+            token=config.token,
+            ssl_context=tls,
         )
-    interceptors = () if metrics is None else (RpcMetrics(metrics),)
-    server = MasterServer(service, host, config.port, interceptors=interceptors)
+    server = MasterServer(
+        service,
+        host,
+        config.port,
+        interceptors=() if metrics is None else (RpcMetrics(metrics),),
+        credentials=credentials,
+        token=config.token,
+        data_roots=config.data_roots,
+    )
     await server.start()
     if leadership is not None:
         await leadership.publish_addr(f"{host}:{server.port}")

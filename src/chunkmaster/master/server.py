@@ -13,8 +13,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from chunkmaster.core.errors import InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
+from chunkmaster.master.auth import TokenInterceptor, peer_identity
+from chunkmaster.master.datasets import check_data_roots, in_daemon_thread
 from chunkmaster.master.service import Service
-from chunkmaster.master.stream import Malformed, SessionConversation
+from chunkmaster.master.stream import Malformed, SessionConversation, SessionOwners
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc
 from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb
@@ -89,11 +91,20 @@ def _master_handler(servicer: MasterServicer) -> grpc.GenericRpcHandler[Any, Any
 
 
 class MasterServicer(pb_grpc.MasterServicer):
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, data_roots: Sequence[str] = ()) -> None:
         self.service = service
+        self.data_roots = tuple(data_roots)
+        self.owners = SessionOwners()
 
     async def SetDataset(self, request: Any, context: Any) -> Any:
-        await _answer(context, lambda: self.service.set_dataset(list(request.globs)))
+        globs = list(request.globs)
+
+        async def set_dataset() -> None:
+            # In a thread: checking a pattern globs the file system, which may be slow.
+            await in_daemon_thread(check_data_roots, globs, self.data_roots)
+            await self.service.set_dataset(globs)
+
+        await _answer(context, set_dataset)
         return pb.SetDatasetResponse()
 
     async def GetTask(self, request: Any, context: Any) -> Any:
@@ -139,14 +150,21 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.DataCheckpointResponse(checkpoint=blob)
 
     async def Session(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        async for response in SessionConversation(self.service, context.peer()).run(
-            request_iterator
-        ):
+        conversation = SessionConversation(
+            self.service, context.peer(), peer_identity(context), self.owners
+        )
+        async for response in conversation.run(request_iterator):
             yield response
 
 
 class MasterServer:
-    """A Service served over gRPC on `host:port` (port 0 picks a free one)."""
+    """A Service served over gRPC on `host:port` (port 0 picks a free one).
+
+    `interceptors`: run before the token check (e.g. metrics, which then count refusals);
+    `credentials`: serve over TLS (`chunkmaster.master.auth.server_credentials`); `token`:
+    every Master call must carry it; `data_roots`: where datasets may lie
+    (`chunkmaster.master.datasets.check_data_roots`).
+    """
 
     def __init__(
         self,
@@ -155,20 +173,28 @@ class MasterServer:
         port: int = 0,
         *,
         interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
+        credentials: grpc.ServerCredentials | None = None,
+        token: str | None = None,
+        data_roots: Sequence[str] = (),
     ) -> None:
         self.service = service
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.server = grpc.aio.server(
-            interceptors=interceptors,
+            interceptors=[*interceptors, *([] if token is None else [TokenInterceptor(token)])],
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-            ]
+            ],
         )
-        self.server.add_generic_rpc_handlers((_master_handler(MasterServicer(service)),))
+        servicer = MasterServicer(service, data_roots)
+        self.server.add_generic_rpc_handlers((_master_handler(servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        bound = self.server.add_insecure_port(f"{_bracket(host)}:{port}")
+        where = f"{_bracket(host)}:{port}"
+        if credentials is None:
+            bound = self.server.add_insecure_port(where)
+        else:
+            bound = self.server.add_secure_port(where, credentials)
         if bound == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         self.host, self.port = host, bound

@@ -26,6 +26,8 @@ _CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
     errors.SessionExpiredError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.CheckpointRefusedError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
 }
 _BY_NAME: dict[str, type[errors.MasterError]] = {cls.__name__: cls for cls in _CODES}
 

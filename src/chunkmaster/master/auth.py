@@ -1,0 +1,157 @@
+"""Who may talk to the master: TLS credentials, the shared token, and the peer's identity.
+
+The token travels as gRPC metadata (`authorization: Bearer <token>`) and is checked by a
+server interceptor before any Master method runs, the Session stream included; the health
+service stays open so that load balancers and orchestrators can probe a master they hold no
+token for. Tokens are compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import grpc
+
+from chunkmaster.core.errors import UnauthenticatedError
+from chunkmaster.rpc.wire import ERROR_KEY
+
+log = logging.getLogger("chunkmaster.auth")
+
+__all__ = [
+    "TOKEN_ENV",
+    "TokenInterceptor",
+    "is_loopback",
+    "peer_identity",
+    "read_token",
+    "server_credentials",
+    "server_ssl_context",
+]
+
+#: The environment variable that holds the token (master and clients alike).
+TOKEN_ENV = "CHUNKMASTER_TOKEN"
+#: Methods of these services need no token.
+OPEN_SERVICES = ("/grpc.health.v1.Health/",)
+
+
+def read_token(path: str) -> str:
+    """The token held in `path` (surrounding whitespace dropped); ValueError naming the file
+    if it cannot be read or is empty. Its content is never quoted."""
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ValueError(f"cannot read the token file {path}: {reason}") from None
+    if not token:
+        raise ValueError(f"the token file {path} is empty")
+    return token
+
+
+def _read_bytes(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the {what} {path}: {exc.strerror}") from None
+
+
+def server_credentials(
+    cert: str, key: str, client_ca: str | None = None
+) -> grpc.ServerCredentials:
+    """TLS with this certificate and key; with `client_ca`, every client must present a
+    certificate signed by it (mutual TLS)."""
+    return grpc.ssl_server_credentials(
+        [(_read_bytes(key, "TLS key"), _read_bytes(cert, "TLS certificate"))],
+        root_certificates=None if client_ca is None else _read_bytes(client_ca, "client CA"),
+        require_client_auth=client_ca is not None,
+    )
+
+
+def server_ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """The same TLS for the metrics and dashboard server (HTTPS) as for gRPC."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert, key)
+        if client_ca is not None:
+            ctx.load_verify_locations(client_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the TLS certificate {cert} and key {key}: {exc}") from None
+    return ctx
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on `host` keeps the master reachable from this machine only."""
+    name = host.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def peer_identity(context: Any) -> str | None:
+    """The subject of the client's verified certificate (mutual TLS), or None without one."""
+    auth = context.auth_context() or {}
+    for key in ("x509_subject", "x509_common_name"):
+        values = auth.get(key)
+        if values:
+            first = values[0]
+            return first.decode(errors="replace") if isinstance(first, bytes) else str(first)
+    return None
+
+
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Refuses, with UNAUTHENTICATED, every call without `authorization: Bearer <token>`."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("an empty token protects nothing")
+        self._expected = f"Bearer {token}".encode()
+
+    def _allowed(self, details: grpc.HandlerCallDetails) -> bool:
+        method = details.method or ""
+        if method.startswith(OPEN_SERVICES):
+            return True
+        given = b""
+        for key, value in details.invocation_metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else bytes(value)
+                break
+        return hmac.compare_digest(given, self._expected)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler = await continuation(handler_call_details)
+        if handler is None or self._allowed(handler_call_details):
+            return handler
+        log.warning("refused %s: missing or wrong token", handler_call_details.method)
+        return _refusing(handler)
+
+
+async def _deny(request: Any, context: Any) -> None:
+    context.set_trailing_metadata(((ERROR_KEY, UnauthenticatedError.__name__),))
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UnauthenticatedError.message)
+
+
+def _refusing(handler: Handler) -> Handler:
+    """A handler of the same kind as `handler` that only refuses."""
+    de, ser = handler.request_deserializer, handler.response_serializer
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(_deny, de, ser)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(_deny, de, ser)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(_deny, de, ser)
+    return grpc.unary_unary_rpc_method_handler(_deny, de, ser)
