@@ -56,7 +56,10 @@ def test_finishes_ride_on_task_requests_and_the_ledger_counts_every_record(
     monkeypatch.setattr(TrainerSession, "_send", spy)
     path, records = _dataset(tmp_path, 300)
     with InProcessMaster(chunks_per_task=2, timeout_dur=60.0) as m:
-        with Client(m.addr, name="alice", report_every=7) as c:
+        # Holding one task at a time, the trainer asks for the next one only after it took the
+        # last record of the one it holds: the finish is queued by then and rides along
+        # (unless the machine stalls the fetcher past FINISH_FLUSH: then it goes alone).
+        with Client(m.addr, name="alice", report_every=7, prefetch_tasks=0) as c:
             c.set_dataset([path])
             assert Counter(c.records(0)) == Counter(records)
             st = m.status()
@@ -68,7 +71,8 @@ def test_finishes_ride_on_task_requests_and_the_ledger_counts_every_record(
     nexts = [msg for kind, msg in sent if kind == "next"]
     riding = [msg for msg in nexts if msg.want_task and msg.finished]
     finished = [f.task_id for msg in nexts for f in msg.finished]
-    assert riding, "no finish rode on a task request"
+    rode = sum(len(msg.finished) for msg in riding)
+    assert rode >= len(finished) // 2, f"only {rode} of {len(finished)} finishes rode on requests"
     assert sorted(finished) == sorted(set(finished))  # each task finished once
     assert len(set(finished)) == m_tasks(path)
 
