@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chunkmaster.cli.common import CliError, add_security_flags, channel_security
+from chunkmaster.cli.common import CliError, add_security_flags, ask_master
 
 
 def register(sub: Any) -> None:
@@ -56,15 +56,7 @@ def write_atomically(path: str, data: bytes) -> None:
 
 
 def run_save(args: argparse.Namespace) -> int:
-    from chunkmaster.client.connection import MasterConnection, TransportError
-    from chunkmaster.core.errors import MasterError
-
-    security = channel_security(args)
-    with MasterConnection(args.addr, timeout=args.timeout, security=security) as conn:
-        try:
-            blob = conn.data_checkpoint()
-        except (TransportError, MasterError) as exc:
-            raise CliError(str(exc)) from None
+    blob = ask_master(args, lambda conn: conn.data_checkpoint())
     write_atomically(args.file, blob)
     print(f"saved the data checkpoint of {args.addr} to {args.file} ({len(blob)} bytes)")
     return 0

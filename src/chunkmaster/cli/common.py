@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from chunkmaster.master.config import parse_duration
 
 if TYPE_CHECKING:
-    from chunkmaster.client.connection import ChannelSecurity
+    from chunkmaster.client.connection import ChannelSecurity, MasterConnection
+
+T = TypeVar("T")
 
 __all__ = [
     "CliError",
     "add_security_flags",
+    "ask_master",
     "channel_security",
     "parse_duration",
     "security_kwargs",
@@ -67,3 +71,17 @@ def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
     }
+
+
+def ask_master(args: argparse.Namespace, call: Callable[[MasterConnection], T]) -> T:
+    """One call to the master at --addr, with the command's security flags; its errors (the
+    master's, or an unreachable master) become one CliError line."""
+    from chunkmaster.client.connection import MasterConnection, TransportError
+    from chunkmaster.core.errors import MasterError
+
+    security = channel_security(args)
+    with MasterConnection(args.addr, timeout=args.timeout, security=security) as conn:
+        try:
+            return call(conn)
+        except (TransportError, MasterError) as exc:
+            raise CliError(str(exc)) from None

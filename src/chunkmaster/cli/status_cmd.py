@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from chunkmaster.cli.common import CliError, add_security_flags, channel_security
+from chunkmaster.cli.common import add_security_flags, ask_master
 
 
 def register(sub: Any) -> None:
@@ -21,15 +21,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chunkmaster.client.connection import MasterConnection, TransportError
-    from chunkmaster.core.errors import MasterError
-
-    security = channel_security(args)
-    with MasterConnection(args.addr, timeout=args.timeout, security=security) as conn:
-        try:
-            st = conn.status()
-        except (TransportError, MasterError) as exc:
-            raise CliError(str(exc)) from None
+    st = ask_master(args, lambda conn: conn.status())
     if args.json:
         print(json.dumps(st, indent=2))
         return 0
