@@ -14,7 +14,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from chunkmaster.core import checkpoint
 from chunkmaster.core.errors import (
@@ -68,6 +68,7 @@ from chunkmaster.master.timeouts import TimeoutScheduler
 from chunkmaster.store.base import Store
 
 log = logging.getLogger("chunkmaster.service")
+T = TypeVar("T")
 
 STATUS_LIST_LIMIT = 100
 TRAINER_TTL = 10.0  # seconds a silent trainer keeps its session
@@ -363,7 +364,7 @@ class Service:
         ps = self._own(session, positions)
         if ps and self.ledger.available:
             _, durable = self.ledger.submit(Progress(ps))
-            _forget(durable)
+            started(durable)
 
     def submit_finishes(self, session: str, positions: Iterable[Position]) -> Awaitable[int]:
         """Finish each task (as TaskFinished would), in order; awaitable: how many applied."""
@@ -673,10 +674,12 @@ async def _after(durable: Awaitable[None] | None, result: int) -> int:
     return result
 
 
-def _forget(durable: Awaitable[None]) -> None:
-    """Nobody waits for this write; a failure is the ledger's to report, not an orphan's."""
-    fut = asyncio.ensure_future(durable)
+def started(aw: Awaitable[T]) -> asyncio.Future[T]:
+    """`aw` running now, whether or not anyone awaits it: a write's failure is the ledger's to
+    report, and must not be logged again as an exception nobody retrieved."""
+    fut = asyncio.ensure_future(aw)
     fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return fut
 
 
 def _check(ok: bool, problem: str) -> None:

@@ -22,7 +22,7 @@ from chunkmaster.core.errors import (
     SessionExpiredError,
 )
 from chunkmaster.core.model import RETURNED_REASON, Position, TaskMeta
-from chunkmaster.master.service import Service
+from chunkmaster.master.service import Service, started
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc.wire import status_code_of, task_to_pb
 
@@ -186,8 +186,7 @@ class SessionConversation:
 
         # The finishes are applied already; their write and the dispatch's share one group
         # commit, and the task is answered once both are durable.
-        fin = asyncio.ensure_future(finished)
-        fin.add_done_callback(lambda f: f.cancelled() or f.exception())
+        fin = started(finished)
 
         async def next_task() -> pb.SessionResponse:
             task = await self.service.get_task(
