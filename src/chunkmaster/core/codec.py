@@ -87,10 +87,18 @@ def unpack(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, array[in
 
 
 def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
-    header = {"globs": list(ds.globs), "files": list(ds.files), "cpt": ds.chunks_per_task}
+    header: dict[str, Any] = {
+        "globs": list(ds.globs),
+        "files": list(ds.files),
+        "cpt": ds.chunks_per_task,
+    }
+    if ds.format != "recordio":
+        header["format"] = ds.format
     blobs = {"cf": ds.chunk_file, "co": ds.chunk_offset, "cr": ds.chunk_records}
     if ds.file_sizes is not None:
         blobs["fs"] = ds.file_sizes
+    if ds.chunk_length is not None:
+        blobs["cl"] = ds.chunk_length
     return header, blobs
 
 
@@ -103,6 +111,8 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
         blobs["cr"],
         int(header["cpt"]),
         blobs.get("fs"),
+        blobs.get("cl"),
+        str(header.get("format", "recordio")),
     )
 
 

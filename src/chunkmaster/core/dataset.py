@@ -34,6 +34,8 @@ class Dataset:
     chunk_records: array[int]  # 'I': records in the chunk
     chunks_per_task: int
     file_sizes: array[int] | None = field(default=None)  # 'Q': bytes per file, if known
+    chunk_length: array[int] | None = field(default=None)  # 'Q': bytes per chunk, if known
+    format: str = "recordio"  # the files' format (chunkmaster.formats)
 
     @classmethod
     def build(
@@ -91,4 +93,7 @@ class Dataset:
 
     def task_chunks(self, task_id: int) -> tuple[Chunk, ...]:
         files, cf, co, cr = self.files, self.chunk_file, self.chunk_offset, self.chunk_records
-        return tuple(Chunk(files[cf[i]], co[i], cr[i]) for i in self.chunk_range(task_id))
+        cl = self.chunk_length
+        if cl is None:
+            return tuple(Chunk(files[cf[i]], co[i], cr[i]) for i in self.chunk_range(task_id))
+        return tuple(Chunk(files[cf[i]], co[i], cr[i], cl[i]) for i in self.chunk_range(task_id))

@@ -8,14 +8,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """One RecordIO chunk: where it is and how many records it holds.
+    """One chunk of a dataset file: where it is and how many records it holds.
 
-    A trainer reads it with `recordio.scan(path, Index([offset], [num_records]))`.
+    `offset` is where the chunk starts in the file's format (a byte offset, or a Parquet row
+    group's number); `length` is the bytes it spans (0: not known), for ranged reads.
     """
 
     path: str
     offset: int
     num_records: int
+    length: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,7 @@ class Task:
     chunks: tuple[Chunk, ...]
     pass_id: int = 0
     start: int = 0
+    format: str = "recordio"  # the dataset's file format (chunkmaster.formats)
 
     @property
     def num_records(self) -> int:

@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Chunk(_message.Message):
-    __slots__ = ("path", "offset", "num_records")
+    __slots__ = ("path", "offset", "num_records", "length")
     PATH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
     path: str
     offset: int
     num_records: int
-    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., num_records: _Optional[int] = ...) -> None: ...
+    length: int
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., num_records: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class TaskMeta(_message.Message):
     __slots__ = ("id", "epoch")
@@ -25,16 +27,18 @@ class TaskMeta(_message.Message):
     def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("meta", "chunks", "pass_id", "start")
+    __slots__ = ("meta", "chunks", "pass_id", "start", "format")
     META_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     meta: TaskMeta
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     pass_id: int
     start: int
-    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ..., start: _Optional[int] = ...) -> None: ...
+    format: str
+    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ..., start: _Optional[int] = ..., format: _Optional[str] = ...) -> None: ...
 
 class SetDatasetRequest(_message.Message):
     __slots__ = ("globs",)

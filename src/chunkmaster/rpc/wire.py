@@ -63,17 +63,20 @@ def task_to_pb(task: Task) -> pb.Task:
     return pb.Task(
         meta=pb.TaskMeta(id=task.meta.id, epoch=task.meta.epoch),
         chunks=[
-            pb.Chunk(path=c.path, offset=c.offset, num_records=c.num_records) for c in task.chunks
+            pb.Chunk(path=c.path, offset=c.offset, num_records=c.num_records, length=c.length)
+            for c in task.chunks
         ],
         pass_id=task.pass_id,
         start=task.start,
+        format="" if task.format == "recordio" else task.format,
     )
 
 
 def task_from_pb(msg: pb.Task) -> Task:
     return Task(
         TaskMeta(msg.meta.id, msg.meta.epoch),
-        tuple(Chunk(c.path, c.offset, c.num_records) for c in msg.chunks),
+        tuple(Chunk(c.path, c.offset, c.num_records, c.length) for c in msg.chunks),
         msg.pass_id,
         msg.start,
+        msg.format or "recordio",
     )
