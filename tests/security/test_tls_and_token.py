@@ -14,7 +14,7 @@ from helpers.inproc import InProcessMaster
 
 import chunkmaster
 from chunkmaster.client.connection import ChannelSecurity, MasterConnection, TransportError
-from chunkmaster.core.errors import UnauthenticatedError
+from chunkmaster.core.errors import PermissionDeniedError, UnauthenticatedError
 from chunkmaster.master.auth import server_credentials
 from chunkmaster.rpc import master_pb2 as pb
 
@@ -164,9 +164,10 @@ def test_under_mutual_tls_a_session_is_bound_to_its_certificate(
 ) -> None:
     a = ChannelSecurity.load(TOKEN, pki.ca, pki.client_cert, pki.client_key)
     b = ChannelSecurity.load(TOKEN, pki.ca, pki.other_client_cert, pki.other_client_key)
-    with MasterConnection(mtls_master.addr, security=a) as conn_a, MasterConnection(
-        mtls_master.addr, security=b
-    ) as conn_b:
+    with (
+        MasterConnection(mtls_master.addr, security=a) as conn_a,
+        MasterConnection(mtls_master.addr, security=b) as conn_b,
+    ):
         sid = _hello(conn_a).welcome.session_id
         assert sid
         refused = _hello(conn_b, sid)
@@ -175,3 +176,25 @@ def test_under_mutual_tls_a_session_is_bound_to_its_certificate(
         assert refused.error.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
         assert _hello(conn_a, sid).welcome.session_id == sid  # its owner resumes it
         assert _hello(conn_b).welcome.session_id not in ("", sid)  # b opens its own
+
+
+def test_under_mutual_tls_a_trainer_cannot_report_another_trainers_task(
+    mtls_master: InProcessMaster, pki: Pki, dataset: str
+) -> None:
+    a = ChannelSecurity.load(TOKEN, pki.ca, pki.client_cert, pki.client_key)
+    b = ChannelSecurity.load(TOKEN, pki.ca, pki.other_client_cert, pki.other_client_key)
+    with (
+        MasterConnection(mtls_master.addr, security=a) as conn_a,
+        MasterConnection(mtls_master.addr, security=b) as conn_b,
+    ):
+        conn_a.set_dataset([dataset])
+        task = conn_a.get_task(0)
+        for epoch in (task.meta.epoch, 0):  # 0: "not said" reports the pending dispatch
+            with pytest.raises(PermissionDeniedError, match="another trainer's certificate"):
+                conn_b.task_finished(task.meta.id, epoch=epoch, pass_id=0)
+        with pytest.raises(PermissionDeniedError, match="another trainer's certificate"):
+            conn_b.task_failed(task.meta, "not mine")
+        assert conn_a.status()["pending"] == 1  # the refusals changed nothing
+        assert conn_a.task_finished(task.meta.id, epoch=task.meta.epoch, pass_id=0)
+        mine = conn_b.get_task(0)
+        assert conn_b.task_failed(mine.meta, "read error")  # its own task: allowed

@@ -15,6 +15,7 @@ from chunkmaster.core.errors import InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.auth import TokenInterceptor, peer_identity
 from chunkmaster.master.datasets import check_data_roots, in_daemon_thread
+from chunkmaster.master.owners import TaskOwners
 from chunkmaster.master.service import Service
 from chunkmaster.master.stream import Malformed, SessionConversation, SessionOwners
 from chunkmaster.rpc import master_pb2 as pb
@@ -95,6 +96,13 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.service = service
         self.data_roots = tuple(data_roots)
         self.owners = SessionOwners()
+        self.task_owners = TaskOwners()
+
+    def _check_reporter(self, context: Any, task_id: int, epoch: int) -> None:
+        identity = peer_identity(context)
+        if identity is not None:
+            state = self.service.ledger.state
+            self.task_owners.check(state, self.owners, task_id, epoch, identity)
 
     async def SetDataset(self, request: Any, context: Any) -> Any:
         globs = list(request.globs)
@@ -119,21 +127,28 @@ class MasterServicer(pb_grpc.MasterServicer):
                 request.pass_id, wait=wait, worker=worker, request_id=request.request_id
             ),
         )
+        identity = peer_identity(context)
+        if identity is not None:
+            self.task_owners.record(task.meta.id, task.meta.epoch, identity)
         return pb.GetTaskResponse(task=task_to_pb(task))
 
     async def TaskFinished(self, request: Any, context: Any) -> Any:
-        applied = await _answer(
-            context,
-            lambda: self.service.task_finished(
+        async def finish() -> bool:
+            self._check_reporter(context, request.task_id, request.epoch)
+            return await self.service.task_finished(
                 request.task_id, epoch=request.epoch, pass_id=request.pass_id
-            ),
-        )
-        return pb.TaskReportResponse(applied=applied)
+            )
+
+        return pb.TaskReportResponse(applied=await _answer(context, finish))
 
     async def TaskFailed(self, request: Any, context: Any) -> Any:
         meta = TaskMeta(request.meta.id, request.meta.epoch)
-        applied = await _answer(context, lambda: self.service.task_failed(meta, request.reason))
-        return pb.TaskReportResponse(applied=applied)
+
+        async def fail() -> bool:
+            self._check_reporter(context, meta.id, meta.epoch)
+            return await self.service.task_failed(meta, request.reason)
+
+        return pb.TaskReportResponse(applied=await _answer(context, fail))
 
     async def RequestSaveModel(self, request: Any, context: Any) -> Any:
         approved = await _answer(

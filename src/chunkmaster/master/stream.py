@@ -67,6 +67,9 @@ class SessionOwners:
                 "certificate; open a new session"
             )
 
+    def owner(self, session_id: str) -> str | None:
+        return self._owner.get(session_id)
+
     def claim(self, session_id: str, identity: str, live: Callable[[str], bool]) -> None:
         self._owner.setdefault(session_id, identity)
         if len(self._owner) > 64 + 2 * sum(1 for sid in self._owner if live(sid)):
