@@ -76,8 +76,16 @@ def test_a_token_opens_every_interface_and_the_cli_needs_it(
     assert refused.returncode == 1 and "unauthenticated" in refused.stderr
     assert _cli("status", "--addr", addr, "--token-file", token_file).returncode == 0
     read = _cli(
-        "read", "--addr", addr, "--dataset", dataset, "--passes", "1", "--json",
-        "--token-file", token_file,
+        "read",
+        "--addr",
+        addr,
+        "--dataset",
+        dataset,
+        "--passes",
+        "1",
+        "--json",
+        "--token-file",
+        token_file,
     )
     assert read.returncode == 0, read.stderr
     assert f'"records": {RECORDS}' in read.stdout
@@ -90,8 +98,14 @@ def test_tls_with_client_certificates_from_the_command_line(
     m = _start(
         masters,
         [
-            "--host", "0.0.0.0", "--tls-cert", pki.server_cert, "--tls-key", pki.server_key,
-            "--tls-client-ca", pki.ca,
+            "--host",
+            "0.0.0.0",
+            "--tls-cert",
+            pki.server_cert,
+            "--tls-key",
+            pki.server_key,
+            "--tls-client-ca",
+            pki.ca,
         ],
     )
     assert "security: mutual TLS, no token" in m.log()
@@ -108,5 +122,6 @@ def test_the_token_is_never_a_command_line_value(tmp_path: object) -> None:
     assert "--token-file PATH" in helped and "--token " not in helped
     done = _master_cmd("--token-file", f"{tmp_path}/missing")
     assert done.returncode == 2
-    assert done.stderr.strip().endswith(f"cannot read the token file {tmp_path}/missing: "
-                                        "No such file or directory")
+    assert done.stderr.strip().endswith(
+        f"cannot read the token file {tmp_path}/missing: No such file or directory"
+    )

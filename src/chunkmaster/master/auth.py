@@ -59,9 +59,7 @@ def _read_bytes(path: str, what: str) -> bytes:
         raise ValueError(f"cannot read the {what} {path}: {exc.strerror}") from None
 
 
-def server_credentials(
-    cert: str, key: str, client_ca: str | None = None
-) -> grpc.ServerCredentials:
+def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grpc.ServerCredentials:
     """TLS with this certificate and key; with `client_ca`, every client must present a
     certificate signed by it (mutual TLS)."""
     return grpc.ssl_server_credentials(

@@ -201,9 +201,7 @@ def _check_local(pattern: str, roots: list[str]) -> None:
         raise _refuse(pattern, f"is outside the master's data roots ({', '.join(roots)})")
     for match in glob.glob(pattern):
         if not inside(os.path.realpath(match)):
-            raise _refuse(
-                pattern, "matches a path that resolves outside the master's data roots"
-            )
+            raise _refuse(pattern, "matches a path that resolves outside the master's data roots")
 
 
 def expand_globs(globs: Sequence[str]) -> list[str]:
