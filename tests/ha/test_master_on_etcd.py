@@ -95,7 +95,7 @@ def test_standby_takes_over_with_the_state_after_sigkill_and_at_once_after_sigte
             m.kill()
 
 
-def test_a_master_that_loses_its_lock_stops_serving(
+def test_a_master_that_loses_its_lock_stops_serving_and_stands_by(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
     data = dataset(tmp_path / "d.rio", 4)
@@ -113,13 +113,19 @@ def test_a_master_that_loses_its_lock_stops_serving(
                 )
                 await client.revoke_lease(holders[0].lease)  # behind the leader's back
 
+        assert b.wait_log("waiting for the master lock")  # b is next in line
         asyncio.run(revoke_leader_lease())
         assert a.wait_log("lost the master lock")
-        assert a.proc is not None and a.proc.wait(15) == 1
         assert b.wait_serving(15)
         with MasterConnection(b.addr) as conn:
             st = conn.status()
             assert st["ready"] and st["num_tasks"] == 1
+        assert a.wait_log("campaigning for the master lock again, as a standby")
+        assert a.running  # a standby now, not an exited process
+        assert b.terminate() == 0  # revokes b's lease: the standby need not wait for its TTL
+        assert a.wait_serving(30)
+        with MasterConnection(a.addr) as conn:
+            assert conn.status()["num_tasks"] == 1
     finally:
         a.kill()
         b.kill()

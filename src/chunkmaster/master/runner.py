@@ -102,6 +102,9 @@ def _log_protection(config: MasterConfig, host: str) -> None:
 
 
 async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Event], None]) -> int:
+    """Serve until asked to stop. On etcd, a master that loses the lock (an etcd outage longer
+    than its TTL, a lease revoked behind its back) stops serving at once and campaigns again as
+    a standby: the job outlives etcd outages without a supervisor restarting its masters."""
     stop = asyncio.Event()
     install_signals(stop)
     if config.ready_file is not None:
@@ -112,6 +115,13 @@ async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Ev
     # Unprotected, a master beyond loopback was refused by its config unless --insecure.
     host = config.host or ("127.0.0.1" if config.etcd is None else external_ip())
     _log_protection(config, host)
+    while await _serve(config, stop, credentials, host):
+        log.warning("campaigning for the master lock again, as a standby")
+    return 0
+
+
+async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, host: str) -> bool:
+    """Lead (on etcd: once elected) and serve until stopped; True when the lock was lost."""
     leadership: Leadership | None = None
     if config.etcd is not None:
         from chunkmaster.store.etcd import EtcdStore
@@ -126,7 +136,7 @@ async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Ev
         if not campaign.done():
             campaign.cancel()
             await leadership.shutdown()
-            return 0
+            return False
         waiter.cancel()
         campaign.result()
     else:
@@ -189,10 +199,11 @@ async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Ev
     if lost is not None:
         waiters.append(lost)
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    if lost is not None and lost.done():
-        log.critical("lost the master lock: stopping at once so that the new leader alone serves")
-        code = 1
+    was_lost = lost is not None and lost.done()
+    if was_lost:
+        log.critical(
+            "lost the master lock: stopped serving at once so that the new leader alone serves"
+        )
         if metrics is not None:
             metrics.leading(False, change=True)
         await server.stop(grace=0)
@@ -207,4 +218,4 @@ async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Ev
     if config.ready_file is not None:
         remove_ready_file(config.ready_file)
     log.info("stopped")
-    return code
+    return was_lost and not stop.is_set()
