@@ -306,10 +306,9 @@ class Service:
         extra = about(pass_id=st.cur_pass, task=task_id, reason=reason)
         if task_id in st.failed:
             log.warning(
-                "task %d failed %d times (last: %s); over the limit of %d, quarantined: %s",
+                "task %d failed %d times, over the limit of %d; quarantined: %s",
                 task_id,
                 n,
-                reason,
                 st.failure_max,
                 describe(st, task_id).describe(),
                 extra=extra,
