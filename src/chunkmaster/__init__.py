@@ -9,6 +9,7 @@ from chunkmaster.client.client import Client, EndOfPass, TaskReadError
 from chunkmaster.core.errors import (
     AllTaskFailedError,
     DatasetError,
+    JobStoppedError,
     MasterError,
     NoMoreAvailableError,
     NotReadyError,
@@ -31,6 +32,7 @@ __all__ = [
     "EndOfPass",
     "FailedPolicy",
     "InMemStore",
+    "JobStoppedError",
     "MasterError",
     "NoMoreAvailableError",
     "NotReadyError",

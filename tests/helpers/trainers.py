@@ -49,6 +49,7 @@ class Trainer:
         self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.tasks: dict[int, list[dict[str, Any]]] = {}
         self.passes: dict[int, dict[str, Any]] = {}
+        self.read_errors: dict[int, list[dict[str, Any]]] = {}  # --continue-on-read-error
         self.log_path = log_dir / f"{name}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "w") as log:
@@ -75,7 +76,9 @@ class Trainer:
             pytest.fail(f"{self.name}: no output for {timeout}s; log:\n{self.log()}")
         if line is not None:
             p = int(line["pass"])
-            if "task" in line:
+            if "read_error" in line:
+                self.read_errors.setdefault(p, []).append(line)
+            elif "task" in line:
                 self.tasks.setdefault(p, []).append(line)
             else:
                 self.passes[p] = line

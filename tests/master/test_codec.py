@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from fractions import Fraction
 
 import hypothesis.strategies as st
 import pytest
@@ -28,8 +29,10 @@ from chunkmaster.core.events import (
     Progress,
     Resume,
     SetDataset,
+    SetErrorBudget,
 )
 from chunkmaster.core.model import FailedPolicy, Position
+from chunkmaster.core.quarantine import ErrorBudget
 from chunkmaster.core.state import MasterState, apply
 
 
@@ -64,6 +67,8 @@ def comparable(s: MasterState) -> tuple[object, ...]:
         s.saver,
         s.failure_max,
         s.failed_policy,
+        s.error_budget,
+        s.stopped,
         None
         if s.dataset is None
         else (
@@ -78,7 +83,7 @@ def comparable(s: MasterState) -> tuple[object, ...]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from("DFXSCROEPK"), st.integers(0, 9)), max_size=80))
+@given(ops=st.lists(st.tuples(st.sampled_from("DFXSCROEPKQ"), st.integers(0, 9)), max_size=80))
 def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
     live, journal = MasterState(), []
     for ev in [SetDataset(ds(9))]:
@@ -111,6 +116,9 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
             ev = ApproveSave(f"trainer-{x}", 50.0 + x)
         elif kind == "R":
             ev = Resume(1003.5 + x)
+        elif kind == "Q":
+            budget = [ErrorBudget(), ErrorBudget(records=x), ErrorBudget(percent=Fraction(x, 4))]
+            ev = SetErrorBudget(budget[x % 3])
         else:
             ev = Configure(x % 3, FailedPolicy.KEEP if x % 2 else FailedPolicy.RETRY)
         journal.append(encode_event(ev))  # type: ignore[arg-type]

@@ -174,7 +174,7 @@ SETTINGS = (
         "task_timeout_max",
         ("--task-timeout-max",),
         _env("TASK_TIMEOUT_MAX"),
-        "failures a task may have before it is set aside as failed (default 3)",
+        "failures a task may have before it is quarantined (default 3)",
     ),
     Setting(
         "trainer_ttl",
@@ -216,9 +216,21 @@ SETTINGS = (
         "failed_policy",
         ("--failed-policy",),
         _env("FAILED_POLICY"),
-        "at a pass rollover, 'retry' puts failed tasks back with a fresh count; "
-        "'keep' keeps them out and reports them (default retry)",
+        "at a pass rollover, 'retry' puts quarantined tasks back with a fresh count; "
+        "'keep' keeps them out of every later pass (their records count against each "
+        "pass's --max-failed-records) and reports them (default retry)",
         "{retry,keep}",
+    ),
+    Setting(
+        "max_failed_records",
+        ("--max-failed-records",),
+        _env("MAX_FAILED_RECORDS"),
+        "error budget: the records one pass may lose to quarantined tasks (tasks that failed "
+        "more than --task-timeout-max times), as a count (10) or a percentage of the "
+        "dataset's records (0.1%%). Over it the job stops and trainers get an error naming "
+        "the tasks, files and reasons; within it the pass goes on without them. Default "
+        "unlimited (quarantined tasks are reported, the job never stops); see docs/failures.md",
+        "N|P%|unlimited",
     ),
     Setting(
         "store",

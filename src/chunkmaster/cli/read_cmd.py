@@ -4,6 +4,9 @@ Per pass it prints the record count and the order-independent digest (chunkmaste
 the outputs of several trainers can be added up and compared with the dataset's own digest.
 With --task-lines it also prints each task it completed (its last record taken), which is what
 counts for a trainer that may be killed: its completed tasks are not handed out again.
+A chunk that cannot be read stops it (exit 1), unless --continue-on-read-error: then the error
+is printed, the master hands the task out again or quarantines it (docs/failures.md), and the
+pass goes on. A job stopped by its error budget exits 1 printing the master's error.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 from chunkmaster.cli.common import CliError, add_security_flags, security_kwargs
 
 if TYPE_CHECKING:
-    from chunkmaster.client import Client
+    from chunkmaster.client import Client, TaskReadError
     from chunkmaster.core.model import Task
     from chunkmaster.digest import Digest
 
@@ -65,6 +69,14 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="sleep after each record (stands in for training)",
     )
+    p.add_argument(
+        "--continue-on-read-error",
+        action="store_true",
+        help="a chunk that cannot be read is printed (with --json as a line with read_error) "
+        "and the pass goes on; the master, told of it, hands the task out again or "
+        "quarantines it. Each pass line then also says how many read errors this trainer met "
+        "and how many records the master quarantined in that pass",
+    )
     p.add_argument("--buffer-size", type=int, default=1024, help="records read ahead")
     p.add_argument(
         "--retry-timeout",
@@ -108,12 +120,22 @@ def run(args: argparse.Namespace) -> int:
             if args.dataset:
                 client.set_dataset(args.dataset)
             for p in range(args.first_pass, args.first_pass + args.passes):
-                total = _read_pass(client, p, args, done, out)
+                errors: list[TaskReadError] = []
+                total = _read_pass(client, p, args, done, out, errors)
+                line: dict[str, Any] = {"pass": p, "records": total.count, "digest": total.hex()}
+                if args.continue_on_read_error:
+                    line["read_errors"] = len(errors)
+                    line["quarantined"] = _quarantined(client, p)
                 if args.json:
-                    line = {"pass": p, "records": total.count, "digest": total.hex()}
                     out.write(json.dumps(line) + "\n")
                 else:
-                    out.write(f"pass {p}: {total.count} records, digest {total.hex()}\n")
+                    extra = (
+                        f", {line['read_errors']} read error(s), {line['quarantined']} records "
+                        "quarantined by the master"
+                        if args.continue_on_read_error
+                        else ""
+                    )
+                    out.write(f"pass {p}: {total.count} records, digest {total.hex()}{extra}\n")
                 out.flush()
         except TaskReadError as exc:
             raise CliError(f"read error (reported to the master): {exc}") from None
@@ -122,8 +144,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quarantined(client: Client, p: int) -> int:
+    """Records of pass `p` the master quarantined (its ledger keeps recent passes)."""
+    ledger = client.status().get("ledger")
+    for led in ledger if isinstance(ledger, list) else ():
+        if isinstance(led, dict) and led.get("pass") == p:
+            return int(led.get("quarantined", 0))
+    return 0
+
+
+def _records_past_errors(client: Client, p: int, errors: list[TaskReadError]) -> Iterator[bytes]:
+    """The records of pass `p`, going on past chunks that cannot be read (kept in `errors`;
+    the client has reported each to the master)."""
+    from chunkmaster.client import EndOfPass, TaskReadError
+
+    client.start_get_records(p)
+    while True:
+        try:
+            yield client.next_record()
+        except EndOfPass:
+            return
+        except TaskReadError as exc:
+            errors.append(exc)
+            print(f"read error (reported to the master): {exc}", file=sys.stderr, flush=True)
+
+
 def _read_pass(
-    client: Client, p: int, args: argparse.Namespace, done: list[Task], out: IO[str]
+    client: Client,
+    p: int,
+    args: argparse.Namespace,
+    done: list[Task],
+    out: IO[str],
+    errors: list[TaskReadError],
 ) -> Digest:
     """Read pass `p` to its end; with --task-lines print each task as it completes.
 
@@ -143,8 +195,17 @@ def _read_pass(
     )
     unshown = 0
     done.clear()
+    seen = 0
+    records = (
+        _records_past_errors(client, p, errors)
+        if args.continue_on_read_error
+        else client.records(p)
+    )
     try:
-        for record in client.records(p):
+        for record in records:
+            if len(errors) != seen:  # a task ended in a read error: its digest starts over
+                task_digest = Digest()
+                seen = _emit_errors(errors, seen, p, args.json, out)
             total.add(record)
             if tasks:
                 task_digest.add(record)
@@ -158,6 +219,7 @@ def _read_pass(
                 unshown = 0
             if step:
                 time.sleep(step)
+        _emit_errors(errors, seen, p, args.json, out)
         if done and tasks:  # tasks without records, finished at the very end
             _emit_tasks(done, Digest(), out)
         done.clear()
@@ -165,6 +227,15 @@ def _read_pass(
         bar.update(unshown)
         bar.close()
     return total
+
+
+def _emit_errors(errors: list[TaskReadError], seen: int, p: int, js: bool, out: IO[str]) -> int:
+    """With --json, a line per read error from `seen` on; returns how many are shown."""
+    if js:
+        for exc in errors[seen:]:
+            line = {"pass": p, "failed_task": exc.task.meta.id, "read_error": exc.reason}
+            out.write(json.dumps(line) + "\n")
+    return len(errors)
 
 
 def _emit_tasks(done: list[Task], task_digest: Digest, out: IO[str]) -> Digest:

@@ -31,6 +31,9 @@ def run(args: argparse.Namespace) -> int:
 
 def render(st: dict[str, Any]) -> str:
     lines = []
+    stop = st.get("job_stopped")
+    if stop:
+        lines.append(f"STOPPED  {stop['message']}")
     if not st["ready"]:
         lines.append("no dataset yet (waiting for a trainer's set_dataset)")
     else:
@@ -51,9 +54,10 @@ def render(st: dict[str, Any]) -> str:
         lines.append(f"saving   {sm['trainer_id']} (window ends in {sm['expires_in']:.1f}s)")
     for led in st.get("ledger", []):
         again = ", ".join(f"{n} ({why})" for why, n in sorted(led["redispatched"].items()))
+        lost = f"; quarantined {led['quarantined']}" if led.get("quarantined") else ""
         lines.append(
             f"records  pass {led['pass']}: {led['dispatched']} handed out, {led['consumed']} "
-            f"consumed, {led['committed']} committed; handed out again: {again or 'none'}"
+            f"consumed, {led['committed']} committed; handed out again: {again or 'none'}{lost}"
         )
     if "trainers" in st:
         lines.append(
@@ -72,6 +76,7 @@ def render(st: dict[str, Any]) -> str:
                 f"  {t['name'][:24]:24} {t['host'][:16]:16} {t['pid']:>7} {t['tasks_held']:>4} "
                 f"{t['records_consumed']:>10} {rate:>9} {heard:>7}"
             )
+    lines.extend(_quarantine(st))
     if st["failed_tasks"]:
         lines.append(
             f"failures {st['tasks_with_failures']} task(s) failed at least once "
@@ -85,3 +90,26 @@ def render(st: dict[str, Any]) -> str:
                 f"  task {t['id']} [{t['queue']}] {t['total_failures']} failure(s): {reasons}"
             )
     return "\n".join(lines)
+
+
+def _quarantine(st: dict[str, Any]) -> list[str]:
+    """The error budget, and the quarantined tasks with their files, chunks and reasons."""
+    budget = st.get("error_budget")
+    if budget is None:
+        return []
+    limit = "no limit" if budget["limit"] is None else f"limit {budget['limit']} records"
+    lines = [
+        f"budget   --max-failed-records {budget['max_failed_records']} ({limit}): pass "
+        f"{st['cur_pass']} lost {budget['quarantined']} records to quarantined tasks"
+    ]
+    if st["quarantined_tasks"]:
+        lines.append(f"quarantine {len(st['quarantined_tasks'])} task(s) left out of the pass:")
+    for q in st["quarantined_tasks"]:
+        where = "; ".join(
+            f"{path} at offset(s) "
+            + ", ".join(str(c["offset"]) for c in q["chunks"] if c["path"] == path)
+            for path in q["files"]
+        )
+        last = q["reasons"][-1]["reason"] if q["reasons"] else "no reason recorded"
+        lines.append(f"  task {q['id']}: {q['records']} records in {where}; last reason: {last}")
+    return lines

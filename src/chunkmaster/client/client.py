@@ -18,7 +18,9 @@ Guarantees (the original's defects in brackets):
 * A chunk that cannot be read is reported with TaskFailed and its reason, and raised to the
   trainer as TaskReadError after the records before it: nothing is skipped silently [D8].
 * The pass ends (EndOfPass) only when the master has moved past it, not when no task happens to
-  be free [D2]; "all tasks failed" is raised as AllTaskFailedError.
+  be free [D2]; "all tasks failed" is raised as AllTaskFailedError, and a job stopped by
+  its error budget (too many records quarantined) as JobStoppedError, naming the tasks,
+  files and reasons.
 * A new pass, or close(), cancels the previous fetcher and drops its tasks: passes never
   mix [D19]. The abandoned tasks are not reported; they come back after the master's timeout.
 * Records are bytes, any content, empty allowed [D9].
@@ -356,8 +358,8 @@ class Client:
         def next_record(self, timeout: float | None = None) -> bytes:
             """The next record of the current pass; blocks. Raises EndOfPass at its end.
 
-            Also raises TaskReadError (the pass goes on), AllTaskFailedError, and
-            TimeoutError if `timeout` seconds pass without a record.
+            Also raises TaskReadError (the pass goes on), AllTaskFailedError,
+            JobStoppedError, and TimeoutError if `timeout` seconds pass without a record.
             """
             try:
                 return self._next()  # the fast path: one step of the chunk's record iterator

@@ -2,7 +2,8 @@
 
 It holds at most 1 + prefetch_tasks tasks, so the next task is at hand when the trainer ends
 the current one: the trainer never waits on the network between tasks. It ends the pass when
-the master has moved past it [D2], and hands "all tasks failed" to the trainer as an error.
+the master has moved past it [D2], and hands "all tasks failed" and "job stopped" (the error
+budget was exceeded) to the trainer as errors.
 How a task is asked for is a `TaskSource`: a unary GetTask (`UnaryTasks`, below) or a NextTask
 on the trainer's session stream (session.py).
 """
@@ -23,6 +24,7 @@ from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
 from chunkmaster.core.errors import (
     AllTaskFailedError,
+    JobStoppedError,
     NoMoreAvailableError,
     NotReadyError,
     PassAfterError,
@@ -132,8 +134,8 @@ class TaskFetcher:
             except PassBeforeError:
                 buf.finish(EndOfPass(buf.pass_id))
                 return
-            except AllTaskFailedError as exc:
-                buf.finish(exc)
+            except (AllTaskFailedError, JobStoppedError) as exc:
+                buf.finish(exc)  # raised to the trainer once the tasks it holds are read
                 return
             except (NoMoreAvailableError, NotReadyError, PassAfterError) as exc:
                 now = time.monotonic()

@@ -12,6 +12,7 @@ import struct
 import sys
 from array import array
 from collections import deque
+from fractions import Fraction
 from typing import Any
 
 from chunkmaster.core.dataset import Dataset
@@ -29,8 +30,10 @@ from chunkmaster.core.events import (
     Restore,
     Resume,
     SetDataset,
+    SetErrorBudget,
 )
 from chunkmaster.core.model import FailedPolicy, Failure, Position
+from chunkmaster.core.quarantine import ErrorBudget, JobStop
 from chunkmaster.core.state import (
     FAILURE_HISTORY,
     MasterState,
@@ -124,6 +127,18 @@ def _positions_from(v: Any) -> tuple[Position, ...]:
     return tuple(Position(int(t), int(e), int(p), int(r)) for t, e, p, r in v)
 
 
+def _budget(b: ErrorBudget) -> list[Any]:
+    return [b.records, None if b.percent is None else str(b.percent)]
+
+
+def _budget_from(v: Any) -> ErrorBudget:
+    records, percent = v
+    return ErrorBudget(
+        None if records is None else int(records),
+        None if percent is None else Fraction(str(percent)),
+    )
+
+
 def encode_event(ev: Event) -> bytes:
     match ev:
         case Dispatch(deadline=d, worker=w, request=r, session=sid):
@@ -148,6 +163,8 @@ def encode_event(ev: Event) -> bytes:
             return b"K" + _dumps(_positions(ps))
         case Restore(floor=f, commits=cs, source=src):
             return b"B" + _dumps([f, [list(c) for c in cs], src])
+        case SetErrorBudget(budget=b):
+            return b"Q" + _dumps(_budget(b))
         case SetDataset(dataset=ds):
             header, blobs = _dataset_parts(ds)
             return b"T" + pack(header, blobs)
@@ -189,6 +206,8 @@ def decode_event(data: bytes) -> Event:
             return Configure(int(v[0]), FailedPolicy(v[1]))
         if tag == b"R":
             return Resume(float(v[0]))
+        if tag == b"Q":
+            return SetErrorBudget(_budget_from(v))
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt journal entry (tag {tag!r}): {exc}") from exc
     raise CodecError(f"unknown journal entry tag {tag!r}")
@@ -214,8 +233,18 @@ def encode_snapshot(state: MasterState) -> bytes:
         "restored_from": state.restored_from,
         "pass_done": list(state.pass_done.items()),
         "ledger": [
-            [p, led.dispatched, led.consumed, led.committed, led.redispatched]
+            [p, led.dispatched, led.consumed, led.committed, led.redispatched, led.quarantined]
             for p, led in state.ledger.items()
+        ],
+        "error_budget": _budget(state.error_budget),
+        "stopped": None
+        if state.stopped is None
+        else [
+            state.stopped.pass_id,
+            state.stopped.records,
+            state.stopped.limit,
+            list(state.stopped.tasks),
+            state.stopped.message,
         ],
         "num_failures": list(state.num_failures.items()),
         "failure_log": [
@@ -273,9 +302,20 @@ def decode_snapshot(data: bytes) -> MasterState:
         st.restored_from = str(header["restored_from"])
         st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
         st.ledger = {
-            int(p): PassLedger(int(d), int(c), int(k), {str(w): int(n) for w, n in r.items()})
-            for p, d, c, k, r in header["ledger"]
+            int(p): PassLedger(
+                int(d),
+                int(c),
+                int(k),
+                {str(w): int(n) for w, n in r.items()},
+                int(q[0]) if q else 0,
+            )
+            for p, d, c, k, r, *q in header["ledger"]
         }
+        if header.get("error_budget") is not None:
+            st.error_budget = _budget_from(header["error_budget"])
+        if header.get("stopped") is not None:
+            p, n, limit, tasks, message = header["stopped"]
+            st.stopped = JobStop(int(p), int(n), int(limit), tuple(map(int, tasks)), str(message))
         st.requests = {p.request: t for t, p in st.pending.items() if p.request}
         st.num_failures = {int(t): int(n) for t, n in header["num_failures"]}
         for t, total, log in header["failure_log"]:

@@ -90,3 +90,10 @@ class PermissionDeniedError(MasterError):
     """The caller may not do this (a dataset outside the master's data roots); nothing changed."""
 
     message = "permission denied"
+
+
+class JobStoppedError(MasterError):
+    """More records were quarantined in a pass than the error budget allows: the job stopped.
+    The text names the tasks, their files and chunks, and why they failed."""
+
+    message = "job stopped: the error budget for quarantined tasks was exceeded"

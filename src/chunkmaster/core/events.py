@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.model import FailedPolicy, Position
+from chunkmaster.core.quarantine import ErrorBudget
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,13 @@ class Configure:
 
     failure_max: int
     failed_policy: FailedPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class SetErrorBudget:
+    """The error budget in force from now on (journaled when a master starts with a new one)."""
+
+    budget: ErrorBudget
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,4 +144,5 @@ Event = (
     | Progress
     | Commit
     | Restore
+    | SetErrorBudget
 )

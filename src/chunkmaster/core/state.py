@@ -13,6 +13,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
+from chunkmaster.core import quarantine
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import AllTaskFailedError, PassAfterError, PassBeforeError
 from chunkmaster.core.events import (
@@ -29,6 +30,7 @@ from chunkmaster.core.events import (
     Restore,
     Resume,
     SetDataset,
+    SetErrorBudget,
 )
 from chunkmaster.core.model import (
     RETURNED_REASON,
@@ -39,6 +41,7 @@ from chunkmaster.core.model import (
     Task,
     TaskMeta,
 )
+from chunkmaster.core.quarantine import ErrorBudget, JobStop
 
 FAILURE_HISTORY = 8  # failures remembered per task; the count is kept in full
 LEDGER_PASSES = 16  # passes whose record counts are kept
@@ -78,6 +81,7 @@ class PassLedger:
     consumed: int = 0
     committed: int = 0
     redispatched: dict[str, int] = field(default_factory=dict)
+    quarantined: int = 0  # records not delivered: their task went over failure_max
 
 
 @dataclass(slots=True)
@@ -110,6 +114,8 @@ class MasterState:
     pass_done: dict[int, int] = field(default_factory=dict)  # ended pass -> tasks done in it
     ledger: dict[int, PassLedger] = field(default_factory=dict)  # the last LEDGER_PASSES passes
     restored_from: str = ""  # the data checkpoint this state was started from, if any
+    error_budget: ErrorBudget = field(default_factory=ErrorBudget)  # quarantine.py
+    stopped: JobStop | None = None  # the error budget was exceeded: no more tasks
 
     @property
     def ready(self) -> bool:
@@ -154,6 +160,7 @@ def check_get_task(state: MasterState, pass_id: int) -> Availability:
     """What a GetTask(pass_id) gets now; raises the pass and all-failed errors."""
     if state.dataset is None:
         return Availability.NOT_READY
+    quarantine.check_running(state)
     if pass_id < state.cur_pass:
         raise PassBeforeError()
     if pass_id > state.cur_pass:
@@ -235,6 +242,8 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
         case Restore():
             _restore(state, event)
             return True
+        case SetErrorBudget(budget=budget):
+            return quarantine.set_budget(state, budget)
     raise InvalidEvent(f"unknown event {event!r}")
 
 
@@ -285,6 +294,7 @@ def _fail(state: MasterState, ev: Fail) -> bool:
     state.failure_total[task_id] = state.failure_total.get(task_id, 0) + 1
     if count > state.failure_max:
         state.failed.append(task_id)
+        quarantine.note_quarantined(state, task_id)
         state.progress.pop(task_id, None)
     else:
         state.todo.append(task_id)
@@ -445,6 +455,7 @@ def _maybe_roll_over(state: MasterState) -> None:
             next_todo.extend(state.failed)
             state.failed = []
         state.todo = next_todo
+        quarantine.note_pass_started(state)
         for old in [p for p in state.ledger if p <= state.cur_pass - LEDGER_PASSES]:
             del state.ledger[old]
         _start_pass(state)

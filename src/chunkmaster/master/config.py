@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunkmaster.core.model import FailedPolicy
+from chunkmaster.core.quarantine import ErrorBudget
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.master.auth import is_loopback, read_token
 
@@ -127,6 +128,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "restore_replace": _flag,
     "chunks_per_task": _integer,
     "failed_policy": _policy,
+    "max_failed_records": ErrorBudget.parse,
     "store": _optional,
     "store_sync": _store_sync,
     "store_on_damage": _store_on_damage,
@@ -166,6 +168,8 @@ class MasterConfig:
     restore_replace: bool = False
     chunks_per_task: int = 10
     failed_policy: FailedPolicy = FailedPolicy.RETRY
+    #: Records one pass may lose to quarantined tasks before the job stops (docs/failures.md).
+    max_failed_records: ErrorBudget = field(default_factory=ErrorBudget)
     #: Embedded store file or ":memory:"; None means the default file of the job.
     store: str | None = None
     store_sync: str = "full"

@@ -99,7 +99,8 @@ class StateCollector(Collector):
         records = GaugeMetricFamily(
             "chunkmaster_pass_records",
             "Records of a pass (the current and the previous one) by stage: handed out, "
-            "reported consumed, committed.",
+            "reported consumed, committed, quarantined (not delivered: their task failed "
+            "more than the limit).",
             labels=["pass", "stage"],
         )
         again = GaugeMetricFamily(
@@ -109,12 +110,17 @@ class StateCollector(Collector):
         )
         for entry in st["ledger"]:
             p = str(entry["pass"])
-            for stage in ("dispatched", "consumed", "committed"):
+            for stage in ("dispatched", "consumed", "committed", "quarantined"):
                 records.add_metric([p, stage], entry[stage])
             for reason, n in entry["redispatched"].items():
                 again.add_metric([p, reason], n)
         yield records
         yield again
+        yield _gauge(
+            "chunkmaster_job_stopped",
+            "1 once more records were quarantined in a pass than the error budget allows.",
+            int(st["job_stopped"] is not None),
+        )
         yield _gauge(
             "chunkmaster_commit_floor", "The first pass not wholly committed.", st["commit_floor"]
         )

@@ -149,6 +149,7 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
         timeout_dur=config.task_timeout,
         failure_max=config.task_timeout_max,
         failed_policy=config.failed_policy,
+        error_budget=config.max_failed_records,
         trainer_ttl=config.trainer_ttl,
         index_timeout=config.index_timeout,
         job=config.job or "default",

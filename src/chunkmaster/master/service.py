@@ -42,6 +42,7 @@ from chunkmaster.core.events import (
     Restore,
     Resume,
     SetDataset,
+    SetErrorBudget,
 )
 from chunkmaster.core.model import (
     TIMEOUT_REASON,
@@ -51,6 +52,7 @@ from chunkmaster.core.model import (
     Task,
     TaskMeta,
 )
+from chunkmaster.core.quarantine import ErrorBudget, budget_limit, describe
 from chunkmaster.core.state import (
     Availability,
     check_get_task,
@@ -86,6 +88,7 @@ class Service:
         failure_max: int = 3,
         *,
         failed_policy: FailedPolicy | str = FailedPolicy.RETRY,
+        error_budget: ErrorBudget | None = None,
         clock: Callable[[], float] = time.time,
         compact_min: int | None = None,
         trainer_ttl: float = TRAINER_TTL,
@@ -105,6 +108,7 @@ class Service:
         self.timeout_dur = float(timeout_dur)
         self.failure_max = failure_max
         self.failed_policy = FailedPolicy(failed_policy)
+        self.error_budget = ErrorBudget() if error_budget is None else error_budget
         self._clock = clock
         self.ledger = (
             Ledger(store) if compact_min is None else Ledger(store, compact_min=compact_min)
@@ -137,6 +141,10 @@ class Service:
             )
         if (st.failure_max, st.failed_policy) != (self.failure_max, self.failed_policy):
             await self.ledger.commit(Configure(self.failure_max, self.failed_policy))
+        if st.error_budget != self.error_budget:
+            await self.ledger.commit(SetErrorBudget(self.error_budget))
+        if st.stopped is not None:
+            log.error("%s", st.stopped.message, extra=about(pass_id=st.stopped.pass_id))
         if st.pending:
             # Task deadlines are about trainers: the time no master was serving (down, or
             # not yet leading) must not time out tasks that live trainers are reading.
@@ -298,13 +306,15 @@ class Service:
         extra = about(pass_id=st.cur_pass, task=task_id, reason=reason)
         if task_id in st.failed:
             log.warning(
-                "task %d failed %d times (last: %s); over the limit of %d, set aside as failed",
+                "task %d failed %d times, over the limit of %d; quarantined: %s",
                 task_id,
                 n,
-                reason,
                 st.failure_max,
+                describe(st, task_id).describe(),
                 extra=extra,
             )
+            if st.stopped is not None and task_id in st.stopped.tasks:
+                log.error("%s", st.stopped.message, extra=extra)
         else:
             log.warning("task %d failed (%s); dispatching it again", task_id, reason, extra=extra)
 
@@ -523,6 +533,7 @@ class Service:
         else:
             await self.ledger.replace(events)
             await self.ledger.commit(Configure(self.failure_max, self.failed_policy))
+            await self.ledger.commit(SetErrorBudget(self.error_budget))
         st = self.ledger.state
         log.info(
             "restored the data checkpoint of job %r: pass %d, %d task(s) to do, %d done",
@@ -600,6 +611,25 @@ class Service:
                 }
             )
         passes = sorted(st.ledger)[-2:]
+        quarantined = []
+        for t in st.failed[:STATUS_LIST_LIMIT]:
+            q = describe(st, t)
+            quarantined.append(
+                {
+                    "id": t,
+                    "files": list(q.files),
+                    "chunks": [
+                        {"path": c.path, "offset": c.offset, "records": c.num_records}
+                        for c in q.chunks
+                    ],
+                    "records": q.records,
+                    "reasons": [
+                        {"pass": f.pass_id, "epoch": f.epoch, "reason": f.reason}
+                        for f in q.reasons
+                    ],
+                }
+            )
+        stop = st.stopped
         return {
             "healthy": ledger.available,
             "ready": st.ready,
@@ -622,6 +652,21 @@ class Service:
             "failed_policy": st.failed_policy.value,
             "timeout_dur": self.timeout_dur,
             "failed_tasks": failed_tasks,
+            "error_budget": {
+                "max_failed_records": str(st.error_budget),
+                "limit": budget_limit(st),
+                "quarantined": cur.quarantined if (cur := st.ledger.get(st.cur_pass)) else 0,
+            },
+            "quarantined_tasks": quarantined,
+            "job_stopped": None
+            if stop is None
+            else {
+                "pass": stop.pass_id,
+                "records": stop.records,
+                "limit": stop.limit,
+                "tasks": list(stop.tasks),
+                "message": stop.message,
+            },
             "tasks_with_failures": len(with_failures),
             "pending_tasks": pending,
             "save_model": saver,
@@ -636,6 +681,7 @@ class Service:
                     "consumed": st.ledger[p].consumed,
                     "committed": st.ledger[p].committed,
                     "redispatched": dict(st.ledger[p].redispatched),
+                    "quarantined": st.ledger[p].quarantined,
                 }
                 for p in passes
             ],

@@ -1,0 +1,187 @@
+"""Poison tasks and the error budget.
+
+A task that fails more than `failure_max` times is quarantined: it leaves the pass (it sits in
+`MasterState.failed`) with its failure log as its reasons; the files and chunks it covers come
+from the dataset, so a quarantine stores nothing of its own. The records it did not deliver
+are counted in the pass's ledger (`PassLedger.quarantined`), and the error budget decides what
+that means: within it the pass goes on without them; over it the job stops (`JobStop`), and
+every later request for a task gets `JobStoppedError`, naming the tasks, files and reasons.
+
+The stop is part of the state: it follows from journaled events (the failures, the budget in
+force, the dataset), so a restarted master rebuilds it by replaying the journal. A new budget
+(`SetErrorBudget`, journaled when a master starts with a different one) decides again: a job
+within the new budget goes on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from chunkmaster.core.errors import JobStoppedError
+from chunkmaster.core.model import Chunk, FailedPolicy, Failure
+
+if TYPE_CHECKING:
+    from chunkmaster.core.state import MasterState
+
+MESSAGE_TASKS = 5  # tasks named in a stop's message (status lists them all)
+_BUDGET = re.compile(r"(\d+)|(\d+(?:\.\d*)?|\.\d+)%")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBudget:
+    """How many records one pass may lose to quarantined tasks: `records`, or `percent` of
+    the dataset's records (rounded down); neither means no limit."""
+
+    records: int | None = None
+    percent: Fraction | None = None
+
+    def __post_init__(self) -> None:
+        if self.records is not None and self.percent is not None:
+            raise ValueError("an error budget is a record count or a percentage, not both")
+        if self.records is not None and self.records < 0:
+            raise ValueError(f"an error budget of {self.records} records is negative")
+        if self.percent is not None and not 0 <= self.percent <= 100:
+            raise ValueError(f"an error budget of {self.percent}% is not from 0% to 100%")
+
+    @classmethod
+    def parse(cls, text: str) -> ErrorBudget:
+        """`unlimited`, a whole number of records (`10`) or a percentage (`0.1%`)."""
+        s = text.strip()
+        if s.lower() in ("unlimited", "none", ""):
+            return cls()
+        m = _BUDGET.fullmatch(s)
+        if m is None:
+            raise ValueError(
+                f"{text!r} is not a record count (10), a percentage of the dataset (0.1%) "
+                "or 'unlimited'"
+            )
+        if m.group(1) is not None:
+            return cls(records=int(m.group(1)))
+        return cls(percent=Fraction(m.group(2)))
+
+    @property
+    def unlimited(self) -> bool:
+        return self.records is None and self.percent is None
+
+    def __str__(self) -> str:
+        if self.records is not None:
+            return str(self.records)
+        if self.percent is not None:
+            p = self.percent
+            return f"{p.numerator}%" if p.denominator == 1 else f"{float(p):g}%"
+        return "unlimited"
+
+    def limit(self, dataset_records: int | None) -> int | None:
+        """The records a pass may lose; None: no limit (or a percentage of an unknown size)."""
+        if self.records is not None:
+            return self.records
+        if self.percent is None or dataset_records is None:
+            return None
+        return int(self.percent * dataset_records / 100)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStop:
+    """The job stopped: pass `pass_id` lost `records` records to the quarantined `tasks`,
+    over the `limit` of the error budget. `message` is what trainers get."""
+
+    pass_id: int
+    records: int
+    limit: int
+    tasks: tuple[int, ...]
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinedTask:
+    """What status shows of a quarantined task: where its data is and why it failed."""
+
+    task_id: int
+    chunks: tuple[Chunk, ...]
+    reasons: tuple[Failure, ...]
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c.path for c in self.chunks))
+
+    @property
+    def records(self) -> int:
+        return sum(c.num_records for c in self.chunks)
+
+    def describe(self) -> str:
+        """One line: the task, its files and chunk offsets, records and last reason."""
+        where = "; ".join(
+            f"{path} chunks at offset(s) "
+            + ", ".join(str(c.offset) for c in self.chunks if c.path == path)
+            for path in self.files
+        )
+        why = self.reasons[-1].reason if self.reasons else "no reason recorded"
+        return f"task {self.task_id} ({where}; {self.records} records): {why}"
+
+
+def describe(state: MasterState, task_id: int) -> QuarantinedTask:
+    assert state.dataset is not None
+    log = state.failure_log.get(task_id, ())
+    return QuarantinedTask(task_id, state.dataset.task_chunks(task_id), tuple(log))
+
+
+def budget_limit(state: MasterState) -> int | None:
+    ds = state.dataset
+    if state.error_budget.percent is None:
+        return state.error_budget.limit(None)
+    return state.error_budget.limit(None if ds is None else ds.num_records)
+
+
+def note_quarantined(state: MasterState, task_id: int) -> None:
+    """A task went over failure_max in this pass: count the records it did not deliver (from
+    its known position on) and hold the pass to the budget. Call before its position goes."""
+    missing = state.task_records(task_id) - state.progress.get(task_id, 0)
+    state.pass_ledger().quarantined += missing
+    _hold_to_budget(state)
+
+
+def note_pass_started(state: MasterState) -> None:
+    """A pass began: under the keep policy the tasks kept out are its quarantined records."""
+    if state.failed_policy is FailedPolicy.KEEP and state.failed:
+        state.pass_ledger().quarantined += sum(state.task_records(t) for t in state.failed)
+        _hold_to_budget(state)
+
+
+def set_budget(state: MasterState, budget: ErrorBudget) -> bool:
+    """A new budget: a stopped job within it goes on; a running one over it stops."""
+    state.error_budget = budget
+    stop = state.stopped
+    if stop is not None:
+        limit = budget_limit(state)
+        if limit is None or stop.records <= limit:
+            state.stopped = None
+    _hold_to_budget(state)
+    return True
+
+
+def check_running(state: MasterState) -> None:
+    """Raise the stop's error if the job stopped."""
+    if state.stopped is not None:
+        raise JobStoppedError(state.stopped.message)
+
+
+def _hold_to_budget(state: MasterState) -> None:
+    if state.stopped is not None or state.dataset is None:
+        return
+    limit = budget_limit(state)
+    lost = state.pass_ledger().quarantined
+    if limit is None or lost <= limit:
+        return
+    tasks = tuple(state.failed)
+    named = [describe(state, t).describe() for t in tasks[:MESSAGE_TASKS]]
+    if len(tasks) > MESSAGE_TASKS:
+        named.append(f"and {len(tasks) - MESSAGE_TASKS} more (see chunkmaster status)")
+    message = (
+        f"job stopped: pass {state.cur_pass} lost {lost} records to {len(tasks)} quarantined "
+        f"task(s), over the error budget of {limit} records (--max-failed-records "
+        f"{state.error_budget}): " + "; ".join(named)
+    )
+    state.stopped = JobStop(state.cur_pass, lost, limit, tasks, message)
