@@ -15,9 +15,17 @@ from typing import Any
 
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.etcd.options import EtcdOptions
+from chunkmaster.formats import options as storage_opts
 from chunkmaster.master.auth import is_loopback, read_token
 
-__all__ = ["ETCD_FIELDS", "TEXT_FIELDS", "ConfigError", "MasterConfig", "parse_duration"]
+__all__ = [
+    "ETCD_FIELDS",
+    "STORAGE_FIELDS",
+    "TEXT_FIELDS",
+    "ConfigError",
+    "MasterConfig",
+    "parse_duration",
+]
 
 STORE_SYNC_MODES = ("full", "normal")
 STORE_ON_DAMAGE = ("refuse", "move-aside", "accept-older")
@@ -139,6 +147,9 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "data_roots": _roots,
 }
 
+#: The texts that make up `MasterConfig.storage_options`: KEY=VALUE lines, a JSON file.
+STORAGE_FIELDS = ("storage_option", "storage_options_file")
+
 #: The texts that make up `MasterConfig.etcd` (empty `endpoints`: no etcd).
 ETCD_FIELDS = ("endpoints", "etcd_ca", "etcd_cert", "etcd_key", "etcd_user", "etcd_password")
 
@@ -186,6 +197,8 @@ class MasterConfig:
     insecure: bool = False
     #: Directories or URL prefixes datasets must lie in; empty: local paths only, anywhere.
     data_roots: tuple[str, ...] = ()
+    #: Handed to the fsspec filesystem of URL datasets; may hold credentials (never printed).
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def protected(self) -> bool:
@@ -270,7 +283,7 @@ class MasterConfig:
         not given keep their defaults."""
         values: dict[str, Any] = {}
         for name, text in texts.items():
-            if name in ETCD_FIELDS or name in ("token", "token_file"):
+            if name in ETCD_FIELDS or name in ("token", "token_file", *STORAGE_FIELDS):
                 continue
             if name not in TEXT_FIELDS:
                 raise KeyError(f"no master setting called {name!r}")
@@ -280,7 +293,25 @@ class MasterConfig:
                 raise ConfigError((name,), str(exc)) from None
         values["etcd"] = _etcd_options(texts)
         values["token"] = _token(texts)
+        values["storage_options"] = _storage_options(texts)
         return cls(**values)
+
+
+def _storage_options(texts: Mapping[str, str]) -> dict[str, Any]:
+    """The JSON file's options (`storage_options_file`), then the `KEY=VALUE` lines
+    (`storage_option`) over them."""
+    found: dict[str, Any] = {}
+    path = texts.get("storage_options_file") or None
+    if path is not None:
+        try:
+            found = storage_opts.read_file(path)
+        except ValueError as exc:
+            raise ConfigError(("storage_options_file",), str(exc)) from None
+    lines = [line for line in texts.get("storage_option", "").split("\n") if line.strip()]
+    try:
+        return storage_opts.merge(found, storage_opts.parse_settings(lines))
+    except ValueError as exc:
+        raise ConfigError(("storage_option",), str(exc)) from None
 
 
 def _token(texts: Mapping[str, str]) -> str | None:

@@ -16,11 +16,13 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import DatasetError, NoDatasetError, PermissionDeniedError
+from chunkmaster.formats.remote import FsspecStorage
+from chunkmaster.formats.remote import shared as shared_storage
 
 log = logging.getLogger("chunkmaster.datasets")
 
@@ -130,15 +132,10 @@ def map_in_daemon_threads(
     return results
 
 
-def _expand_one(pattern: str) -> list[str]:
+def _expand_one(pattern: str, remote: FsspecStorage | None) -> list[str]:
     if "://" in pattern:
-        import fsspec
-
-        fs, _, paths = fsspec.get_fs_token_paths(pattern)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        if protocol in ("file", "local"):
-            return sorted(paths)
-        return sorted(f"{protocol}://{p}" for p in paths)
+        assert remote is not None
+        return remote.expand(pattern)
     return sorted(m for m in glob.glob(pattern) if not os.path.isdir(m))
 
 
@@ -206,15 +203,22 @@ def _check_local(pattern: str, roots: list[str]) -> None:
             )
 
 
-def expand_globs(globs: Sequence[str]) -> list[str]:
-    """Matches in pattern order, sorted within a pattern, each path once."""
+def expand_globs(globs: Sequence[str], remote: FsspecStorage | None = None) -> list[str]:
+    """Matches in pattern order, sorted within a pattern, each path once. URL patterns are
+    listed through `remote` (which keeps the listed sizes)."""
     if not globs:
         raise NoDatasetError()
     seen: dict[str, None] = {}
     for pattern in globs:
         if not isinstance(pattern, str) or not pattern:
             raise DatasetError(f"no valid dataset specified: bad pattern {pattern!r}")
-        for path in _expand_one(pattern):
+        if remote is None and "://" in pattern:
+            remote = shared_storage()
+        try:
+            matches = _expand_one(pattern, remote)
+        except OSError as exc:
+            raise DatasetError(f"no valid dataset specified: cannot list {exc}") from None
+        for path in matches:
             seen.setdefault(path, None)
     if not seen:
         raise DatasetError(f"no valid dataset specified: nothing matches {list(globs)}")
@@ -222,23 +226,37 @@ def expand_globs(globs: Sequence[str]) -> list[str]:
 
 
 def load_dataset(
-    globs: Sequence[str], chunks_per_task: int, file_timeout: float | None = INDEX_TIMEOUT
+    globs: Sequence[str],
+    chunks_per_task: int,
+    file_timeout: float | None = INDEX_TIMEOUT,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Dataset:
     """Expand `globs` and read every file's chunk index (headers only), in parallel; a file
     whose index takes longer than `file_timeout` seconds (a hung file system) is an error
-    naming it."""
+    naming it. URLs are listed and read through fsspec with `storage_options`."""
     from chunkmaster.recordio import RecordIOError, load_index
 
-    files = expand_globs(globs)
+    remote = shared_storage(storage_options)
+    files = expand_globs(globs, remote)
 
     def index_of(path: str) -> tuple[list[int], list[int], int | None]:
         try:
-            idx = load_index(path)
-            size = None if "://" in path else os.path.getsize(path)
+            if "://" in path:
+                with remote.open(path) as f:
+                    idx = load_index(f)
+                size: int | None = remote.size(path)
+            else:
+                idx = load_index(path)
+                size = os.path.getsize(path)
         except RecordIOError as exc:
             raise DatasetError(f"no valid dataset specified: {exc}") from exc
-        except OSError as exc:
-            raise DatasetError(f"no valid dataset specified: cannot read {path}: {exc}") from exc
+        except Exception as exc:  # OSError, or an object store client's own error
+            if not isinstance(exc, OSError) and "://" not in path:
+                raise
+            why = remote.scrub(str(exc)) or type(exc).__name__
+            raise DatasetError(
+                f"no valid dataset specified: cannot read {path}: {why}"
+            ) from None
         return list(idx.chunk_offsets), list(idx.chunk_records), size
 
     try:
