@@ -31,19 +31,24 @@ def _free_port() -> int:
 
 
 class S3Server:
-    """`python -m moto.server` on 127.0.0.1:PORT; `stop()` (or SIGKILL at exit) ends it."""
+    """`python -m moto.server` on 127.0.0.1:PORT; `stop()` (or SIGKILL at exit) ends it.
 
-    def __init__(self) -> None:
+    With `auth`, the server checks every request's credentials against its IAM users, of
+    which it has none: every request is refused, as with wrong credentials.
+    """
+
+    def __init__(self, *, auth: bool = False) -> None:
         self.port = _free_port()
         self.log_path = Path(tempfile.mkdtemp(prefix="moto-")) / "moto.log"
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._fs: Any = None
+        auth_env = {"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if auth else {}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=dict(os.environ, **self.env()),
+                env=dict(os.environ, **self.env(), **auth_env),
             )
         self._wait_up(30.0)
 

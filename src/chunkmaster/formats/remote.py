@@ -21,6 +21,7 @@ DEFAULT_GAP = 64 * 1024  # neighbouring ranges closer than this are fetched in o
 DEFAULT_MERGE_LIMIT = 16 * 1024 * 1024  # a coalesced request spans at most this many bytes
 DEFAULT_BLOCK_SIZE = 256 * 1024  # read-ahead block of files opened for indexing
 
+_BUCKETED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "oss")  # a path's first part: the bucket
 _SECRET_MIN = 4  # option values shorter than this are too common to scrub from text
 
 
@@ -150,9 +151,11 @@ class FsspecStorage:
             else:
                 found = fs.glob(path, detail=True)
         except FileNotFoundError:
-            return []
+            found = {}
         except Exception as exc:
             raise self._error(pattern, exc) from None
+        if not found:
+            self._check_bucket(fs, path, pattern)
         urls = []
         with self._lock:
             for name, info in found.items():
@@ -164,6 +167,20 @@ class FsspecStorage:
                     self._sizes[url] = size
                 urls.append(url)
         return sorted(urls)
+
+    def _check_bucket(self, fs: Any, path: str, pattern: str) -> None:
+        """An object store's empty listing: FileNotFoundError if the bucket itself is missing
+        (a typo there is the likely mistake, and the listing does not tell)."""
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        if protocol not in _BUCKETED:
+            return
+        bucket = path.split("/", 1)[0]
+        try:
+            there = bool(fs.exists(bucket))
+        except Exception as exc:
+            raise self._error(pattern, exc) from None
+        if not there:
+            raise FileNotFoundError(f"{pattern}: the bucket {bucket!r} does not exist")
 
     # ---- Storage -----------------------------------------------------------------------------
 

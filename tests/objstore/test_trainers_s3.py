@@ -1,0 +1,78 @@
+"""Trainers (`chunkmaster read` processes) reading an s3:// dataset from a real S3 server
+(moto over HTTP), a master process dispatching it: passes, a trainer killed mid-pass, a
+corrupted object. The trainers find their credentials in the standard AWS_* variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.master_process import MasterProcess
+from helpers.s3_server import SECRET_KEY, S3Server
+from helpers.trainers import completed_tasks, dataset_digest, sum_lines, wait_until_holding
+from test_master_s3 import master_with_options, upload_dataset
+
+from chunkmaster.client.connection import MasterConnection
+from chunkmaster.digest import Digest
+
+
+def _locals(tmp: Path, n: int) -> list[str]:
+    return [str(tmp / f"part-{i}.rio") for i in range(n)]
+
+
+def test_three_trainers_two_passes_one_killed_mid_pass(
+    s3: S3Server, tmp_path: Path, trainers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upload_dataset(s3, tmp_path, files=4, records=120, prefix="train")
+    expected = dataset_digest(_locals(tmp_path, 4))
+    m = master_with_options(tmp_path, s3, "--chunk-per-task", "1", "--task-timeout-dur", "2s")
+    for name, value in s3.env().items():  # the trainers' credentials: their environment
+        monkeypatch.setenv(name, value)
+    args = ["--addr", m.addr, "--dataset", "s3://data/train/part-*.rio", "--passes", "2"]
+    try:
+        (victim,) = trainers(1, [*args, "--step-time", "0.01"], prefix="victim")
+        line = victim.next_line()
+        assert line is not None and "task" in line  # it finished a task, reads the next
+        wait_until_holding(m.addr, victim.proc.pid, 2)
+        victim.kill()
+        survivors = trainers(2, [*args, "--step-time", "0.0005"])
+        for t in survivors:
+            assert t.drain() == 0, t.log()
+        # The killed pass: every task completed by someone, each record at least once...
+        assert sum_lines(list(completed_tasks([victim, *survivors], 0).values())) == expected
+        # ...and the next exactly once.
+        total = Digest()
+        for t in survivors:
+            total.merge(Digest(int(t.passes[1]["digest"], 16), int(t.passes[1]["records"])))
+        assert total == expected
+    finally:
+        m.terminate()
+    assert SECRET_KEY not in m.log()
+
+
+def test_a_corrupted_object_fails_its_task_naming_the_url_and_chunk(
+    s3: S3Server, tmp_path: Path, trainers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    urls = upload_dataset(s3, tmp_path, files=2, records=60, prefix="train")
+    bad = bytearray(Path(tmp_path / "part-1.rio").read_bytes())
+    bad[-3] ^= 0xFF  # in the last chunk's payload: its CRC no longer matches
+    s3.fs().pipe(urls[1].removeprefix("s3://"), bytes(bad))
+    m = master_with_options(
+        tmp_path, s3, "--chunk-per-task", "1", "--task-timeout-max", "0"
+    )
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    try:
+        (t,) = trainers(1, ["--addr", m.addr, "--dataset", "s3://data/train/part-*.rio",
+                            "--passes", "1"])
+        t.drain()
+        with MasterConnection(m.addr) as conn:
+            st = conn.status()
+        reasons = [r["reason"] for f in st["failed_tasks"] for r in f["reasons"]]
+        assert any(urls[1] in r and "chunk at offset" in r and "hecksum" in r for r in reasons), (
+            reasons
+        )
+    finally:
+        m.terminate()
+    assert isinstance(m, MasterProcess)
