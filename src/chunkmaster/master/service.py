@@ -91,6 +91,7 @@ class Service:
         trainer_ttl: float = TRAINER_TTL,
         job: str = "default",
         index_timeout: float = INDEX_TIMEOUT,
+        dataset_format: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if timeout_dur <= 0:
@@ -102,6 +103,7 @@ class Service:
         self.store = store
         self.job = job
         self.index_timeout = index_timeout
+        self.dataset_format = dataset_format  # None: each dataset's by its files' names
         self.storage_options = dict(storage_options or {})  # may hold credentials: never logged
         self.chunks_per_task = chunks_per_task
         self.timeout_dur = float(timeout_dur)
@@ -206,7 +208,12 @@ class Service:
 
     async def _load(self, globs: list[str]) -> None:
         dataset = await in_daemon_thread(
-            load_dataset, globs, self.chunks_per_task, self.index_timeout, self.storage_options
+            load_dataset,
+            globs,
+            self.chunks_per_task,
+            self.index_timeout,
+            self.dataset_format,
+            self.storage_options,
         )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset))
@@ -513,6 +520,7 @@ class Service:
             globs,
             cp.dataset.chunks_per_task,
             self.index_timeout,
+            cp.dataset.format,
             self.storage_options,
         )
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
