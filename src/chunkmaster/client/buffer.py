@@ -14,6 +14,9 @@ come from the runs' own iterators.
 
 With `batches` (columnar formats: Parquet), a run is one Arrow record batch, the rest of a
 chunk's rows in one piece; taking it takes all its rows, for progress and commits alike.
+
+With `readahead` (client/readahead.py), a task's chunks in an object store are fetched as the
+task arrives, and the loader gets their bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, NamedTuple
 from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
 from chunkmaster.client.progress import Progress
+from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reporter import Reports
 from chunkmaster.core.model import Task
 from chunkmaster.formats import ChunkLoader, FormatError, Loaded, Storage, get_format
@@ -67,6 +71,7 @@ class PassBuffer:
         columns: Sequence[str] | None = None,
         batches: bool = False,
         storage: Callable[[str], Storage] = storage_for,
+        readahead: ReadAhead | None = None,
     ) -> None:
         self.pass_id = pass_id
         self.cancel = CancelToken(parent)
@@ -79,6 +84,7 @@ class PassBuffer:
         self._columns = None if columns is None else list(columns)
         self._batches = batches
         self._storage = storage
+        self._ahead = readahead  # fetches the byte ranges of the tasks' chunks ahead
         self._loaders: dict[str, ChunkLoader] = {}  # format -> this pass's loader of it
         self._tasks: deque[Task] = deque()
         self.held: dict[int, Task] = {}  # taken from the master, neither finished nor failed
@@ -109,6 +115,8 @@ class PassBuffer:
         self.held[task.meta.id] = task
         self._progress.add(task)
         self._tasks.append(task)
+        if self._ahead is not None:
+            self._ahead.want(task)
         self._cond.notify_all()
 
     def finish(self, end: BaseException) -> None:
@@ -179,8 +187,12 @@ class PassBuffer:
             self._next_chunk += 1
             try:
                 loader = self._loaders.get(task.format) or self._loader(task.format, chunk.path)
-                loaded = loader.load(chunk, self._storage(chunk.path))
+                ahead = self._ahead
+                data = None if ahead is None else ahead.take(task, self._next_chunk - 1)
+                loaded = loader.load(chunk, self._storage(chunk.path), data)
             except (RecordIOError, FormatError, OSError) as exc:
+                if self._ahead is not None:
+                    self._ahead.drop(task)
                 self._task = None
                 self.held.pop(task.meta.id, None)
                 self._progress.dropped(task)
@@ -275,6 +287,8 @@ class PassBuffer:
             )
             self.end = EndOfPass(self.pass_id)
         self._progress.stop_reading()
+        if self._ahead is not None:
+            self._ahead.cancel()
         self._tasks.clear()
         self.held.clear()
         self._task = None

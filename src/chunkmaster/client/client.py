@@ -29,6 +29,7 @@ Guarantees (the original's defects in brackets):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -54,10 +55,15 @@ from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadErro
 from chunkmaster.client.fetcher import TaskFetcher, TaskSource, UnaryTasks
 from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
 from chunkmaster.client.progress import Progress
+from chunkmaster.client.readahead import DEFAULT_BUDGET as DEFAULT_READ_AHEAD_BYTES
+from chunkmaster.client.readahead import DEFAULT_CHUNKS as DEFAULT_READ_AHEAD
+from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reporter import Reporter, Reports
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Position, Task
+from chunkmaster.formats.base import Storage
+from chunkmaster.formats.storage import storage_for
 
 if TYPE_CHECKING:
     from chunkmaster.etcd.discovery import MasterLocator
@@ -106,6 +112,12 @@ class Client:
     `tls_cert` and `tls_key` are the trainer's certificate for a master that asks for one
     (mutual TLS).
 
+    `storage_options` go to the fsspec filesystem of URL datasets (s3://, gs://: credentials,
+    an endpoint); they stay in this process, never sent to the master; without them each
+    library looks in its usual places (AWS_* variables, ~/.aws, ...). For chunks in an object
+    store, up to `read_ahead` ranged reads (0: none) of the next chunks are in flight, holding
+    at most `read_ahead_bytes` fetched and not yet read (docs/object-stores.md).
+
     `session` (default): one Session stream to the master (docs/sessions.md), named `name`
     (default `worker`: host:pid:N, N telling apart the clients of one process), reporting
     progress every `report_every` records and at least every `report_interval` seconds;
@@ -136,6 +148,9 @@ class Client:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
@@ -157,6 +172,17 @@ class Client:
             rpc_timeout=rpc_timeout,
             retry_timeout=retry_timeout,
             security=security,
+        )
+        options = dict(storage_options or {})  # this trainer's own: never sent to the master
+        self._storage: Callable[[str], Storage] = functools.partial(
+            storage_for, storage_options=options
+        )
+        if read_ahead < 0:
+            raise ValueError(f"read_ahead must be 0 (off) or more chunks, not {read_ahead}")
+        self._readahead = (
+            ReadAhead(self._storage, chunks=read_ahead, budget=read_ahead_bytes)
+            if read_ahead
+            else None
         )
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -336,6 +362,8 @@ class Client:
                 returns_tasks=session is not None,
                 columns=columns,
                 batches=batches,
+                storage=self._storage,
+                readahead=self._readahead,
             )
             self._pass = ps
             fetcher = TaskFetcher(
@@ -522,6 +550,8 @@ class Client:
             self._session.close(positions, flush_timeout)
         if self._reporter is not None:
             self._reporter.close(flush_timeout)
+        if self._readahead is not None:
+            self._readahead.close()
         self._link.close()
         if self._locator is not None:
             self._locator.close()

@@ -29,6 +29,22 @@ from chunkmaster.core.model import Chunk, Task
 from chunkmaster.formats.base import Storage
 from chunkmaster.formats.remote import is_url
 
+
+def is_remote(path: str) -> bool:
+    """A URL read through fsspec (file:// URLs are local files, read directly)."""
+    return is_url(path) and not path.startswith("file://")
+
+
+def ranged_format(name: str) -> bool:
+    """Whether the chunks of format `name` are byte ranges (False for unknown formats: their
+    loader reports them)."""
+    from chunkmaster.formats import get_format
+
+    try:
+        return bool(get_format(name).ranged)
+    except (ValueError, ImportError):
+        return False
+
 log = logging.getLogger("chunkmaster.client")
 
 DEFAULT_CHUNKS = 8  # requests in flight
@@ -59,7 +75,7 @@ class ReadAhead:
     def __init__(
         self,
         storage_for: Callable[[str], Storage],
-        ranged: Callable[[str], bool],
+        ranged: Callable[[str], bool] = ranged_format,
         *,
         chunks: int = DEFAULT_CHUNKS,
         budget: int = DEFAULT_BUDGET,
@@ -81,17 +97,22 @@ class ReadAhead:
 
     # ---- the buffer's side -------------------------------------------------------------------
 
-    def want(self, task: Task, first: int = 0) -> None:
-        """Queue the task's chunks from index `first` on (those a ranged read can fetch)."""
+    def want(self, task: Task) -> None:
+        """Queue the task's chunks that a ranged read can fetch, from the one holding record
+        `task.start` on (the buffer skips those before it unread)."""
         if not self._ranged(task.format):
             return
         chunks = task.chunks
+        first, skip = 0, task.start
+        while first < len(chunks) and skip >= chunks[first].num_records:
+            skip -= chunks[first].num_records
+            first += 1
         with self._lock:
             if self._closed:
                 return
             for i in range(first, len(chunks)):
                 chunk = chunks[i]
-                if chunk.length <= 0 or not is_url(chunk.path):
+                if chunk.length <= 0 or not is_remote(chunk.path):
                     continue
                 key = key_of(task, i)
                 if key not in self._entries:
