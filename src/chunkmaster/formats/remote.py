@@ -185,9 +185,18 @@ class FsspecStorage:
     # ---- Storage -----------------------------------------------------------------------------
 
     def open(self, path: str) -> IO[bytes]:
+        """A buffered file; a size learnt from the listing spares the request that asks it."""
         fs, p = self._fs(path)
+        with self._lock:
+            known = self._sizes.get(path)
+        kwargs: dict[str, Any] = {"block_size": self.block_size, "cache_type": "readahead"}
         try:
-            f: IO[bytes] = fs.open(p, "rb", block_size=self.block_size, cache_type="readahead")
+            try:
+                f: IO[bytes] = fs.open(p, "rb", **kwargs, **({} if known is None else {
+                    "size": known
+                }))
+            except TypeError:  # a filesystem whose files take no size
+                f = fs.open(p, "rb", **kwargs)
         except Exception as exc:
             raise self._error(path, exc) from None
         return f
