@@ -109,23 +109,26 @@ def check_frames(data: bytes, count: int, path: str, chunk: int, base: int) -> l
     pos = 0
     for i in range(count):
         if pos + 12 > end:
-            raise _error(f"record {i} of {count}: the chunk ends inside its header",
-                         path, chunk, base, pos)
+            raise _error(f"the chunk's record {i} of {count}: the chunk ends inside its header",
+                         path, chunk, base, base + pos)
         length, length_crc = unpack(data, pos)
         if masked_crc(data[pos : pos + 8]) != length_crc:
-            raise _error(f"record {i}: length checksum mismatch", path, chunk, base, pos)
+            raise _error(f"the chunk's record {i}: length checksum mismatch",
+                         path, chunk, base, base + pos)
         start = pos + 12
         stop = start + length
         if stop + 4 > end:
-            raise _error(f"record {i} of {length} bytes runs past the chunk's end",
-                         path, chunk, base, pos)
+            raise _error(f"the chunk's record {i} of {length} bytes runs past the chunk's end",
+                         path, chunk, base, base + pos)
         record = data[start:stop]
         if masked_crc(record) != u32(data, stop)[0]:
-            raise _error(f"record {i}: data checksum mismatch", path, chunk, base, pos)
+            raise _error(f"the chunk's record {i}: data checksum mismatch",
+                         path, chunk, base, base + pos)
         append(record)
         pos = stop + 4
     if pos != end:
-        raise _error(f"{end - pos} bytes after the chunk's {count} records", path, chunk, base, pos)
+        raise _error(f"{end - pos} bytes after the chunk's {count} records",
+                     path, chunk, base, base + pos)
     return records
 
 
@@ -218,8 +221,9 @@ def _gunzip(data: bytes, path: str, chunk: int | None) -> bytes:
     return b"".join(parts)
 
 
-def _error(what: str, path: str, chunk: int, base: int, pos: int) -> FormatError:
-    return FormatError(f"{what} (at byte {base + pos})", path=path, chunk=chunk, offset=base)
+def _error(what: str, path: str, chunk: int, chunk_offset: int, at: int) -> FormatError:
+    """Names the chunk by its number and offset, and the damaged frame by its file offset."""
+    return FormatError(f"{what} (at byte {at})", path=path, chunk=chunk, offset=chunk_offset)
 
 
 def write_frames(out: IO[bytes], records: Iterable[bytes]) -> None:
