@@ -210,7 +210,17 @@ SETTINGS = (
         "chunks_per_task",
         ("--chunk-per-task",),
         _env("CHUNK_PER_TASK"),
-        "RecordIO chunks per task; 0 or less means 1 (default 10)",
+        "chunks per task (RecordIO/TFRecord chunks, Parquet row groups, JSON Lines/text "
+        "byte ranges); 0 or less means 1 (default 10)",
+    ),
+    Setting(
+        "format",
+        ("--format",),
+        ("CHUNKMASTER_FORMAT",),  # a bare FORMAT variable means too many things
+        "the dataset files' format: recordio, parquet, jsonl, text, ... (see docs/formats.md); "
+        "default: by each file's name (.rio/.recordio, .parquet, .jsonl, .txt, ...; no known "
+        "ending: recordio). A dataset holds files of one format",
+        "NAME",
     ),
     Setting(
         "failed_policy",

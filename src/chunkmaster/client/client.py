@@ -2,10 +2,11 @@
 
 `Client` is the public API. Per pass, a `TaskFetcher` thread (fetcher.py) asks the master for
 tasks, ahead of need, into a `PassBuffer` (buffer.py); the trainer's thread takes runs of
-records from it, reading and checking each chunk when it reaches it (chunks.py), as a direct
-`recordio.scan` does: only tasks cross threads, never chunk data. The records of a run come
-from one C-level iterator, so one step of it is atomic under the GIL and several trainer
-threads may share next_record(); only between runs does the trainer take the lock.
+records from it, reading and checking each chunk when it reaches it (the loader of the
+dataset's format, chunkmaster.formats), as a direct `recordio.scan` does: only tasks cross
+threads, never chunk data. The records of a run come from one C-level iterator, so one step of
+it is atomic under the GIL and several trainer threads may share next_record(); only between
+runs does the trainer take the lock.
 
 With a session (the default), everything goes over one stream (session.py): task requests
 carry the finishes, keep-alives carry the positions read off the runs' iterators
@@ -21,7 +22,9 @@ Guarantees (the original's defects in brackets):
   be free [D2]; "all tasks failed" is raised as AllTaskFailedError.
 * A new pass, or close(), cancels the previous fetcher and drops its tasks: passes never
   mix [D19]. The abandoned tasks are not reported; they come back after the master's timeout.
-* Records are bytes, any content, empty allowed [D9].
+* Records are what the dataset's format makes them (docs/formats.md): bytes for RecordIO and
+  TFRecord (any content, empty allowed [D9]), dicts for JSON Lines objects and Parquet rows,
+  str for text lines. Parquet also gives whole Arrow record batches (`batches()`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from itertools import chain
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from chunkmaster.client.buffer import PassBuffer
 from chunkmaster.client.connection import (
@@ -69,16 +72,16 @@ _GIL: Final = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 DEFAULT_BUFFER = 1024
 _worker_ids = itertools.count()
 _T = TypeVar("_T")
-_EMPTY_ITER: Final[Iterator[bytes]] = iter(())
+_EMPTY_ITER: Final[Iterator[Any]] = iter(())
 _MIN_DEADLINE = 0.001  # seconds: a retry at the deadline still gets a (failing) deadline
 
 
-class PassBufferRecords(chain[bytes]):
+class PassBufferRecords(chain[Any]):
     """What records() returns: a chain of runs, closable like the generator it replaces."""
 
-    _runs: Generator[Iterator[bytes], None, None]
+    _runs: Generator[Iterator[Any], None, None]
 
-    def __new__(cls, runs: Generator[Iterator[bytes], None, None]) -> PassBufferRecords:
+    def __new__(cls, runs: Generator[Iterator[Any], None, None]) -> PassBufferRecords:
         self: PassBufferRecords = cls.from_iterable(runs)  # type: ignore[assignment]
         self._runs = runs
         return self
@@ -159,8 +162,8 @@ class Client:
         self._cond = threading.Condition(self._lock)
         self._token = CancelToken()  # cancelled by close(): every pass and client-level call
         self._pass: PassBuffer | None = None
-        self._it: Iterator[bytes] = _EMPTY_ITER
-        self._next: Callable[[], bytes] = _EMPTY_ITER.__next__
+        self._it: Iterator[Any] = _EMPTY_ITER
+        self._next: Callable[[], Any] = _EMPTY_ITER.__next__
         self._fetchers: list[threading.Thread] = []
         self._closed = False
         if report_every < 0 or not report_interval > 0:
@@ -308,11 +311,14 @@ class Client:
 
     # ---- passes ------------------------------------------------------------------------
 
-    def start_get_records(self, pass_id: int) -> None:
-        """Start fetching `pass_id`; an unfinished earlier pass is abandoned (records dropped)."""
-        self._start(pass_id)
+    def start_get_records(self, pass_id: int, columns: Sequence[str] | None = None) -> None:
+        """Start fetching `pass_id`; an unfinished earlier pass is abandoned (records dropped).
+        `columns`: read only these columns of a columnar (Parquet) dataset."""
+        self._start(pass_id, columns)
 
-    def _start(self, pass_id: int) -> PassBuffer:
+    def _start(
+        self, pass_id: int, columns: Sequence[str] | None = None, batches: bool = False
+    ) -> PassBuffer:
         with self._lock:
             self._check_open()
             old = self._pass
@@ -328,6 +334,8 @@ class Client:
                 run_limit=self.report_every,
                 report_now=None if session is None else session.report_now,
                 returns_tasks=session is not None,
+                columns=columns,
+                batches=batches,
             )
             self._pass = ps
             fetcher = TaskFetcher(
@@ -353,7 +361,7 @@ class Client:
 
     if _GIL:
 
-        def next_record(self, timeout: float | None = None) -> bytes:
+        def next_record(self, timeout: float | None = None) -> Any:
             """The next record of the current pass; blocks. Raises EndOfPass at its end.
 
             Also raises TaskReadError (the pass goes on), AllTaskFailedError, and
@@ -373,7 +381,7 @@ class Client:
 
     else:  # pragma: no cover - free-threaded Python: the iterator step needs the lock
 
-        def next_record(self, timeout: float | None = None) -> bytes:
+        def next_record(self, timeout: float | None = None) -> Any:
             """The next record of the current pass; blocks. Raises EndOfPass at its end."""
             done: list[Task] = []
             try:
@@ -386,7 +394,7 @@ class Client:
                 if done:
                     self._notify_done(done)
 
-    def _refill(self, timeout: float | None, done: list[Task]) -> bytes:
+    def _refill(self, timeout: float | None, done: list[Task]) -> Any:
         """Slow path of next_record, lock held: next list, end of pass, error, or wait."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -418,21 +426,33 @@ class Client:
             for task in done:
                 self._on_task_done(task)
 
-    def records(self, pass_id: int) -> Iterator[bytes]:
+    def records(self, pass_id: int, columns: Sequence[str] | None = None) -> Iterator[Any]:
         """Run one whole pass: `for record in client.records(p): ...`.
 
         Leaving the loop early abandons the pass (its fetcher stops, its buffer is dropped).
         A C-level chain over the pass's runs of records: no Python frame per record.
+        `columns`: read only these columns of a columnar (Parquet) dataset's rows.
         """
-        return PassBufferRecords(self._runs(pass_id))
+        return PassBufferRecords(self._runs(pass_id, columns))
 
-    def _runs(self, pass_id: int) -> Generator[Iterator[bytes], None, None]:
+    def batches(self, pass_id: int, columns: Sequence[str] | None = None) -> Iterator[Any]:
+        """Run one whole pass of a columnar (Parquet) dataset as `pyarrow.RecordBatch`es: each
+        the rows of one chunk (a row group) not yet consumed, `columns` only if given.
+
+        Taking a batch consumes its rows: progress, commits and the task's finish count them
+        as records() would. Other formats raise TypeError at their first chunk.
+        """
+        return PassBufferRecords(self._runs(pass_id, columns, batches=True))
+
+    def _runs(
+        self, pass_id: int, columns: Sequence[str] | None = None, batches: bool = False
+    ) -> Generator[Iterator[Any], None, None]:
         """The runs of records of one pass, each taken when the previous one is used up.
 
         Dropping the iterator early (a `break` out of records()) closes this generator,
         whose `finally` abandons the pass.
         """
-        ps = self._start(pass_id)
+        ps = self._start(pass_id, columns, batches)
         finished = False
         try:
             while True:
@@ -453,7 +473,7 @@ class Client:
                     if self._pass is ps:
                         self._abandon(ps, "records() left early")
 
-    def _take(self, ps: PassBuffer, done: list[Task]) -> Iterator[bytes] | None:
+    def _take(self, ps: PassBuffer, done: list[Task]) -> Iterator[Any] | None:
         """The next run of records for records(): None at the end of the pass. Lock held."""
         while True:
             if self._pass is not ps:

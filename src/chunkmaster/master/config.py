@@ -126,6 +126,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "restore": _optional,
     "restore_replace": _flag,
     "chunks_per_task": _integer,
+    "format": _optional,
     "failed_policy": _policy,
     "store": _optional,
     "store_sync": _store_sync,
@@ -165,6 +166,8 @@ class MasterConfig:
     #: With `restore`: replace a store that already holds state.
     restore_replace: bool = False
     chunks_per_task: int = 10
+    #: The dataset files' format (chunkmaster.formats); None: by the files' name endings.
+    format: str | None = None
     failed_policy: FailedPolicy = FailedPolicy.RETRY
     #: Embedded store file or ":memory:"; None means the default file of the job.
     store: str | None = None
@@ -211,6 +214,14 @@ class MasterConfig:
             raise ConfigError(("index_timeout",), "must be a positive duration")
         if self.restore_replace and self.restore is None:
             raise ConfigError(("restore_replace",), "only means something with a restore file")
+        if self.format is not None:
+            from chunkmaster.formats import FORMATS
+
+            if self.format not in FORMATS:
+                raise ConfigError(
+                    ("format",),
+                    f"{self.format!r} is not a dataset format ({', '.join(sorted(FORMATS))})",
+                )
         if self.task_timeout_max < 0:
             raise ConfigError(("task_timeout_max",), "must be 0 or more")
         if self.store_sync not in STORE_SYNC_MODES:

@@ -1,4 +1,5 @@
-"""Turning the trainers' glob patterns into a Dataset: expand, dedupe, index in parallel.
+"""Turning the trainers' glob patterns into a Dataset: expand, dedupe, choose the files' one
+format (chunkmaster.formats), index them in parallel.
 
 Runs in worker threads, never on the event loop, so reading ten thousand indexes off a
 network filesystem does not stall any other call (defect D18). The threads are daemon threads
@@ -16,11 +17,14 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import DatasetError, NoDatasetError, PermissionDeniedError
+
+if TYPE_CHECKING:
+    from chunkmaster.formats.base import FileIndex
 
 log = logging.getLogger("chunkmaster.datasets")
 
@@ -221,25 +225,66 @@ def expand_globs(globs: Sequence[str]) -> list[str]:
     return list(seen)
 
 
+def choose_format(files: Sequence[str], explicit: str | None = None) -> str:
+    """The one format of `files`: `explicit`, or the one their names' endings say (no known
+    ending: RecordIO). Files of two formats are refused, naming one file of each."""
+    from chunkmaster.formats import get_format, suffix_format
+
+    if explicit:
+        try:
+            return get_format(explicit).name
+        except ValueError as exc:
+            raise DatasetError(f"no valid dataset specified: {exc}") from None
+    first: dict[str, str] = {}
+    for path in files:
+        first.setdefault(suffix_format(path) or "recordio", path)
+    if len(first) > 1:
+        (a, pa), (b, pb) = list(first.items())[:2]
+        raise DatasetError(
+            f"no valid dataset specified: a dataset holds files of one format, and {pa} is "
+            f"{a} while {pb} is {b} (by their names; set the master's --format to read "
+            "every file as one format)"
+        )
+    name = next(iter(first))
+    try:
+        return get_format(name).name
+    except (ValueError, ImportError) as exc:
+        raise DatasetError(f"no valid dataset specified: {name} files: {exc}") from None
+
+
 def load_dataset(
-    globs: Sequence[str], chunks_per_task: int, file_timeout: float | None = INDEX_TIMEOUT
+    globs: Sequence[str],
+    chunks_per_task: int,
+    file_timeout: float | None = INDEX_TIMEOUT,
+    fmt: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Dataset:
-    """Expand `globs` and read every file's chunk index (headers only), in parallel; a file
-    whose index takes longer than `file_timeout` seconds (a hung file system) is an error
-    naming it."""
-    from chunkmaster.recordio import RecordIOError, load_index
+    """Expand `globs` and read every file's chunk index (headers or footers only), in
+    parallel; a file whose index takes longer than `file_timeout` seconds (a hung file system)
+    is an error naming it. `fmt` names the files' format (default: by their names)."""
+    from chunkmaster.formats import FormatError, get_format, suffix_format
+    from chunkmaster.formats.storage import storage_for
+    from chunkmaster.recordio import RecordIOError
 
     files = expand_globs(globs)
+    fmt = choose_format(files, fmt)
+    form = get_format(fmt)
 
-    def index_of(path: str) -> tuple[list[int], list[int], int | None]:
+    def index_of(path: str) -> FileIndex:
         try:
-            idx = load_index(path)
-            size = None if "://" in path else os.path.getsize(path)
-        except RecordIOError as exc:
-            raise DatasetError(f"no valid dataset specified: {exc}") from exc
+            return form.index(path, storage_for(path, storage_options))
+        except (RecordIOError, FormatError) as exc:
+            guessed = (
+                " (its name has no known format ending, so it was read as RecordIO; set the "
+                "master's --format to name its format)"
+                if fmt == "recordio" and suffix_format(path) is None
+                else ""
+            )
+            raise DatasetError(f"no valid dataset specified: {exc}{guessed}") from exc
         except OSError as exc:
             raise DatasetError(f"no valid dataset specified: cannot read {path}: {exc}") from exc
-        return list(idx.chunk_offsets), list(idx.chunk_records), size
+        except ValueError as exc:
+            raise DatasetError(f"no valid dataset specified: {exc}") from exc
 
     try:
         indexes = map_in_daemon_threads(index_of, files, MAX_INDEX_THREADS, file_timeout)
@@ -248,21 +293,23 @@ def load_dataset(
             f"no valid dataset specified: reading the chunk index of {exc.item} took longer "
             f"than {exc.seconds:g}s (is its file system hung?)"
         ) from None
-    sizes = [size for _, _, size in indexes]
     dataset = Dataset.build(
         globs,
         files,
-        ((offsets, records) for offsets, records, _ in indexes),
+        ((ix.offsets, ix.records) for ix in indexes),
         chunks_per_task,
-        None if None in sizes else [s for s in sizes if s is not None],
+        [ix.size for ix in indexes],
+        lengths=(ix.lengths for ix in indexes),
+        fmt=fmt,
     )
     if dataset.num_chunks == 0:
         raise DatasetError(
             f"no valid dataset specified: the {len(files)} matched file(s) hold no records"
         )
     log.info(
-        "dataset: %d files, %d chunks, %d records, %d tasks of up to %d chunks",
+        "dataset: %d %s files, %d chunks, %d records, %d tasks of up to %d chunks",
         len(files),
+        fmt,
         dataset.num_chunks,
         dataset.num_records,
         dataset.num_tasks,

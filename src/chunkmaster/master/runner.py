@@ -141,6 +141,7 @@ async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Ev
         failed_policy=config.failed_policy,
         trainer_ttl=config.trainer_ttl,
         index_timeout=config.index_timeout,
+        dataset_format=config.format,
         job=config.job or "default",
     )
     try:

@@ -91,6 +91,7 @@ class Service:
         trainer_ttl: float = TRAINER_TTL,
         job: str = "default",
         index_timeout: float = INDEX_TIMEOUT,
+        dataset_format: str | None = None,
     ) -> None:
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
@@ -101,6 +102,7 @@ class Service:
         self.store = store
         self.job = job
         self.index_timeout = index_timeout
+        self.dataset_format = dataset_format  # None: each dataset's by its files' names
         self.chunks_per_task = chunks_per_task
         self.timeout_dur = float(timeout_dur)
         self.failure_max = failure_max
@@ -204,7 +206,7 @@ class Service:
 
     async def _load(self, globs: list[str]) -> None:
         dataset = await in_daemon_thread(
-            load_dataset, globs, self.chunks_per_task, self.index_timeout
+            load_dataset, globs, self.chunks_per_task, self.index_timeout, self.dataset_format
         )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset))
@@ -507,7 +509,11 @@ class Service:
             )
         globs = list(cp.dataset.globs)
         dataset = await in_daemon_thread(
-            load_dataset, globs, cp.dataset.chunks_per_task, self.index_timeout
+            load_dataset,
+            globs,
+            cp.dataset.chunks_per_task,
+            self.index_timeout,
+            cp.dataset.format,
         )
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
         totals = dataset.task_records
