@@ -14,28 +14,8 @@ import pytest
 
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError
+from chunkmaster.formats.storage import LOCAL as STORAGE
 from chunkmaster.formats.tfrecord import TFRecordFormat, masked_crc
-
-
-class Files:
-    """Local files as a Storage (what the trainer and the master see)."""
-
-    def open(self, path: str):  # type: ignore[no-untyped-def]
-        return open(path, "rb")
-
-    def size(self, path: str) -> int:
-        return os.path.getsize(path)
-
-    def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        out = []
-        with open(path, "rb") as f:
-            for offset, length in ranges:
-                f.seek(offset)
-                out.append(f.read(length))
-        return out
-
-
-STORAGE = Files()
 
 
 def mask(crc: int) -> int:
@@ -276,3 +256,36 @@ def test_damaged_gzip_is_refused(tmp_path: Path) -> None:
     path.write_bytes(b"plain text, not gzip")
     with pytest.raises(FormatError, match="not a gzip file"):
         TFRecordFormat().index(str(path), STORAGE)
+
+
+# ---- the dataset: format by name, digests ------------------------------------------------
+
+
+def test_master_indexes_tfrecord_files_by_name_and_refuses_a_mismatch(tmp_path: Path) -> None:
+    from chunkmaster.core.errors import DatasetError
+    from chunkmaster.master.datasets import load_dataset
+
+    for i in range(3):
+        write(tmp_path / f"part-{i}.tfrecord", records_of(200, seed=i))
+    dataset = load_dataset([str(tmp_path / "*.tfrecord")], 1)
+    assert dataset.format == "tfrecord"
+    assert sum(dataset.chunk_records) == 600
+    (tmp_path / "part-3.tfrecord").write_bytes(b'{"not": "tfrecord"}\n')
+    with pytest.raises(DatasetError) as info:
+        load_dataset([str(tmp_path / "*.tfrecord")], 1)
+    assert f"{tmp_path / 'part-3.tfrecord'}: not a TFRecord file" in str(info.value)
+
+
+def test_digest_of_loaded_records_is_the_digest_of_the_written_ones(tmp_path: Path) -> None:
+    from chunkmaster.digest import Digest
+
+    records = records_of(2000)
+    path = write(tmp_path / "a.tfrecord", records)
+    fmt = TFRecordFormat(max_bytes=8 << 10)
+    written, loaded = Digest(), Digest()
+    for r in records:
+        written.add(r)
+    for r in read_all(path, fmt.index(path, STORAGE), fmt):
+        loaded.add(r)
+    assert loaded == written
+    assert loaded.count == 2000

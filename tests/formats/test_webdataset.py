@@ -13,28 +13,9 @@ import pytest
 
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError
+from chunkmaster.formats.storage import LOCAL as STORAGE
 from chunkmaster.formats.webdataset import WebDatasetFormat
 
-
-class Files:
-    """Local files as a Storage (what the trainer and the master see)."""
-
-    def open(self, path: str):  # type: ignore[no-untyped-def]
-        return open(path, "rb")
-
-    def size(self, path: str) -> int:
-        return os.path.getsize(path)
-
-    def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        out = []
-        with open(path, "rb") as f:
-            for offset, length in ranges:
-                f.seek(offset)
-                out.append(f.read(length))
-        return out
-
-
-STORAGE = Files()
 Sample = dict[str, Any]
 
 
@@ -267,3 +248,44 @@ def test_pax_global_header_is_refused_unless_only_a_comment(tmp_path: Path) -> N
             assert WebDatasetFormat().index(str(path), STORAGE).records == [1]
         else:
             assert "pax global header" in refused(str(path))
+
+
+# ---- the dataset: format by name, digests ------------------------------------------------
+
+
+def test_master_indexes_shards_by_name_and_refuses_a_mismatch(tmp_path: Path) -> None:
+    from chunkmaster.core.errors import DatasetError
+    from chunkmaster.master.datasets import load_dataset
+
+    for i in range(3):
+        write_tar(tmp_path / f"shard-{i}.tar", make_samples(50))
+    dataset = load_dataset([str(tmp_path / "*.tar")], 1)
+    assert dataset.format == "webdataset"
+    assert sum(dataset.chunk_records) == 150
+    (tmp_path / "shard-3.tar").write_bytes(b"PAR1" + bytes(600))
+    with pytest.raises(DatasetError) as info:
+        load_dataset([str(tmp_path / "*.tar")], 1)
+    assert f"{tmp_path / 'shard-3.tar'}: not a tar file" in str(info.value)
+
+
+def test_sample_digest_is_that_of_its_canonical_json(tmp_path: Path) -> None:
+    import hashlib
+
+    from chunkmaster.digest import Digest, canonical, record_digest
+
+    sample = {"__key__": "s/000001", "jpg": b"\xff\xd8", "cls": b"7"}
+    assert canonical(sample) == (
+        b'{"__key__":"s/000001","cls":{"$b64":"Nw=="},"jpg":{"$b64":"/9g="}}'
+    )
+    expected = int.from_bytes(hashlib.sha256(canonical(sample)).digest()[:8], "big")
+    assert record_digest(sample) == expected
+
+    samples = make_samples(300)
+    path = write_tar(tmp_path / "a.tar", samples)
+    fmt = WebDatasetFormat(max_bytes=32 << 10)
+    written, loaded = Digest(), Digest()
+    for s in samples:
+        written.add(s)
+    for s in read_all(path, fmt.index(path, STORAGE), fmt):
+        loaded.add(s)
+    assert loaded == written

@@ -47,7 +47,8 @@ def masked_crc(data: bytes) -> int:
 
 
 def is_gzip_path(path: str) -> bool:
-    return path.endswith(".gz")
+    """A `.gz` name (any case, as the format registry matches endings): one gzip stream."""
+    return path.lower().endswith(".gz")
 
 
 class TFRecordFormat:
@@ -160,12 +161,15 @@ def _walk(
                              path, len(offsets), first, pos)
         length, length_crc = unpack(buf, at)
         if masked_crc(buf[at : at + 8]) != length_crc:
-            what = "not a TFRecord file (the first record's length checksum does not match)"
-            if record == 0 and buf[at : at + 2] == _GZIP_MAGIC:
-                what = "not a TFRecord file but gzip-compressed: name it *.tfrecord.gz"
-            elif record:
-                what = f"record {record}: length checksum mismatch"
-            raise _error(what, path, len(offsets), first, pos)
+            if record:
+                raise _error(f"record {record}: length checksum mismatch",
+                             path, len(offsets), first, pos)
+            if buf[at : at + 2] == _GZIP_MAGIC:
+                raise FormatError("gzip-compressed, not TFRecord: name it *.tfrecord.gz",
+                                  path=path)
+            raise FormatError(
+                "not a TFRecord file (its first length checksum does not match)", path=path
+            )
         frame = length + 16
         if pos + frame > size:
             raise _error(f"record {record} of {length} bytes runs {pos + frame - size} bytes "
@@ -236,3 +240,5 @@ def write_frames(out: IO[bytes], records: Iterable[bytes]) -> None:
         out.write(r)
         out.write(pack_u32(masked_crc(r)))
 
+
+FORMAT = TFRecordFormat()

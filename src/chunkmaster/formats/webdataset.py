@@ -242,3 +242,6 @@ def _reason(e: tarfile.TarError) -> str:
     known = ("unexpected end of data", "truncated header", "bad checksum", "empty header",
              "invalid header", "end of file header")
     return next((k for k in known if k in text), type(e).__name__)
+
+
+FORMAT = WebDatasetFormat()
