@@ -289,3 +289,34 @@ def test_digest_of_loaded_records_is_the_digest_of_the_written_ones(tmp_path: Pa
         loaded.add(r)
     assert loaded == written
     assert loaded.count == 2000
+
+
+def test_client_reads_passes_with_a_damaged_chunk_failing_its_task(tmp_path: Path) -> None:
+    from helpers.inproc import InProcessMaster
+
+    from chunkmaster.client import Client
+    from chunkmaster.client.errors import EndOfPass, TaskReadError
+
+    good = records_of(300, seed=1)
+    write(tmp_path / "a-good.tfrecord", good)
+    _, data, starts = damaged(tmp_path)
+    bad = bytearray(data)
+    bad[starts[7] + 12] ^= 0x01
+    (tmp_path / "b-bad.tfrecord").write_bytes(bytes(bad))
+    with InProcessMaster(chunks_per_task=1) as m, Client(m.addr) as c:
+        c.set_dataset([str(tmp_path / "*.tfrecord")])
+        got: list[bytes] = []
+        errors: list[str] = []
+        c.start_get_records(0)
+        while True:
+            try:
+                got.append(c.next_record())
+            except TaskReadError as exc:
+                errors.append(str(exc))
+            except EndOfPass:
+                break
+    assert got == good  # the damaged chunk gave nothing, each time it was dispatched
+    assert errors
+    for error in errors:
+        assert "b-bad.tfrecord, chunk 0 at offset 0: the chunk's record 7: data checksum" in error
+        assert SECRET.decode() not in error

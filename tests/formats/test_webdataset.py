@@ -289,3 +289,26 @@ def test_sample_digest_is_that_of_its_canonical_json(tmp_path: Path) -> None:
     for s in read_all(path, fmt.index(path, STORAGE), fmt):
         loaded.add(s)
     assert loaded == written
+
+
+def test_torch_dataset_yields_the_samples(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from helpers.inproc import InProcessMaster
+
+    from chunkmaster.digest import Digest
+    from chunkmaster.torch import MasterDataset, make_loader
+
+    samples = make_samples(120)
+    for i in range(2):
+        write_tar(tmp_path / f"shard-{i}.tar", samples[i * 60 : (i + 1) * 60])
+    expected = Digest()
+    for s in samples:
+        expected.add(s)
+    with InProcessMaster(chunks_per_task=1) as m:
+        ds = MasterDataset(m.addr, dataset=str(tmp_path / "shard-*.tar"))
+        ds.set_pass(0)
+        got = Digest()
+        for s in make_loader(ds, num_workers=0, batch_size=None):
+            assert set(s) == {"__key__", "jpg", "cls", "seg.png"}
+            got.add(s)
+        assert got == expected
