@@ -27,8 +27,23 @@ from typing import IO, Any
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError, Storage
 
-CHUNK_BYTES = int(os.environ.get("CHUNKMASTER_LINES_CHUNK_BYTES", 4 << 20))
-"""Bound on a chunk's bytes (a line longer than it is a chunk of its own)."""
+CHUNK_BYTES = 4 << 20
+"""Default bound on a chunk's bytes (a line longer than it is a chunk of its own); the master's
+environment variable CHUNKMASTER_LINES_CHUNK_BYTES sets another."""
+
+
+def chunk_bytes_setting() -> int:
+    """The bound in force: CHUNKMASTER_LINES_CHUNK_BYTES if set, else CHUNK_BYTES."""
+    text = os.environ.get("CHUNKMASTER_LINES_CHUNK_BYTES", "")
+    if not text:
+        return CHUNK_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"CHUNKMASTER_LINES_CHUNK_BYTES={text!r} is not a positive integer")
+    return value
 
 _BLOCK = 4 << 20  # bytes read at a time while indexing
 
@@ -190,12 +205,12 @@ class LinesFormat:
         name: str,
         suffixes: tuple[str, ...],
         parse: Callable[[list[bytes], dict[str, Any]], list[Any]],
-        chunk_bytes: int = CHUNK_BYTES,
+        chunk_bytes: int | None = None,
     ) -> None:
         self.name = name
         self.suffixes = suffixes
         self.parse = parse
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = chunk_bytes  # None: chunk_bytes_setting() when indexing
 
     def index(self, path: str, storage: Storage) -> FileIndex:
         how = _compression(path)
@@ -205,8 +220,9 @@ class LinesFormat:
                 data = _decompress(f.read(), how, path)
             n = _count_lines(data)
             return FileIndex([0], [n], [size], size) if n else FileIndex([], [], [], size)
+        bound = self.chunk_bytes or chunk_bytes_setting()
         with storage.open(path) as f:
-            offsets, records, lengths = index_lines(f, self.chunk_bytes)
+            offsets, records, lengths = index_lines(f, bound)
         if sum(lengths) != size:
             raise FormatError(
                 f"read {sum(lengths)} bytes of its {size} (it changed while being indexed)",
