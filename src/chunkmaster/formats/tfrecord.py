@@ -16,6 +16,7 @@ it once to count and check its frames, a trainer decompresses the whole file to 
 from __future__ import annotations
 
 import io
+import os
 import struct
 from collections.abc import Callable, Iterable
 from typing import IO, Final
@@ -36,7 +37,8 @@ _GZIP_MAGIC: Final = b"\x1f\x8b"
 crc32c: Final[Callable[[bytes], int]] = google_crc32c.value
 """CRC32C (Castagnoli) in C with the SSE4.2/ARMv8 instructions where the CPU has them."""
 
-DEFAULT_MAX_BYTES: Final = 4 << 20
+DEFAULT_MAX_BYTES: Final = int(os.environ.get("CHUNKMASTER_TFRECORD_CHUNK_BYTES", 4 << 20))
+"""Bound on a chunk's bytes (a frame larger than it is a chunk of its own)."""
 DEFAULT_MAX_RECORDS: Final = 65536
 
 

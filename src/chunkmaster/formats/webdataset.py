@@ -24,6 +24,7 @@ member's bytes cannot be seen, only damage to headers and framing.
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Final, NamedTuple
@@ -33,7 +34,8 @@ from chunkmaster.formats.base import FileIndex, FormatError, Storage
 from chunkmaster.formats.listed import ListedChunk
 
 BLOCK: Final = tarfile.BLOCKSIZE
-DEFAULT_MAX_BYTES: Final = 4 << 20
+DEFAULT_MAX_BYTES: Final = int(os.environ.get("CHUNKMASTER_WEBDATASET_CHUNK_BYTES", 4 << 20))
+"""Bound on a chunk's bytes (a sample larger than it is a chunk of its own)."""
 DEFAULT_MAX_SAMPLES: Final = 65536
 _TAIL_READ: Final = 64 << 10
 
