@@ -141,9 +141,10 @@ def test_cut_reports_what_is_left(tmp_path: Path) -> None:
 SECRET = b"do-not-quote-me"
 
 
-def damaged(tmp_path: Path, n: int = 200) -> tuple[str, bytes, list[int]]:
-    """A file of `n` records that all contain SECRET, and each frame's start."""
-    records = [SECRET + b"%d" % i * 30 for i in range(n)]
+def damaged(tmp_path: Path, n: int = 200, pad: int = 0) -> tuple[str, bytes, list[int]]:
+    """A file of `n` records that all contain SECRET (and `pad` more bytes each), and each
+    frame's start."""
+    records = [SECRET + b"%d" % i * 30 + b"\x00" * pad for i in range(n)]
     frames = [frame(r) for r in records]
     starts = [sum(len(f) for f in frames[:i]) for i in range(n)]
     path = str(tmp_path / "d.tfrecord")
@@ -179,8 +180,13 @@ def test_bad_length_crc_is_refused_naming_chunk_and_record(tmp_path: Path) -> No
     assert f"(at byte {starts[150]})" in str(err)
 
 
-def test_bad_data_crc_fails_the_chunk_not_the_index(tmp_path: Path) -> None:
-    path, data, starts = damaged(tmp_path)
+# Chunks of small records are fetched whole; of large ones, read frame by frame.
+SIZES = pytest.mark.parametrize("pad", [0, 20 << 10], ids=["small", "large"])
+
+
+@SIZES
+def test_bad_data_crc_fails_the_chunk_not_the_index(tmp_path: Path, pad: int) -> None:
+    path, data, starts = damaged(tmp_path, pad=pad)
     bad = bytearray(data)
     bad[starts[42] + 12 + 3] ^= 0x40  # a byte of record 42
     Path(path).write_bytes(bytes(bad))
@@ -197,19 +203,26 @@ def test_bad_data_crc_fails_the_chunk_not_the_index(tmp_path: Path) -> None:
     assert SECRET.decode() not in message
 
 
-def test_file_changed_after_indexing_fails_the_chunk(tmp_path: Path) -> None:
-    path, data, _ = damaged(tmp_path)
+@SIZES
+def test_file_changed_after_indexing_fails_the_chunk(tmp_path: Path, pad: int) -> None:
+    path, data, starts = damaged(tmp_path, pad=pad)
     Path(path).write_bytes(data)
-    fmt = TFRecordFormat()
+    fmt = TFRecordFormat(max_bytes=len(data))
     index = fmt.index(path, STORAGE)
     chunk = Chunk(path, index.offsets[-1], index.records[-1], index.lengths[-1])
+    assert chunk.num_records == 200
     Path(path).write_bytes(data[:-10])
-    with pytest.raises(FormatError, match="ends 10 bytes before the chunk's end"):
+    truncated = "ends inside the chunk's record 199" if pad else "ends 10 bytes before"
+    with pytest.raises(FormatError, match=truncated):
         fmt.loader().load(chunk, STORAGE)
     Path(path).write_bytes(data + data[:100])
     more = Chunk(path, chunk.offset, chunk.num_records, chunk.length + 100)
     with pytest.raises(FormatError, match="100 bytes after the chunk's 200 records"):
         fmt.loader().load(more, STORAGE)
+    fewer = Chunk(path, chunk.offset, 199, chunk.length)
+    after = f"bytes after the chunk's 199 records .at byte {starts[199]}"
+    with pytest.raises(FormatError, match=after):
+        fmt.loader().load(fewer, STORAGE)
 
 
 @pytest.mark.parametrize(

