@@ -91,7 +91,7 @@ def test_a_line_that_is_not_json_names_file_chunk_and_line(tmp_path: Path) -> No
 
 def test_an_empty_line_in_jsonl_is_an_error() -> None:
     with pytest.raises(FormatError, match="line 2 of the chunk is not JSON"):
-        parse_jsonl([b"1", b"", b"3"], {"path": "p", "chunk": 0, "offset": 0})
+        parse_jsonl(["1", "", "3"], False, {"path": "p", "chunk": 0, "offset": 0})
 
 
 def test_text_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
