@@ -107,3 +107,24 @@ def test_canonical_encoding_is_fixed() -> None:
     assert d == e
     with pytest.raises(TypeError, match="has no canonical encoding"):
         canonical({"x": object()})
+
+
+def test_paddle_and_torch_readers_yield_non_bytes_records_as_they_are(tmp_path: Path) -> None:
+    from helpers.formats import write_text
+
+    from chunkmaster.paddle import cloud_reader
+
+    lines = [f"line {i}" for i in range(40)]
+    write_text(tmp_path / "a.txt", lines)
+    with InProcessMaster(chunks_per_task=1) as m:
+        reader = cloud_reader([str(tmp_path / "a.txt")], None, addr=m.addr)
+        try:
+            assert sorted(reader()) == sorted(lines)
+        finally:
+            reader.close()  # type: ignore[attr-defined]
+        pytest.importorskip("torch")
+        from chunkmaster.torch import MasterDataset
+
+        ds = MasterDataset(m.addr, transform=str.upper)
+        ds.set_pass(1)
+        assert sorted(ds) == sorted(x.upper() for x in lines)
