@@ -2,7 +2,8 @@
 
 Run:  .venv/bin/python bench/formats_more_bench.py [--mb 64] [--repeat 3]
 Files are generated in a temp dir and read once first, so every figure is page-cached; each
-figure is the median of --repeat runs, and each ratio is taken between medians of the same run.
+figure is the median of --repeat runs, ours and the baselines interleaved run by run (this
+machine is shared: the noise hits both alike); each ratio is between medians of the same run.
 
 What is timed for chunkmaster:
 * `trainer`: one `Client` reading a whole pass with `for r in client.records(p)` from a
@@ -84,14 +85,17 @@ class Master:
         self.proc.wait()
 
 
-def median(fn: Callable[[], int], n: int) -> tuple[float, int]:
-    """Median wall time of n runs of fn, which returns how many records it produced."""
-    times, count = [], 0
+def medians(fns: dict[str, Callable[[], int]], n: int) -> dict[str, tuple[float, int]]:
+    """Median wall time of n runs of each fn (which returns how many records it produced),
+    run round-robin, so the machine's noise hits them alike."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    counts: dict[str, int] = {}
     for _ in range(n):
-        t = time.perf_counter()
-        count = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), count
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            counts[name] = fn()
+            times[name].append(time.perf_counter() - t)
+    return {k: (statistics.median(v), counts[k]) for k, v in times.items()}
 
 
 def ours(path: str, index: FileIndex, fmt: TFRecordFormat | WebDatasetFormat) -> int:
@@ -176,24 +180,30 @@ def bench_tfrecord(tmp: str, record_bytes: int, mb: int, repeat: int) -> str:
     fmt = TFRecordFormat()
     size = os.path.getsize(path)
     tfrecord_plain(path)  # into the page cache
-    t_index, _ = median(lambda: len(fmt.index(path, STORAGE).offsets), repeat)
     index = fmt.index(path, STORAGE)
-    t_ours, n_ours = median(lambda: ours(path, index, fmt), repeat)
-    t_plain, n_plain = median(lambda: tfrecord_plain(path), repeat)
-    t_frame, n_frame = median(lambda: tfrecord_per_frame(path), repeat)
     master = Master(tmp, path)
     try:
-        t_client, n_client = median(master.one_pass, repeat)
+        r = medians(
+            {
+                "trainer": master.one_pass,
+                "loader": lambda: ours(path, index, fmt),
+                "plain": lambda: tfrecord_plain(path),
+                "frames": lambda: tfrecord_per_frame(path),
+                "index": lambda: sum(fmt.index(path, STORAGE).records),
+            },
+            repeat,
+        )
     finally:
         master.stop()
-    assert n_ours == n_plain == n_frame == n_client == count
-    best = min(t_plain, t_frame)
+    assert {n for _, n in r.values()} == {count}
+    rate = {k: count / t / 1e3 for k, (t, _) in r.items()}
+    best = max(rate["plain"], rate["frames"])
     return (
         f"tfrecord {record_bytes:>6} B records ({size / 1e6:.0f} MB), k records/s:"
-        f" trainer {count / t_client / 1e3:7.1f}, loader {count / t_ours / 1e3:7.1f},"
-        f" plain loop {count / t_plain / 1e3:7.1f}, per-frame reads {count / t_frame / 1e3:7.1f};"
-        f" trainer/fastest plain {best / t_client:.2f}x, loader/fastest plain"
-        f" {best / t_ours:.2f}x; index walk {size / t_index / 1e6:.0f} MB/s"
+        f" trainer {rate['trainer']:7.1f}, loader {rate['loader']:7.1f}, plain loop"
+        f" {rate['plain']:7.1f}, per-frame reads {rate['frames']:7.1f}; trainer/fastest plain"
+        f" {rate['trainer'] / best:.2f}x, loader/fastest plain {rate['loader'] / best:.2f}x;"
+        f" index walk {size / r['index'][0] / 1e6:.0f} MB/s"
     )
 
 
@@ -204,21 +214,29 @@ def bench_webdataset(tmp: str, member_bytes: int, mb: int, repeat: int) -> str:
     fmt = WebDatasetFormat()
     size = os.path.getsize(path)
     tar_plain(path)  # into the page cache
-    t_index, _ = median(lambda: len(fmt.index(path, STORAGE).offsets), repeat)
     index = fmt.index(path, STORAGE)
-    t_ours, n_ours = median(lambda: ours(path, index, fmt), repeat)
-    t_plain, n_plain = median(lambda: tar_plain(path), repeat)
     master = Master(tmp, path)
     try:
-        t_client, n_client = median(master.one_pass, repeat)
+        r = medians(
+            {
+                "trainer": master.one_pass,
+                "loader": lambda: ours(path, index, fmt),
+                "tarfile": lambda: tar_plain(path) // 3,
+                "index": lambda: sum(fmt.index(path, STORAGE).records),
+            },
+            repeat,
+        )
     finally:
         master.stop()
-    assert n_ours == n_client == samples and n_plain == members
+    assert {n for _, n in r.values()} == {samples} and members == 3 * samples
+    rate = {k: samples / t / 1e3 for k, (t, _) in r.items()}
     return (
-        f"webdataset {member_bytes:>6} B jpg + 2 small members ({size / 1e6:.0f} MB), k samples/s:"
-        f" trainer {samples / t_client / 1e3:6.2f}, loader {samples / t_ours / 1e3:6.2f},"
-        f" tarfile loop {samples / t_plain / 1e3:6.2f}; trainer/tarfile {t_plain / t_client:.2f}x,"
-        f" loader/tarfile {t_plain / t_ours:.2f}x; index walk {size / t_index / 1e6:.0f} MB/s"
+        f"webdataset {member_bytes:>6} B jpg + 2 small members ({size / 1e6:.0f} MB),"
+        f" k samples/s: trainer {rate['trainer']:6.2f}, loader {rate['loader']:6.2f},"
+        f" tarfile loop {rate['tarfile']:6.2f}; trainer/tarfile"
+        f" {rate['trainer'] / rate['tarfile']:.2f}x, loader/tarfile"
+        f" {rate['loader'] / rate['tarfile']:.2f}x;"
+        f" index walk {size / r['index'][0] / 1e6:.0f} MB/s"
     )
 
 
