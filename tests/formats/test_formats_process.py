@@ -34,6 +34,8 @@ def test_three_trainers_two_passes_one_killed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CHUNKMASTER_LINES_CHUNK_BYTES", "700")  # several line chunks a file
+    monkeypatch.setenv("CHUNKMASTER_TFRECORD_CHUNK_BYTES", "700")
+    monkeypatch.setenv("CHUNKMASTER_WEBDATASET_CHUNK_BYTES", "8192")
     data = tmp_path / "data"
     data.mkdir()
     pattern, records = MAKERS[dataset_format](data, 3, 120)

@@ -99,9 +99,70 @@ def make_text(d: Path, files: int, n: int) -> tuple[str, list[Any]]:
     return str(d / "part-*.txt"), out
 
 
+def write_tfrecord(path: Path, records: list[bytes]) -> Path:
+    """TFRecord frames: u64 length, masked CRC32C of it, the record, masked CRC32C of it."""
+    import struct
+
+    import google_crc32c
+
+    def masked(data: bytes) -> bytes:
+        c = google_crc32c.value(data)
+        return struct.pack("<I", (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+    with path.open("wb") as f:
+        for r in records:
+            length = struct.pack("<Q", len(r))
+            f.write(length + masked(length) + r + masked(r))
+    return path
+
+
+def write_shard(path: Path, samples: list[dict[str, Any]]) -> Path:
+    """A WebDataset tar: each sample's members `key.ext`, consecutive."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for sample in samples:
+            for ext, data in sample.items():
+                if ext != "__key__":
+                    info = tarfile.TarInfo(f"{sample['__key__']}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def make_tfrecord(d: Path, files: int, n: int) -> tuple[str, list[Any]]:
+    """Chunks are small when the master's environment sets CHUNKMASTER_TFRECORD_CHUNK_BYTES."""
+    out: list[Any] = []
+    for f in range(files):
+        recs = [b""] + [f"f{f}-{i}".encode() + b"\x00" * (i % 5) for i in range(1, n)]
+        write_tfrecord(d / f"part-{f:05d}.tfrecord", recs)
+        out += recs
+    return str(d / "part-*.tfrecord"), out
+
+
+def make_webdataset(d: Path, files: int, n: int) -> tuple[str, list[Any]]:
+    """Chunks are small when the master's environment sets CHUNKMASTER_WEBDATASET_CHUNK_BYTES;
+    every 10th key is longer than tar's 100-byte name field."""
+    out: list[Any] = []
+    for f in range(files):
+        samples: list[dict[str, Any]] = []
+        for i in range(n):
+            stem = "long" * 30 if i % 10 == 0 else "s"
+            sample: dict[str, Any] = {"__key__": f"shard{f}/{stem}{i:05d}", "cls": b"%d" % i}
+            if i % 3:
+                sample["jpg"] = bytes([i % 256]) * (i * 7)
+            samples.append(sample)
+        write_shard(d / f"shard-{f:05d}.tar", samples)
+        out += samples
+    return str(d / "shard-*.tar"), out
+
+
 MAKERS: dict[str, Maker] = {
     "recordio": make_recordio,
     "parquet": make_parquet,
     "jsonl": make_jsonl,
     "text": make_text,
+    "tfrecord": make_tfrecord,
+    "webdataset": make_webdataset,
 }

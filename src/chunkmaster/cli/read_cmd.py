@@ -32,7 +32,9 @@ def register(sub: Any) -> None:
         description=(
             "A reference trainer: sets the dataset (the first trainer's call wins), reads N "
             "passes through the master and prints, per pass, the records it got and their "
-            "digest (sum mod 2^64 of the first 8 bytes of each record's SHA-256)."
+            "digest (sum mod 2^64 of the first 8 bytes of each record's SHA-256; a record that "
+            "is not bytes, as JSON Lines, text and Parquet datasets give, is hashed as its "
+            "canonical JSON encoding: docs/formats.md)."
         ),
     )
     where = p.add_mutually_exclusive_group(required=True)

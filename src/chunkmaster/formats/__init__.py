@@ -39,6 +39,8 @@ FORMATS: dict[str, str] = {
     "parquet": "chunkmaster.formats.parquet",
     "jsonl": "chunkmaster.formats.lines",
     "text": "chunkmaster.formats.lines",
+    "tfrecord": "chunkmaster.formats.tfrecord",
+    "webdataset": "chunkmaster.formats.webdataset",
 }
 
 #: File name ending -> format name; the longest matching ending wins (".jsonl.gz" over ".gz").
@@ -53,6 +55,8 @@ SUFFIXES: dict[str, str] = {
     ".txt": "text",
     ".txt.gz": "text",
     ".txt.zst": "text",
+    ".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfrecord.gz": "tfrecord",
+    ".tfrecords.gz": "tfrecord", ".tar": "webdataset",
 }
 
 _loaded: dict[str, Format] = {}
