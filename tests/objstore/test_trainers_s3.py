@@ -8,39 +8,69 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.formats import MAKERS, digest_of
 from helpers.master_process import MasterProcess
 from helpers.s3_server import SECRET_KEY, S3Server
-from helpers.trainers import completed_tasks, dataset_digest, sum_lines, wait_until_holding
+from helpers.trainers import completed_tasks, sum_lines, wait_until_holding
 from test_master_s3 import master_with_options, upload_dataset
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.digest import Digest
 
 
-def _locals(tmp: Path, n: int) -> list[str]:
-    return [str(tmp / f"part-{i}.rio") for i in range(n)]
+@pytest.fixture(params=sorted(MAKERS))
+def dataset_format(request: pytest.FixtureRequest) -> str:
+    """Each format of helpers.formats.MAKERS in turn."""
+    return str(request.param)
+
+
+def upload_format(s3: S3Server, tmp: Path, fmt: str, files: int, n: int) -> tuple[str, Any]:
+    """A dataset of format `fmt` in s3://data/train/FMT/; its URL pattern and its records."""
+    local = tmp / fmt
+    local.mkdir()
+    pattern, records = MAKERS[fmt](local, files, n)
+    for f in sorted(local.iterdir()):
+        s3.fs().put_file(str(f), f"data/train/{fmt}/{f.name}")
+    return f"s3://data/train/{fmt}/{Path(pattern).name}", records
 
 
 def test_three_trainers_two_passes_one_killed_mid_pass(
-    s3: S3Server, tmp_path: Path, trainers: Any, monkeypatch: pytest.MonkeyPatch
+    dataset_format: str,
+    s3: S3Server,
+    tmp_path: Path,
+    trainers: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    upload_dataset(s3, tmp_path, files=4, records=120, prefix="train")
-    expected = dataset_digest(_locals(tmp_path, 4))
-    m = master_with_options(tmp_path, s3, "--chunk-per-task", "1", "--task-timeout-dur", "2s")
+    monkeypatch.setenv("CHUNKMASTER_LINES_CHUNK_BYTES", "700")  # several chunks a file
+    monkeypatch.setenv("CHUNKMASTER_TFRECORD_CHUNK_BYTES", "700")
+    monkeypatch.setenv("CHUNKMASTER_WEBDATASET_CHUNK_BYTES", "8192")
+    pattern, records = upload_format(s3, tmp_path, dataset_format, files=3, n=90)
+    expected = digest_of(records)
+    # The victim's tasks come back when its session lapses (2 s); the survivors' never time
+    # out, however slow the S3 server is (a task read twice would count its records twice).
+    m = master_with_options(
+        tmp_path, s3, "--chunk-per-task", "1", "--task-timeout-dur", "5m", "--trainer-ttl", "2s"
+    )
     for name, value in s3.env().items():  # the trainers' credentials: their environment
         monkeypatch.setenv(name, value)
-    args = ["--addr", m.addr, "--dataset", "s3://data/train/part-*.rio", "--passes", "2"]
     try:
-        (victim,) = trainers(1, [*args, "--step-time", "0.01"], prefix="victim")
+        with MasterConnection(m.addr, timeout=60) as c:
+            c.set_dataset([pattern])
+            st = c.status()
+        assert st["num_tasks"] >= 6, st  # several chunks a file: the kill lands mid-pass
+        args = ["--addr", m.addr, "--passes", "2"]
+        (victim,) = trainers(1, [*args, "--step-time", "0.02"], prefix="victim")
         line = victim.next_line()
         assert line is not None and "task" in line  # it finished a task, reads the next
         wait_until_holding(m.addr, victim.proc.pid, 2)
         victim.kill()
-        survivors = trainers(2, [*args, "--step-time", "0.0005"])
+        survivors = trainers(2, [*args, "--step-time", "0.001"])
         for t in survivors:
             assert t.drain() == 0, t.log()
         # The killed pass: every task completed by someone, each record at least once...
-        assert sum_lines(list(completed_tasks([victim, *survivors], 0).values())) == expected
+        tasks = completed_tasks([victim, *survivors], 0)
+        assert len(tasks) == st["num_tasks"]
+        assert sum_lines(list(tasks.values())) == expected
         # ...and the next exactly once.
         total = Digest()
         for t in survivors:
