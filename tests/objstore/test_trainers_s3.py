@@ -106,3 +106,26 @@ def test_a_corrupted_object_fails_its_task_naming_the_url_and_chunk(
     finally:
         m.terminate()
     assert isinstance(m, MasterProcess)
+
+
+def test_an_object_gone_after_set_dataset_fails_its_tasks_naming_it(
+    s3: S3Server, tmp_path: Path, trainers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read-ahead's fetch fails: the task it belongs to fails, naming the URL and chunk."""
+    urls = upload_dataset(s3, tmp_path, files=2, records=60, prefix="train")
+    m = master_with_options(tmp_path, s3, "--chunk-per-task", "1", "--task-timeout-max", "0")
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    try:
+        with MasterConnection(m.addr, timeout=60) as c:
+            c.set_dataset(["s3://data/train/part-*.rio"])
+        s3.fs().rm(urls[0].removeprefix("s3://"))
+        (t,) = trainers(1, ["--addr", m.addr, "--passes", "1"])
+        t.drain()
+        with MasterConnection(m.addr) as conn:
+            st = conn.status()
+        reasons = [r["reason"] for f in st["failed_tasks"] for r in f["reasons"]]
+        assert reasons and all(urls[0] in r and "chunk at offset" in r for r in reasons), reasons
+        assert any("not found" in r for r in reasons), reasons
+    finally:
+        m.terminate()
