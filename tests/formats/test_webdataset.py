@@ -184,7 +184,8 @@ def test_damaged_header_in_a_chunk_fails_the_chunk(tmp_path: Path, pad: int) -> 
     assert f"(at byte {at})" in message
     assert SECRET not in message
     Path(path).write_bytes(data[: index.offsets[1] + 1000])
-    with pytest.raises(FormatError, match="truncated since the dataset was set|damaged tar"):
+    truncated = "truncated since the dataset was set|the file ends inside"
+    with pytest.raises(FormatError, match=truncated):
         fmt.loader().load(chunk, STORAGE)
 
 
@@ -316,3 +317,35 @@ def test_torch_dataset_yields_the_samples(tmp_path: Path) -> None:
             assert set(s) == {"__key__", "jpg", "cls", "seg.png"}
             got.add(s)
         assert got == expected
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT,
+                                        tarfile.USTAR_FORMAT])
+def test_header_walk_agrees_with_tarfile(tmp_path: Path, tar_format: int) -> None:
+    from chunkmaster.formats.tarheaders import entries
+
+    names = ["top.txt", "d/", "d/e/" + "n" * 90 + ".bin", "d/" + "x" * 120 + ".json",
+             "d/caf\u00e9-\u00fc.txt", "d/" + "p" * 140 + "/q.cls"]
+    if tar_format == tarfile.USTAR_FORMAT:  # no long names, ASCII only: a 155-byte prefix
+        names = [n for n in names if len(n.rsplit("/", 1)[-1]) <= 100 and n.isascii()]
+    path = tmp_path / "h.tar"
+    with tarfile.open(path, "w", format=tar_format) as tar:
+        for i, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            if name.endswith("/"):
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = i * 300
+                tar.addfile(info, io.BytesIO(bytes(info.size)))
+    with tarfile.open(path) as tar:
+        expected = [(m.offset, m.offset_data, m.size, m.name, m.isdir()) for m in tar]
+
+    def error(what: str, at: int) -> FormatError:
+        return FormatError(what, path=str(path))
+
+    with open(path, "rb") as f:
+        size = path.stat().st_size
+        got = [(e.start, e.data, e.size, e.name.rstrip("/"), e.is_dir)
+               for e in entries(f, 0, size, True, error)]
+    assert got == expected

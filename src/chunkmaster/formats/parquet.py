@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -82,13 +81,47 @@ class ParquetChunk:
     def batch(self, a: int, b: int) -> tuple[Iterator[Any], Iterator[Any]]:
         """Rows a..b-1 as one record batch (no copy); its rows count as taken, for progress,
         when the batch is."""
-        left = iter(range(b - a))
-        return map(_take_all, (self._batch.slice(a, b - a),), (left,)), left
+        run = OneBatch(self._batch.slice(a, b - a), b - a)
+        return run, run.rows
 
 
-def _take_all(batch: Any, left: Iterator[int]) -> Any:
-    deque(left, 0)  # one C call: the batch's rows are all taken at once
-    return batch
+class RowsLeft:
+    """An empty iterator whose `length_hint` is the rows of a batch not taken yet."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def __iter__(self) -> RowsLeft:
+        return self
+
+    def __next__(self) -> Any:
+        raise StopIteration
+
+    def __length_hint__(self) -> int:
+        return self.left
+
+
+class OneBatch:
+    """Yields its batch once; taking it takes all its rows at once (`rows.left` drops to 0),
+    with no work per row."""
+
+    __slots__ = ("_batch", "rows")
+
+    def __init__(self, batch: Any, rows: int) -> None:
+        self._batch = batch
+        self.rows = RowsLeft(rows)
+
+    def __iter__(self) -> OneBatch:
+        return self
+
+    def __next__(self) -> Any:
+        batch, self._batch = self._batch, None
+        if batch is None:
+            raise StopIteration
+        self.rows.left = 0
+        return batch
 
 
 class ParquetLoader:

@@ -12,32 +12,29 @@ FIFOs, sparse files, and pax global headers other than a comment (a chunk read f
 start would not see them). A key that comes back after another sample makes two samples, as in
 WebDataset itself.
 
-The master reads the tar headers only (the stdlib `tarfile` parses them, GNU long names and pax
-headers included, and seeks over member data), and checks what `tarfile` lets pass silently: a
-member's data past the end of the file, and that the walk stops at an end-of-archive block
-followed by nothing but zeros (not at a damaged header, nor at a cut at a member boundary).
-A trainer parses its chunk's headers again and checks that they tile the chunk exactly and give
-the sample count the master found. Tar has no checksum over member data: damage inside a
-member's bytes cannot be seen, only damage to headers and framing.
+The master reads the tar headers only (`tarheaders`: ustar, GNU long names, pax; member data is
+seeked over), each checked, and the walk must stop at an end-of-archive block followed by
+nothing but zeros: not at a damaged header, a cut at a member boundary, or a second tar
+appended. A trainer parses its chunk's headers again and checks that they tile the chunk
+exactly and give the sample count the master found. Tar has no checksum over member data:
+damage inside a member's bytes cannot be seen, only damage to headers and framing.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import IO, Any, Final, NamedTuple
 
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError, Storage
 from chunkmaster.formats.listed import ListedChunk
+from chunkmaster.formats.tarheaders import entries, padded
 
-BLOCK: Final = tarfile.BLOCKSIZE
 DEFAULT_MAX_BYTES: Final = int(os.environ.get("CHUNKMASTER_WEBDATASET_CHUNK_BYTES", 4 << 20))
 """Bound on a chunk's bytes (a sample larger than it is a chunk of its own)."""
 DEFAULT_MAX_SAMPLES: Final = 65536
-_TAIL_READ: Final = 64 << 10
 LARGE_SAMPLE: Final = 32 << 10
 """Average sample size from which a trainer reads a chunk member by member."""
 
@@ -52,7 +49,7 @@ class Member(NamedTuple):
     @property
     def end(self) -> int:
         """Where the next header starts: the data padded to a whole block."""
-        return self.data + -(-self.size // BLOCK) * BLOCK
+        return self.data + padded(self.size)
 
 
 class WebDatasetFormat:
@@ -182,7 +179,7 @@ def _samples(members: Iterator[Member]) -> Iterator[list[Member]]:
 def _members(
     f: IO[bytes], path: str, start: int, end: int, where: _Where | None, shift: int = 0
 ) -> Iterator[Member]:
-    """The regular-file members of the tar in f's bytes [start, end) (f is at `start`), checked.
+    """The regular-file members of the tar in f's bytes [start, end), checked.
 
     `where` None: a whole file, which must end with an end-of-archive block and zeros; else a
     chunk, whose headers must tile exactly [start, end). Offsets are f's; errors name the
@@ -194,94 +191,24 @@ def _members(
             return FormatError(f"{what} (at byte {at})", path=path)
         return where.error(what, shift + at)
 
-    try:
-        opened = tarfile.open(fileobj=f, mode="r:")  # noqa: SIM115  (closed by the `with`)
-    except tarfile.TarError:
-        what = "not a tar file (no valid tar header at its start)"
-        bad = "bad tar header at the chunk's start"
-        raise error(what if where is None else bad, start) from None
-    with opened as tar:
-        yield from _regular(tar, end, error)
-        _check_stop(f, tar.offset, end, where is None, error)
-
-
-def _regular(
-    tar: tarfile.TarFile, end: int, error: Callable[[str, int], FormatError]
-) -> Iterator[Member]:
     key = ""
     exts: set[str] = set()
-    opening = True  # tarfile read the first header when opened: next() hands it out
-    while True:
-        if not opening and tar.offset >= end:
-            return  # a chunk's end (or a whole file's, which _check_stop refuses)
-        opening = False
-        try:
-            info = tar.next()
-        except tarfile.TarError as e:
-            raise error(f"damaged tar ({_reason(e)})", tar.offset) from None
-        if info is None:
-            return
-        at = info.offset
-        if info.isdir():
+    for e in entries(f, start, end, where is None, error):
+        if e.is_dir:
             continue
-        if tar.pax_headers.keys() - {"comment"}:
-            raise error("pax global header (unsupported: a chunk could not see it)", at)
-        if not info.isreg() or info.issparse():
-            raise error(f"member is not a regular file (tar type {info.type!r})", at)
-        if info.offset_data + info.size > end:
-            raise error(f"member data runs {info.offset_data + info.size - end} bytes past "
-                        "the end", at)
-        name = info.name
+        name = e.name
         slash = name.rfind("/") + 1
         dot = name.find(".", slash)
         if dot < 0 or dot == len(name) - 1:
-            raise error("member without an extension (cannot be named in a sample)", at)
+            raise error("member without an extension (cannot be named in a sample)", e.start)
         k, ext = name[:dot], name[dot + 1 :]
         if k != key:
             key = k
             exts.clear()
         elif ext in exts:
-            raise error("a second member with the same key and extension", at)
+            raise error("a second member with the same key and extension", e.start)
         exts.add(ext)
-        yield Member(k, ext, info.offset, info.offset_data, info.size)
-
-
-def _check_stop(
-    f: IO[bytes], at: int, size: int, whole: bool, error: Callable[[str, int], FormatError]
-) -> None:
-    """`tarfile` stops quietly at a damaged or missing header: tell those from a real end."""
-    if not whole:
-        if at == size:
-            return
-        if at + BLOCK > size:
-            raise error("the chunk ends inside a tar header", at)
-        raise error("bad tar header (checksum or fields)", at)
-    f.seek(at)
-    block = f.read(BLOCK)
-    if not block:
-        raise error("no end-of-archive block: truncated at a member boundary", at)
-    if len(block) < BLOCK and block.count(0) == len(block):
-        raise error("the file ends inside the end-of-archive block", at)
-    if len(block) < BLOCK:
-        raise error("the file ends inside a tar header", at)
-    if block.count(0) != BLOCK:
-        raise error("bad tar header (checksum or fields)", at)
-    pos = at + BLOCK
-    while pos < size:
-        tail = f.read(_TAIL_READ)
-        if not tail:
-            break
-        if tail.count(0) != len(tail):
-            raise error("data after the end-of-archive block (concatenated tars?)", pos)
-        pos += len(tail)
-
-
-def _reason(e: tarfile.TarError) -> str:
-    """tarfile's fixed reasons; never a member name or content."""
-    text = str(e)
-    known = ("unexpected end of data", "truncated header", "bad checksum", "empty header",
-             "invalid header", "end of file header")
-    return next((k for k in known if k in text), type(e).__name__)
+        yield Member(k, ext, e.start, e.data, e.size)
 
 
 FORMAT = WebDatasetFormat()

@@ -631,6 +631,7 @@ class Service:
                 "chunks": ds.num_chunks,
                 "records": ds.num_records,
                 "chunks_per_task": ds.chunks_per_task,
+                "format": ds.format,
             },
             "failure_max": st.failure_max,
             "failed_policy": st.failed_policy.value,
