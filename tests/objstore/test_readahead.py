@@ -123,3 +123,20 @@ def test_a_task_handed_out_again_is_fetched_from_its_start_and_cancel_forgets_al
     assert ra.held == 0 and ra.take(t, 1) is None
     storage.release.set()
     ra.close()
+
+
+def test_ready_says_when_take_would_not_wait_and_on_ready_tells_it() -> None:
+    storage = HeldStorage()
+    woken = threading.Event()
+    ra = ReadAhead(lambda _: storage, lambda _: True, chunks=1, budget=150, on_ready=woken.set)
+    t = task(1, [("s3://b/f", 0, 100), ("s3://b/g", 0, 100)])
+    ra.want(t)
+    storage.wait_calls(1)
+    assert not ra.ready(t, 0)  # in flight
+    assert ra.ready(t, 1)  # not started (no slot, no room): take would fetch it itself
+    assert ra.ready(t, 5)  # never wanted
+    storage.release.set()
+    assert woken.wait(30)
+    assert ra.ready(t, 0) and ra.take(t, 0) == b"s3://b/f:0".ljust(100, b".")
+    assert ra.take(t, 1) == b"s3://b/g:0".ljust(100, b".")
+    ra.close()

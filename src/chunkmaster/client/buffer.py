@@ -183,11 +183,13 @@ class PassBuffer:
                 self._progress.stop_reading()
                 self._taken(task, done)
                 continue
+            ahead = self._ahead
+            if ahead is not None and self.end is None and not ahead.ready(task, self._next_chunk):
+                return None  # its bytes are on the way: the client waits, the read-ahead wakes it
             chunk = chunks[self._next_chunk]
             self._next_chunk += 1
             try:
                 loader = self._loaders.get(task.format) or self._loader(task.format, chunk.path)
-                ahead = self._ahead
                 data = None if ahead is None else ahead.take(task, self._next_chunk - 1)
                 loaded = loader.load(chunk, self._storage(chunk.path), data)
             except (RecordIOError, FormatError, OSError) as exc:

@@ -179,13 +179,18 @@ class Client:
         )
         if read_ahead < 0:
             raise ValueError(f"read_ahead must be 0 (off) or more chunks, not {read_ahead}")
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._readahead = (
-            ReadAhead(self._storage, chunks=read_ahead, budget=read_ahead_bytes)
+            ReadAhead(
+                self._storage,
+                chunks=read_ahead,
+                budget=read_ahead_bytes,
+                on_ready=self._wake,
+            )
             if read_ahead
             else None
         )
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
         self._token = CancelToken()  # cancelled by close(): every pass and client-level call
         self._pass: PassBuffer | None = None
         self._it: Iterator[Any] = _EMPTY_ITER
@@ -217,6 +222,11 @@ class Client:
             self._reporter = Reporter(self._link, self.worker)
             self._reports = self._reporter
             self._source = UnaryTasks(self._link, self.worker)
+
+    def _wake(self) -> None:
+        """A chunk fetched ahead arrived: the trainer's thread may be waiting for it."""
+        with self._cond:
+            self._cond.notify_all()
 
     # ---- plain calls ---------------------------------------------------------------------
 

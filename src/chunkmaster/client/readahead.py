@@ -6,9 +6,12 @@ task, `ReadAhead.want` queues the task's chunks; up to `chunks` requests are in 
 and the bytes fetched but not yet taken stay under `budget` bytes. Neighbouring small chunks of
 one file are fetched in one `Storage.read_ranges` call, which folds them into one request.
 
-The trainer's thread takes a chunk's bytes with `take` (waiting if they are still on the way)
-and hands them to the format's loader as `data=`. A failed fetch is raised by `take` for the
-chunk it belongs to, so the buffer reports that task failed naming the file and the chunk.
+The trainer's thread takes a chunk's bytes with `take` and hands them to the format's loader as
+`data=`; while they are still on the way (`ready` is false) the buffer lets the trainer's
+thread wait on the client's condition, which `on_ready` wakes, so the client's lock is free
+meanwhile for the task fetcher to add (and queue) the next tasks. A failed fetch is raised by
+`take` for the chunk it belongs to, so the buffer reports that task failed naming the file and
+the chunk.
 Only ranged formats' chunks whose files are URLs and whose length is known are fetched ahead;
 local files keep their direct reads (`take` answers None).
 
@@ -79,11 +82,13 @@ class ReadAhead:
         *,
         chunks: int = DEFAULT_CHUNKS,
         budget: int = DEFAULT_BUDGET,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         if chunks < 1 or budget < 1:
             raise ValueError(f"read-ahead needs at least 1 chunk and 1 byte, not {chunks}/{budget}")
         self._storage_for = storage_for
         self._ranged = ranged  # format name -> whether its chunks are byte ranges
+        self._on_ready = on_ready  # told (without this object's lock) when a fetch ends
         self.chunks = chunks
         self.budget = budget
         self._lock = threading.Lock()
@@ -120,6 +125,12 @@ class ReadAhead:
                     self._entries[key] = entry
                     self._queue.append(entry)
             self._pump()
+
+    def ready(self, task: Task, index: int) -> bool:
+        """Whether `take(task, index)` would answer without waiting for a fetch in flight."""
+        with self._lock:
+            entry = self._entries.get(key_of(task, index))
+            return entry is None or not entry.started or entry.done.is_set()
 
     def take(self, task: Task, index: int) -> bytes | None:
         """The bytes of chunk `index` of `task`, waiting for them; None if they were never
@@ -220,6 +231,8 @@ class ReadAhead:
                 self._running -= 1
                 if not self._closed:
                     self._pump()
+            if self._on_ready is not None:
+                self._on_ready()
 
 
 def _fetch(storage_for: Callable[[str], Storage], group: list[_Entry]) -> None:
