@@ -14,7 +14,8 @@ store; the ratios, measured run by run in one process against the same server, a
    Baseline: s3fs's own concurrent ranged reads, `S3FileSystem.cat_ranges` of exactly the same
    byte ranges (each chunk's offset and length) with `batch_size=K`, the same concurrency: the
    fastest plain way to move those bytes through s3fs, with no master, no checks, no records.
-   Target: at least 0.8x.
+   The client folds neighbouring chunks into requests of up to 4 MiB (client/readahead.py),
+   which is its design; `cat_ranges` asks for each range on its own. Target: at least 0.8x.
 2. The master's set_dataset for --objects small RecordIO objects: a fresh master process each
    run, timed from the trainer's call to its answer (listing, every object's chunk index read
    in worker threads, the dataset committed). Baseline: s3fs's listing of the same pattern

@@ -52,7 +52,7 @@ log = logging.getLogger("chunkmaster.client")
 
 DEFAULT_CHUNKS = 8  # requests in flight
 DEFAULT_BUDGET = 64 * 1024 * 1024  # bytes fetched ahead and not yet taken
-GROUP_LIMIT = 1024 * 1024  # neighbouring chunks are fetched together up to this many bytes
+GROUP_LIMIT = 4 * 1024 * 1024  # neighbouring chunks are fetched in one request up to this size
 GROUP_GAP = 64 * 1024  # ... when no further apart than this
 
 Key = tuple[int, int, int, int]  # (pass, task id, task epoch, chunk index in the task)
