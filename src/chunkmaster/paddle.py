@@ -2,6 +2,8 @@
 
 A reader creator returns a reader: a function that, each time it is called and iterated, runs
 one pass and yields `pickle.loads(record)` for every record, as `paddle.v2` trainers expect.
+Records of formats that are not bytes (JSON Lines values, text lines, Parquet rows;
+docs/formats.md) are yielded as they are: there is nothing to unpickle.
 
 Fixed from the original (paddle/v2/reader/creator.py):
 * the pass counter belongs to the reader, not to the process (two readers do not share it, D14);
@@ -78,7 +80,7 @@ def cloud_reader(
         next_pass += 1
         loads = pickle.loads
         for record in client.records(pass_id):
-            yield loads(record)
+            yield loads(record) if type(record) is bytes else record
 
     weakref.finalize(reader, client.close)
     reader.close = client.close  # type: ignore[attr-defined]

@@ -31,7 +31,8 @@ __all__ = ["MasterDataset", "make_loader"]
 
 
 class MasterDataset(IterableDataset[Any]):
-    """Records of one pass, decoded by `transform` (bytes are yielded when it is None).
+    """Records of one pass, decoded by `transform` (records are yielded as the dataset's format
+    makes them when it is None: bytes, dicts, str; docs/formats.md).
 
     Picklable (it holds only settings), so it works with every multiprocessing start method.
     """
@@ -43,7 +44,7 @@ class MasterDataset(IterableDataset[Any]):
         etcd_endpoints: Sequence[str] | str | None = None,
         etcd_timeout: float = 5.0,
         dataset: Sequence[str] | str | None = None,
-        transform: Callable[[bytes], Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
         buffer_size: int = 1024,
         client_options: dict[str, Any] | None = None,
         token: str | None = None,

@@ -48,7 +48,8 @@ class Setting:
     help: str
     metavar: str | None = None
     const: str | None = None  # a flag that may be given bare means this
-    append: bool = False  # the flag may be repeated; its values are joined with commas
+    append: bool = False  # the flag may be repeated; its values are joined with `joiner`
+    joiner: str = ","
 
     @property
     def flag(self) -> str:
@@ -118,6 +119,27 @@ SETTINGS = (
         "allowed; without it, datasets are local paths only",
         "ROOT",
         append=True,
+    ),
+    Setting(
+        "storage_option",
+        ("--storage-option",),
+        ("CHUNKMASTER_STORAGE_OPTION",),
+        "an option of the fsspec filesystem that reads URL datasets (s3fs: endpoint_url=URL, "
+        "anon=true, client_kwargs.region_name=eu-west-1); repeat it for several (one per line "
+        "in the variable). true/false/numbers are read as such. Credentials are better left "
+        "to the library's own places (AWS_* variables, ~/.aws) or --storage-options-file: "
+        "other users can read a command line. Never logged",
+        "KEY=VALUE",
+        append=True,
+        joiner="\n",
+    ),
+    Setting(
+        "storage_options_file",
+        ("--storage-options-file",),
+        _env("STORAGE_OPTIONS_FILE"),
+        "a JSON object of fsspec storage options for URL datasets (--storage-option entries "
+        "override its keys). Never logged",
+        "FILE",
     ),
     Setting(
         "endpoints",
@@ -210,7 +232,17 @@ SETTINGS = (
         "chunks_per_task",
         ("--chunk-per-task",),
         _env("CHUNK_PER_TASK"),
-        "RecordIO chunks per task; 0 or less means 1 (default 10)",
+        "chunks per task (RecordIO/TFRecord chunks, Parquet row groups, JSON Lines/text "
+        "byte ranges); 0 or less means 1 (default 10)",
+    ),
+    Setting(
+        "format",
+        ("--format",),
+        ("CHUNKMASTER_FORMAT",),  # a bare FORMAT variable means too many things
+        "the dataset files' format: recordio, parquet, jsonl, text, ... (see docs/formats.md); "
+        "default: by each file's name (.rio/.recordio, .parquet, .jsonl, .txt, ...; no known "
+        "ending: recordio). A dataset holds files of one format",
+        "NAME",
     ),
     Setting(
         "failed_policy",
@@ -331,7 +363,7 @@ def gather(
         sources[s.field] = s.flag
         value = getattr(args, s.field)
         if isinstance(value, list):
-            value = ",".join(value)
+            value = s.joiner.join(value)
         if value is not None:
             texts[s.field] = value
             continue

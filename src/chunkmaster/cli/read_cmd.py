@@ -36,7 +36,9 @@ def register(sub: Any) -> None:
         description=(
             "A reference trainer: sets the dataset (the first trainer's call wins), reads N "
             "passes through the master and prints, per pass, the records it got and their "
-            "digest (sum mod 2^64 of the first 8 bytes of each record's SHA-256)."
+            "digest (sum mod 2^64 of the first 8 bytes of each record's SHA-256; a record that "
+            "is not bytes, as JSON Lines, text and Parquet datasets give, is hashed as its "
+            "canonical JSON encoding: docs/formats.md)."
         ),
     )
     where = p.add_mutually_exclusive_group(required=True)
@@ -85,6 +87,24 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="give up after the master has been unreachable this long (default: never)",
     )
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the fsspec filesystem that reads URL datasets (s3fs: "
+        "endpoint_url=URL, anon=true); repeat it for several. This trainer's own: never sent "
+        "to the master. Credentials are better left in the library's usual places (AWS_* "
+        "variables, ~/.aws)",
+    )
+    p.add_argument(
+        "--read-ahead",
+        type=int,
+        default=8,
+        metavar="CHUNKS",
+        help="ranged reads of the next chunks kept in flight for object-store datasets "
+        "(0: none; default 8)",
+    )
     p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
     add_security_flags(p)
     p.set_defaults(func=run)
@@ -93,6 +113,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from chunkmaster.client import Client, TaskReadError, TransportError
     from chunkmaster.core.errors import MasterError
+    from chunkmaster.formats.options import parse_settings
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
@@ -104,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     done: list[Task] = []
     try:
+        storage_options = parse_settings(args.storage_option)
+    except ValueError as exc:
+        raise CliError(f"--storage-option: {exc}") from None
+    try:
         client = Client(
             args.addr,
             etcd_endpoints=args.endpoints,
@@ -111,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
             buffer_size=args.buffer_size,
             retry_timeout=args.retry_timeout,
             on_task_done=done.append,
+            storage_options=storage_options,
+            read_ahead=args.read_ahead,
             **security_kwargs(args),
         )
     except (RuntimeError, ValueError) as exc:

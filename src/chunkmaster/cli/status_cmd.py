@@ -39,7 +39,8 @@ def render(st: dict[str, Any]) -> str:
     else:
         ds = st["dataset"]
         lines.append(
-            f"dataset  {len(ds['globs'])} pattern(s), {ds['files']} files, {ds['chunks']} chunks, "
+            f"dataset  {len(ds['globs'])} pattern(s), {ds['files']} {ds.get('format', 'recordio')} "
+            f"files, {ds['chunks']} chunks, "
             f"{ds['records']} records, {st['num_tasks']} tasks of {ds['chunks_per_task']} chunks"
         )
     lines.append(

@@ -1,15 +1,22 @@
 """One pass's buffer: the tasks the fetcher got, and the runs of records the trainer takes.
 
 The fetcher adds tasks; the trainer's thread takes runs of records from them, reading each
-chunk when it reaches it (`chunks.ChunkReader`), as a direct scan does: the data is never
-handed between threads, only tasks are. A task's last record is a run of its own that carries
-the task, so "finished" is reported when the trainer takes that record [D10]. Everything here
-is guarded by the client's lock (`cond`), which the methods below take or expect held.
+chunk when it reaches it through the loader of the task's format (chunkmaster.formats), as a
+direct scan does: the data is never handed between threads, only tasks are. A task's last
+record is a run of its own that carries the task, so "finished" is reported when the trainer
+takes that record [D10]. Everything here is guarded by the client's lock (`cond`), which the
+methods below take or expect held.
 
 A task handed out again starts at `task.start`: the chunks before it are skipped without being
 read, and the first records of the chunk it starts in are dropped. Runs are cut at most
 `run_limit` records long, and each run is noted in `Progress` (progress.py), whose positions
 come from the runs' own iterators.
+
+With `batches` (columnar formats: Parquet), a run is one Arrow record batch, the rest of a
+chunk's rows in one piece; taking it takes all its rows, for progress and commits alike.
+
+With `readahead` (client/readahead.py), a task's chunks in an object store are fetched as the
+task arrives, and the loader gets their bytes.
 """
 
 from __future__ import annotations
@@ -17,15 +24,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
-from chunkmaster.client.chunks import ChunkReader, LoadedChunk
 from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
 from chunkmaster.client.progress import Progress
+from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reporter import Reports
 from chunkmaster.core.model import Task
+from chunkmaster.formats import ChunkLoader, FormatError, Loaded, Storage, get_format
+from chunkmaster.formats.storage import storage_for
 from chunkmaster.recordio.errors import RecordIOError
 
 log = logging.getLogger("chunkmaster.client")
@@ -34,7 +43,7 @@ log = logging.getLogger("chunkmaster.client")
 class Run(NamedTuple):
     """Records handed to the trainer in one piece; `finishes` is the task whose last it holds."""
 
-    records: Iterator[bytes]
+    records: Iterator[Any]
     finishes: Task | None
 
 
@@ -43,7 +52,9 @@ class PassBuffer:
 
     `returns_tasks`: the tasks it holds when abandoned go back to the master by the session's
     Goodbye (else after the master's timeout). `report_now` is called (lock held) when enough
-    records were consumed since the last progress report.
+    records were consumed since the last progress report. `columns`: the columns to read
+    (columnar formats only); `batches`: runs are whole record batches. `storage`: where a
+    chunk's file is read from, by its path.
     """
 
     def __init__(
@@ -57,6 +68,10 @@ class PassBuffer:
         run_limit: int = 0,
         report_now: Callable[[], None] | None = None,
         returns_tasks: bool = False,
+        columns: Sequence[str] | None = None,
+        batches: bool = False,
+        storage: Callable[[str], Storage] = storage_for,
+        readahead: ReadAhead | None = None,
     ) -> None:
         self.pass_id = pass_id
         self.cancel = CancelToken(parent)
@@ -66,7 +81,11 @@ class PassBuffer:
         self._run_limit = run_limit  # 0: a chunk's records in one run
         self._report_now = report_now
         self._returns_tasks = returns_tasks
-        self._reader = ChunkReader()
+        self._columns = None if columns is None else list(columns)
+        self._batches = batches
+        self._storage = storage
+        self._ahead = readahead  # fetches the byte ranges of the tasks' chunks ahead
+        self._loaders: dict[str, ChunkLoader] = {}  # format -> this pass's loader of it
         self._tasks: deque[Task] = deque()
         self.held: dict[int, Task] = {}  # taken from the master, neither finished nor failed
         self.end: BaseException | None = None  # raised once the tasks are used up
@@ -74,7 +93,7 @@ class PassBuffer:
         self._next_chunk = 0  # the next chunk of `_task` to load
         self._chunk_first = 0  # the loaded chunk's first record, counted in the task
         self._skip = 0  # records to drop at the start of the next chunk loaded
-        self._loaded: LoadedChunk | None = None
+        self._loaded: Loaded | None = None
         self._at = 0  # the loaded chunk's next record
 
     # ---- the fetcher's side (takes the lock) ----------------------------------------------
@@ -96,6 +115,8 @@ class PassBuffer:
         self.held[task.meta.id] = task
         self._progress.add(task)
         self._tasks.append(task)
+        if self._ahead is not None:
+            self._ahead.want(task)
         self._cond.notify_all()
 
     def finish(self, end: BaseException) -> None:
@@ -119,8 +140,24 @@ class PassBuffer:
             if task is not None and loaded is not None:
                 n = loaded.count
                 last_chunk = self._next_chunk == len(task.chunks)
-                stop = n - 1 if last_chunk else n  # a task's last record is a run of its own
                 a = self._at
+                if self._batches:  # the rest of the chunk, whole; the last one carries the task
+                    self._loaded = None
+                    if last_chunk:
+                        self._task = None
+                    run = (
+                        self._run(task, loaded, a, n, task if last_chunk else None, done)
+                        if a < n
+                        else None
+                    )
+                    if not last_chunk:
+                        self._chunk_first += task.chunks[self._next_chunk - 1].num_records
+                    elif run is None:
+                        self._taken(task, done)  # an empty last chunk
+                    if run is not None:
+                        return run
+                    continue
+                stop = n - 1 if last_chunk else n  # a task's last record is a run of its own
                 if a < stop:
                     b = stop if not self._run_limit else min(stop, a + self._run_limit)
                     self._at = b
@@ -146,11 +183,18 @@ class PassBuffer:
                 self._progress.stop_reading()
                 self._taken(task, done)
                 continue
+            ahead = self._ahead
+            if ahead is not None and self.end is None and not ahead.ready(task, self._next_chunk):
+                return None  # its bytes are on the way: the client waits, the read-ahead wakes it
             chunk = chunks[self._next_chunk]
             self._next_chunk += 1
             try:
-                loaded = self._reader.load(chunk.path, chunk.offset, chunk.num_records)
-            except (RecordIOError, OSError) as exc:
+                loader = self._loaders.get(task.format) or self._loader(task.format, chunk.path)
+                data = None if ahead is None else ahead.take(task, self._next_chunk - 1)
+                loaded = loader.load(chunk, self._storage(chunk.path), data)
+            except (RecordIOError, FormatError, OSError) as exc:
+                if self._ahead is not None:
+                    self._ahead.drop(task)
                 self._task = None
                 self.held.pop(task.meta.id, None)
                 self._progress.dropped(task)
@@ -162,6 +206,25 @@ class PassBuffer:
             self._loaded = loaded
             self._at = min(self._skip, loaded.count)
             self._skip = 0
+
+    def _loader(self, name: str, path: str) -> ChunkLoader:
+        """This pass's loader of format `name`, made on its first chunk (`path`)."""
+        try:
+            fmt = get_format(name)
+        except (ValueError, ImportError) as exc:
+            raise FormatError(f"this trainer cannot read the format: {exc}", path=path) from None
+        columnar = getattr(fmt, "columnar", False)
+        if (self._columns is not None or self._batches) and not columnar:
+            raise TypeError(  # the trainer's mistake: not the task's failure
+                f"columns and record batches need a columnar dataset (Parquet); this one is {name}"
+            )
+        loader: ChunkLoader = (
+            fmt.loader(columns=self._columns)  # type: ignore[call-arg]
+            if columnar
+            else fmt.loader()
+        )
+        self._loaders[name] = loader
+        return loader
 
     def _skip_to_start(self, task: Task) -> None:
         """Skip the chunks wholly before `task.start` (unread); drop the rest in the next."""
@@ -181,13 +244,16 @@ class PassBuffer:
     def _run(
         self,
         task: Task,
-        loaded: LoadedChunk,
+        loaded: Loaded,
         a: int,
         b: int,
         finishes: Task | None,
         done: list[Task] | None = None,
     ) -> Run:
-        records, ends = loaded.cut(a, b)
+        if self._batches:
+            records, ends = loaded.batch(a, b)  # type: ignore[attr-defined]  # columnar only
+        else:
+            records, ends = loaded.cut(a, b)
         due = self._progress.run_started(task, self._chunk_first + a, b - a, ends)
         if due and self._report_now is not None:
             self._report_now()
@@ -223,6 +289,8 @@ class PassBuffer:
             )
             self.end = EndOfPass(self.pass_id)
         self._progress.stop_reading()
+        if self._ahead is not None:
+            self._ahead.cancel()
         self._tasks.clear()
         self.held.clear()
         self._task = None

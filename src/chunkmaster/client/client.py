@@ -2,10 +2,11 @@
 
 `Client` is the public API. Per pass, a `TaskFetcher` thread (fetcher.py) asks the master for
 tasks, ahead of need, into a `PassBuffer` (buffer.py); the trainer's thread takes runs of
-records from it, reading and checking each chunk when it reaches it (chunks.py), as a direct
-`recordio.scan` does: only tasks cross threads, never chunk data. The records of a run come
-from one C-level iterator, so one step of it is atomic under the GIL and several trainer
-threads may share next_record(); only between runs does the trainer take the lock.
+records from it, reading and checking each chunk when it reaches it (the loader of the
+dataset's format, chunkmaster.formats), as a direct `recordio.scan` does: only tasks cross
+threads, never chunk data. The records of a run come from one C-level iterator, so one step of
+it is atomic under the GIL and several trainer threads may share next_record(); only between
+runs does the trainer take the lock.
 
 With a session (the default), everything goes over one stream (session.py): task requests
 carry the finishes, keep-alives carry the positions read off the runs' iterators
@@ -23,11 +24,14 @@ Guarantees (the original's defects in brackets):
   files and reasons.
 * A new pass, or close(), cancels the previous fetcher and drops its tasks: passes never
   mix [D19]. The abandoned tasks are not reported; they come back after the master's timeout.
-* Records are bytes, any content, empty allowed [D9].
+* Records are what the dataset's format makes them (docs/formats.md): bytes for RecordIO and
+  TFRecord (any content, empty allowed [D9]), dicts for JSON Lines objects and Parquet rows,
+  str for text lines. Parquet also gives whole Arrow record batches (`batches()`).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -38,7 +42,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from itertools import chain
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from chunkmaster.client.buffer import PassBuffer
 from chunkmaster.client.connection import (
@@ -53,10 +57,15 @@ from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadErro
 from chunkmaster.client.fetcher import TaskFetcher, TaskSource, UnaryTasks
 from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
 from chunkmaster.client.progress import Progress
+from chunkmaster.client.readahead import DEFAULT_BUDGET as DEFAULT_READ_AHEAD_BYTES
+from chunkmaster.client.readahead import DEFAULT_CHUNKS as DEFAULT_READ_AHEAD
+from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reporter import Reporter, Reports
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Position, Task
+from chunkmaster.formats.base import Storage
+from chunkmaster.formats.storage import storage_for
 
 if TYPE_CHECKING:
     from chunkmaster.etcd.discovery import MasterLocator
@@ -71,16 +80,16 @@ _GIL: Final = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 DEFAULT_BUFFER = 1024
 _worker_ids = itertools.count()
 _T = TypeVar("_T")
-_EMPTY_ITER: Final[Iterator[bytes]] = iter(())
+_EMPTY_ITER: Final[Iterator[Any]] = iter(())
 _MIN_DEADLINE = 0.001  # seconds: a retry at the deadline still gets a (failing) deadline
 
 
-class PassBufferRecords(chain[bytes]):
+class PassBufferRecords(chain[Any]):
     """What records() returns: a chain of runs, closable like the generator it replaces."""
 
-    _runs: Generator[Iterator[bytes], None, None]
+    _runs: Generator[Iterator[Any], None, None]
 
-    def __new__(cls, runs: Generator[Iterator[bytes], None, None]) -> PassBufferRecords:
+    def __new__(cls, runs: Generator[Iterator[Any], None, None]) -> PassBufferRecords:
         self: PassBufferRecords = cls.from_iterable(runs)  # type: ignore[assignment]
         self._runs = runs
         return self
@@ -104,6 +113,12 @@ class Client:
     `tls_ca` (a PEM file path) turns TLS on and says which CA signs the master's certificate;
     `tls_cert` and `tls_key` are the trainer's certificate for a master that asks for one
     (mutual TLS).
+
+    `storage_options` go to the fsspec filesystem of URL datasets (s3://, gs://: credentials,
+    an endpoint); they stay in this process, never sent to the master; without them each
+    library looks in its usual places (AWS_* variables, ~/.aws, ...). For chunks in an object
+    store, up to `read_ahead` ranged reads (0: none) of the next chunks are in flight, holding
+    at most `read_ahead_bytes` fetched and not yet read (docs/object-stores.md).
 
     `session` (default): one Session stream to the master (docs/sessions.md), named `name`
     (default `worker`: host:pid:N, N telling apart the clients of one process), reporting
@@ -135,6 +150,9 @@ class Client:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
@@ -157,12 +175,28 @@ class Client:
             retry_timeout=retry_timeout,
             security=security,
         )
+        options = dict(storage_options or {})  # this trainer's own: never sent to the master
+        self._storage: Callable[[str], Storage] = functools.partial(
+            storage_for, storage_options=options
+        )
+        if read_ahead < 0:
+            raise ValueError(f"read_ahead must be 0 (off) or more chunks, not {read_ahead}")
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._readahead = (
+            ReadAhead(
+                self._storage,
+                chunks=read_ahead,
+                budget=read_ahead_bytes,
+                on_ready=self._wake,
+            )
+            if read_ahead
+            else None
+        )
         self._token = CancelToken()  # cancelled by close(): every pass and client-level call
         self._pass: PassBuffer | None = None
-        self._it: Iterator[bytes] = _EMPTY_ITER
-        self._next: Callable[[], bytes] = _EMPTY_ITER.__next__
+        self._it: Iterator[Any] = _EMPTY_ITER
+        self._next: Callable[[], Any] = _EMPTY_ITER.__next__
         self._fetchers: list[threading.Thread] = []
         self._closed = False
         if report_every < 0 or not report_interval > 0:
@@ -190,6 +224,11 @@ class Client:
             self._reporter = Reporter(self._link, self.worker)
             self._reports = self._reporter
             self._source = UnaryTasks(self._link, self.worker)
+
+    def _wake(self) -> None:
+        """A chunk fetched ahead arrived: the trainer's thread may be waiting for it."""
+        with self._cond:
+            self._cond.notify_all()
 
     # ---- plain calls ---------------------------------------------------------------------
 
@@ -310,11 +349,14 @@ class Client:
 
     # ---- passes ------------------------------------------------------------------------
 
-    def start_get_records(self, pass_id: int) -> None:
-        """Start fetching `pass_id`; an unfinished earlier pass is abandoned (records dropped)."""
-        self._start(pass_id)
+    def start_get_records(self, pass_id: int, columns: Sequence[str] | None = None) -> None:
+        """Start fetching `pass_id`; an unfinished earlier pass is abandoned (records dropped).
+        `columns`: read only these columns of a columnar (Parquet) dataset."""
+        self._start(pass_id, columns)
 
-    def _start(self, pass_id: int) -> PassBuffer:
+    def _start(
+        self, pass_id: int, columns: Sequence[str] | None = None, batches: bool = False
+    ) -> PassBuffer:
         with self._lock:
             self._check_open()
             old = self._pass
@@ -330,6 +372,10 @@ class Client:
                 run_limit=self.report_every,
                 report_now=None if session is None else session.report_now,
                 returns_tasks=session is not None,
+                columns=columns,
+                batches=batches,
+                storage=self._storage,
+                readahead=self._readahead,
             )
             self._pass = ps
             fetcher = TaskFetcher(
@@ -355,7 +401,7 @@ class Client:
 
     if _GIL:
 
-        def next_record(self, timeout: float | None = None) -> bytes:
+        def next_record(self, timeout: float | None = None) -> Any:
             """The next record of the current pass; blocks. Raises EndOfPass at its end.
 
             Also raises TaskReadError (the pass goes on), AllTaskFailedError,
@@ -375,7 +421,7 @@ class Client:
 
     else:  # pragma: no cover - free-threaded Python: the iterator step needs the lock
 
-        def next_record(self, timeout: float | None = None) -> bytes:
+        def next_record(self, timeout: float | None = None) -> Any:
             """The next record of the current pass; blocks. Raises EndOfPass at its end."""
             done: list[Task] = []
             try:
@@ -388,7 +434,7 @@ class Client:
                 if done:
                     self._notify_done(done)
 
-    def _refill(self, timeout: float | None, done: list[Task]) -> bytes:
+    def _refill(self, timeout: float | None, done: list[Task]) -> Any:
         """Slow path of next_record, lock held: next list, end of pass, error, or wait."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -420,21 +466,33 @@ class Client:
             for task in done:
                 self._on_task_done(task)
 
-    def records(self, pass_id: int) -> Iterator[bytes]:
+    def records(self, pass_id: int, columns: Sequence[str] | None = None) -> Iterator[Any]:
         """Run one whole pass: `for record in client.records(p): ...`.
 
         Leaving the loop early abandons the pass (its fetcher stops, its buffer is dropped).
         A C-level chain over the pass's runs of records: no Python frame per record.
+        `columns`: read only these columns of a columnar (Parquet) dataset's rows.
         """
-        return PassBufferRecords(self._runs(pass_id))
+        return PassBufferRecords(self._runs(pass_id, columns))
 
-    def _runs(self, pass_id: int) -> Generator[Iterator[bytes], None, None]:
+    def batches(self, pass_id: int, columns: Sequence[str] | None = None) -> Iterator[Any]:
+        """Run one whole pass of a columnar (Parquet) dataset as `pyarrow.RecordBatch`es: each
+        the rows of one chunk (a row group) not yet consumed, `columns` only if given.
+
+        Taking a batch consumes its rows: progress, commits and the task's finish count them
+        as records() would. Other formats raise TypeError at their first chunk.
+        """
+        return PassBufferRecords(self._runs(pass_id, columns, batches=True))
+
+    def _runs(
+        self, pass_id: int, columns: Sequence[str] | None = None, batches: bool = False
+    ) -> Generator[Iterator[Any], None, None]:
         """The runs of records of one pass, each taken when the previous one is used up.
 
         Dropping the iterator early (a `break` out of records()) closes this generator,
         whose `finally` abandons the pass.
         """
-        ps = self._start(pass_id)
+        ps = self._start(pass_id, columns, batches)
         finished = False
         try:
             while True:
@@ -455,7 +513,7 @@ class Client:
                     if self._pass is ps:
                         self._abandon(ps, "records() left early")
 
-    def _take(self, ps: PassBuffer, done: list[Task]) -> Iterator[bytes] | None:
+    def _take(self, ps: PassBuffer, done: list[Task]) -> Iterator[Any] | None:
         """The next run of records for records(): None at the end of the pass. Lock held."""
         while True:
             if self._pass is not ps:
@@ -504,6 +562,8 @@ class Client:
             self._session.close(positions, flush_timeout)
         if self._reporter is not None:
             self._reporter.close(flush_timeout)
+        if self._readahead is not None:
+            self._readahead.close()
         self._link.close()
         if self._locator is not None:
             self._locator.close()

@@ -1,10 +1,11 @@
 """How far the trainer has consumed each task it holds, read off the record iterators.
 
-A run of records comes from C-level iterators whose innermost step is a list iterator over the
-run's record ends (`chunks.LoadedChunk.cut`): `operator.length_hint` of it is how many records
-of the run are not taken yet. The position of the task being read is therefore the run's first
-record (counted from the task's first record) plus the records taken, known at any moment
-without any work per record. Only run boundaries (the slow path) update anything here.
+A run of records comes with an iterator (`Loaded.cut`, formats/base.py; for RecordIO the list
+iterator over the run's record ends that drives its C-level record iterators):
+`operator.length_hint` of it is how many records of the run are not taken yet. The position of
+the task being read is therefore the run's first record (counted from the task's first record)
+plus the records taken, known at any moment without any work per record. Only run boundaries
+(the slow path) update anything here.
 
 Everything here is guarded by the client's lock. Positions always count from the task's first
 record, whatever the dispatch's start.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from chunkmaster.core.model import Position, Task
 
@@ -44,7 +46,7 @@ class _Run:
     held: HeldTask
     first: int  # the run's first record, counted from the task's first record
     length: int
-    ends: Iterator[int]  # the list iterator whose length_hint says what is left
+    ends: Iterator[Any]  # the list iterator whose length_hint says what is left
 
     @property
     def taken(self) -> int:
@@ -72,7 +74,7 @@ class Progress:
         """A task was handed to this trainer; nothing of it before `task.start` is read here."""
         self._held[task.meta.id] = HeldTask(task, task_records(task), task.start, -1, -1)
 
-    def run_started(self, task: Task, first: int, length: int, ends: Iterator[int]) -> bool:
+    def run_started(self, task: Task, first: int, length: int, ends: Iterator[Any]) -> bool:
         """The trainer takes records [first, first + length) of `task` through `ends`.
 
         True when `report_every` records were consumed since the last report: send one now.

@@ -8,7 +8,8 @@ No pickle: reading a checkpoint must not mean running code. Layout (little-endia
     header   magic  8s  b"\\x89CMCKP\\r\\n"   (the \\r\\n pair shows text-mode damage)
              version u32 (VERSION), body length u64
     body     JSON length u32, JSON (ASCII): job, created, num_tasks, floor,
-               dataset {globs, cpt, files: [[path, size, chunks, records, index digest hex]]},
+               dataset {globs, cpt, files: [[path, size, chunks, records, index digest hex]],
+                 format (absent: "recordio")},
                passes [[pass_id, full count, bitmap bytes, partial count]], ascending
              then per pass, in order: bitmap (zlib of ceil(num_tasks/8) bytes, task t is bit
                t % 8 of byte t // 8, padding bits 0), partial task ids u32[n] ascending,
@@ -69,6 +70,7 @@ class DatasetFingerprint:
     globs: tuple[str, ...]
     chunks_per_task: int
     files: tuple[FileFingerprint, ...]
+    format: str = "recordio"  # the files' format (chunkmaster.formats)
 
     @property
     def num_chunks(self) -> int:
@@ -124,7 +126,7 @@ def fingerprint(ds: Dataset, sizes: Sequence[int] | None = None) -> DatasetFinge
         start = end
     if start != len(cf):
         raise ValueError(f"{len(cf) - start} chunks name a file beyond the dataset's files")
-    return DatasetFingerprint(tuple(ds.globs), ds.chunks_per_task, tuple(files))
+    return DatasetFingerprint(tuple(ds.globs), ds.chunks_per_task, tuple(files), ds.format)
 
 
 def differences(
@@ -136,6 +138,8 @@ def differences(
     lines: list[str] = []
     if expected.globs != actual.globs:
         lines.append(f"globs changed: {list(expected.globs)} -> {list(actual.globs)}")
+    if expected.format != actual.format:
+        lines.append(f"format changed: {expected.format} -> {actual.format}")
     if expected.chunks_per_task != actual.chunks_per_task:
         lines.append(
             f"chunks per task changed: {expected.chunks_per_task} -> {actual.chunks_per_task}"
@@ -308,6 +312,7 @@ def encode(cp: DataCheckpoint) -> bytes:
                     [f.path, f.size, f.num_chunks, f.num_records, f.index_digest.hex()]
                     for f in ds.files
                 ],
+                **({} if ds.format == "recordio" else {"format": ds.format}),
             },
             "passes": passes,
         }
@@ -423,6 +428,7 @@ def _parse(body: memoryview) -> DataCheckpoint:
             tuple(_str(g, "glob") for g in _list(ds_head["globs"], "globs")),
             _int(ds_head["cpt"], "chunks per task"),
             tuple(files),
+            _str(ds_head.get("format", "recordio"), "format"),
         )
         num_tasks = _int(head["num_tasks"], "num_tasks")
         if not 0 <= num_tasks <= _MAX_TASK_ID + 1:

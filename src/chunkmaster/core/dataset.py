@@ -45,8 +45,12 @@ class Dataset:
         indexes: Iterable[tuple[Sequence[int], Sequence[int]]],
         chunks_per_task: int,
         sizes: Sequence[int] | None = None,
+        *,
+        lengths: Iterable[Sequence[int]] | None = None,
+        fmt: str = "recordio",
     ) -> Dataset:
-        """Assemble from per-file (chunk offsets, records per chunk), in file order."""
+        """Assemble from per-file (chunk offsets, records per chunk), in file order, with the
+        bytes each chunk spans (`lengths`, per file) if known."""
         chunk_file: array[int] = array("I")
         chunk_offset: array[int] = array("Q")
         chunk_records: array[int] = array("I")
@@ -56,6 +60,17 @@ class Dataset:
             chunk_file.extend([file_no] * len(offsets))
             chunk_offset.extend(offsets)
             chunk_records.extend(records)
+        chunk_length: array[int] | None = None
+        if lengths is not None:
+            chunk_length = array("Q")
+            for file_no, file_lengths in enumerate(lengths):
+                chunk_length.extend(file_lengths)
+                if len(chunk_length) > len(chunk_offset):
+                    raise ValueError(f"index of {files[file_no]} has more lengths than chunks")
+            if len(chunk_length) != len(chunk_offset):
+                raise ValueError(
+                    f"{len(chunk_length)} chunk lengths for {len(chunk_offset)} chunks"
+                )
         return cls(
             tuple(globs),
             tuple(files),
@@ -64,6 +79,8 @@ class Dataset:
             chunk_records,
             effective_chunks_per_task(chunks_per_task),
             None if sizes is None else array("Q", sizes),
+            chunk_length,
+            fmt,
         )
 
     @property

@@ -133,6 +133,7 @@ class MasterState:
             self.dataset.task_chunks(task_id),
             self.cur_pass,
             0 if p is None else p.start,
+            self.dataset.format,
         )
 
     def task_records(self, task_id: int) -> int:

@@ -16,9 +16,17 @@ from typing import Any
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.quarantine import ErrorBudget
 from chunkmaster.etcd.options import EtcdOptions
+from chunkmaster.formats import options as storage_opts
 from chunkmaster.master.auth import is_loopback, read_token
 
-__all__ = ["ETCD_FIELDS", "TEXT_FIELDS", "ConfigError", "MasterConfig", "parse_duration"]
+__all__ = [
+    "ETCD_FIELDS",
+    "STORAGE_FIELDS",
+    "TEXT_FIELDS",
+    "ConfigError",
+    "MasterConfig",
+    "parse_duration",
+]
 
 STORE_SYNC_MODES = ("full", "normal")
 STORE_ON_DAMAGE = ("refuse", "move-aside", "accept-older")
@@ -127,6 +135,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "restore": _optional,
     "restore_replace": _flag,
     "chunks_per_task": _integer,
+    "format": _optional,
     "failed_policy": _policy,
     "max_failed_records": ErrorBudget.parse,
     "store": _optional,
@@ -140,6 +149,9 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "insecure": _flag,
     "data_roots": _roots,
 }
+
+#: The texts that make up `MasterConfig.storage_options`: KEY=VALUE lines, a JSON file.
+STORAGE_FIELDS = ("storage_option", "storage_options_file")
 
 #: The texts that make up `MasterConfig.etcd` (empty `endpoints`: no etcd).
 ETCD_FIELDS = ("endpoints", "etcd_ca", "etcd_cert", "etcd_key", "etcd_user", "etcd_password")
@@ -167,6 +179,8 @@ class MasterConfig:
     #: With `restore`: replace a store that already holds state.
     restore_replace: bool = False
     chunks_per_task: int = 10
+    #: The dataset files' format (chunkmaster.formats); None: by the files' name endings.
+    format: str | None = None
     failed_policy: FailedPolicy = FailedPolicy.RETRY
     #: Records one pass may lose to quarantined tasks before the job stops (docs/failures.md).
     max_failed_records: ErrorBudget = field(default_factory=ErrorBudget)
@@ -190,6 +204,8 @@ class MasterConfig:
     insecure: bool = False
     #: Directories or URL prefixes datasets must lie in; empty: local paths only, anywhere.
     data_roots: tuple[str, ...] = ()
+    #: Handed to the fsspec filesystem of URL datasets; may hold credentials (never printed).
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def protected(self) -> bool:
@@ -215,6 +231,14 @@ class MasterConfig:
             raise ConfigError(("index_timeout",), "must be a positive duration")
         if self.restore_replace and self.restore is None:
             raise ConfigError(("restore_replace",), "only means something with a restore file")
+        if self.format is not None:
+            from chunkmaster.formats import FORMATS
+
+            if self.format not in FORMATS:
+                raise ConfigError(
+                    ("format",),
+                    f"{self.format!r} is not a dataset format ({', '.join(sorted(FORMATS))})",
+                )
         if self.task_timeout_max < 0:
             raise ConfigError(("task_timeout_max",), "must be 0 or more")
         if self.store_sync not in STORE_SYNC_MODES:
@@ -274,7 +298,7 @@ class MasterConfig:
         not given keep their defaults."""
         values: dict[str, Any] = {}
         for name, text in texts.items():
-            if name in ETCD_FIELDS or name in ("token", "token_file"):
+            if name in ETCD_FIELDS or name in ("token", "token_file", *STORAGE_FIELDS):
                 continue
             if name not in TEXT_FIELDS:
                 raise KeyError(f"no master setting called {name!r}")
@@ -284,7 +308,25 @@ class MasterConfig:
                 raise ConfigError((name,), str(exc)) from None
         values["etcd"] = _etcd_options(texts)
         values["token"] = _token(texts)
+        values["storage_options"] = _storage_options(texts)
         return cls(**values)
+
+
+def _storage_options(texts: Mapping[str, str]) -> dict[str, Any]:
+    """The JSON file's options (`storage_options_file`), then the `KEY=VALUE` lines
+    (`storage_option`) over them."""
+    found: dict[str, Any] = {}
+    path = texts.get("storage_options_file") or None
+    if path is not None:
+        try:
+            found = storage_opts.read_file(path)
+        except ValueError as exc:
+            raise ConfigError(("storage_options_file",), str(exc)) from None
+    lines = [line for line in texts.get("storage_option", "").split("\n") if line.strip()]
+    try:
+        return storage_opts.merge(found, storage_opts.parse_settings(lines))
+    except ValueError as exc:
+        raise ConfigError(("storage_option",), str(exc)) from None
 
 
 def _token(texts: Mapping[str, str]) -> str | None:

@@ -1,4 +1,5 @@
-"""Turning the trainers' glob patterns into a Dataset: expand, dedupe, index in parallel.
+"""Turning the trainers' glob patterns into a Dataset: expand, dedupe, choose the files' one
+format (chunkmaster.formats), index them in parallel.
 
 Runs in worker threads, never on the event loop, so reading ten thousand indexes off a
 network filesystem does not stall any other call (defect D18). The threads are daemon threads
@@ -16,11 +17,16 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import DatasetError, NoDatasetError, PermissionDeniedError
+from chunkmaster.formats.remote import FsspecStorage
+from chunkmaster.formats.remote import shared as shared_storage
+
+if TYPE_CHECKING:
+    from chunkmaster.formats.base import FileIndex
 
 log = logging.getLogger("chunkmaster.datasets")
 
@@ -130,15 +136,10 @@ def map_in_daemon_threads(
     return results
 
 
-def _expand_one(pattern: str) -> list[str]:
+def _expand_one(pattern: str, remote: FsspecStorage | None) -> list[str]:
     if "://" in pattern:
-        import fsspec
-
-        fs, _, paths = fsspec.get_fs_token_paths(pattern)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        if protocol in ("file", "local"):
-            return sorted(paths)
-        return sorted(f"{protocol}://{p}" for p in paths)
+        assert remote is not None
+        return remote.expand(pattern)
     return sorted(m for m in glob.glob(pattern) if not os.path.isdir(m))
 
 
@@ -204,40 +205,96 @@ def _check_local(pattern: str, roots: list[str]) -> None:
             raise _refuse(pattern, "matches a path that resolves outside the master's data roots")
 
 
-def expand_globs(globs: Sequence[str]) -> list[str]:
-    """Matches in pattern order, sorted within a pattern, each path once."""
+def expand_globs(globs: Sequence[str], remote: FsspecStorage | None = None) -> list[str]:
+    """Matches in pattern order, sorted within a pattern, each path once. URL patterns are
+    listed through `remote` (which keeps the listed sizes)."""
     if not globs:
         raise NoDatasetError()
     seen: dict[str, None] = {}
     for pattern in globs:
         if not isinstance(pattern, str) or not pattern:
             raise DatasetError(f"no valid dataset specified: bad pattern {pattern!r}")
-        for path in _expand_one(pattern):
+        if remote is None and "://" in pattern:
+            remote = shared_storage()
+        try:
+            matches = _expand_one(pattern, remote)
+        except OSError as exc:
+            raise DatasetError(f"no valid dataset specified: cannot list {exc}") from None
+        for path in matches:
             seen.setdefault(path, None)
     if not seen:
         raise DatasetError(f"no valid dataset specified: nothing matches {list(globs)}")
     return list(seen)
 
 
-def load_dataset(
-    globs: Sequence[str], chunks_per_task: int, file_timeout: float | None = INDEX_TIMEOUT
-) -> Dataset:
-    """Expand `globs` and read every file's chunk index (headers only), in parallel; a file
-    whose index takes longer than `file_timeout` seconds (a hung file system) is an error
-    naming it."""
-    from chunkmaster.recordio import RecordIOError, load_index
+def choose_format(files: Sequence[str], explicit: str | None = None) -> str:
+    """The one format of `files`: `explicit`, or the one their names' endings say (no known
+    ending: RecordIO). Files of two formats are refused, naming one file of each."""
+    from chunkmaster.formats import get_format, suffix_format
 
-    files = expand_globs(globs)
-
-    def index_of(path: str) -> tuple[list[int], list[int], int | None]:
+    if explicit:
         try:
-            idx = load_index(path)
-            size = None if "://" in path else os.path.getsize(path)
-        except RecordIOError as exc:
-            raise DatasetError(f"no valid dataset specified: {exc}") from exc
+            return get_format(explicit).name
+        except ValueError as exc:
+            raise DatasetError(f"no valid dataset specified: {exc}") from None
+    first: dict[str, str] = {}
+    for path in files:
+        first.setdefault(suffix_format(path) or "recordio", path)
+    if len(first) > 1:
+        (a, pa), (b, pb) = list(first.items())[:2]
+        raise DatasetError(
+            f"no valid dataset specified: a dataset holds files of one format, and {pa} is "
+            f"{a} while {pb} is {b} (by their names; set the master's --format to read "
+            "every file as one format)"
+        )
+    name = next(iter(first))
+    try:
+        return get_format(name).name
+    except (ValueError, ImportError) as exc:
+        raise DatasetError(f"no valid dataset specified: {name} files: {exc}") from None
+
+
+def load_dataset(
+    globs: Sequence[str],
+    chunks_per_task: int,
+    file_timeout: float | None = INDEX_TIMEOUT,
+    fmt: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Dataset:
+    """Expand `globs` and read every file's chunk index (headers or footers only), in
+    parallel; a file whose index takes longer than `file_timeout` seconds (a hung file system)
+    is an error naming it. `fmt` names the files' format (default: by their names). URLs are
+    listed and read through fsspec with `storage_options` (formats/remote.py)."""
+    from chunkmaster.formats import FormatError, get_format, suffix_format
+    from chunkmaster.formats.storage import storage_for
+    from chunkmaster.recordio import RecordIOError
+
+    remote = shared_storage(storage_options)
+    files = expand_globs(globs, remote)
+    fmt = choose_format(files, fmt)
+    form = get_format(fmt)
+
+    def index_of(path: str) -> FileIndex:
+        try:
+            return form.index(path, storage_for(path, storage_options))
+        except (RecordIOError, FormatError) as exc:
+            guessed = (
+                " (its name has no known format ending, so it was read as RecordIO; set the "
+                "master's --format to name its format)"
+                if fmt == "recordio" and suffix_format(path) is None
+                else ""
+            )
+            raise DatasetError(f"no valid dataset specified: {exc}{guessed}") from exc
         except OSError as exc:
-            raise DatasetError(f"no valid dataset specified: cannot read {path}: {exc}") from exc
-        return list(idx.chunk_offsets), list(idx.chunk_records), size
+            why = remote.scrub(str(exc)) if "://" in path else str(exc)
+            raise DatasetError(f"no valid dataset specified: cannot read {path}: {why}") from None
+        except ValueError as exc:
+            raise DatasetError(f"no valid dataset specified: {exc}") from exc
+        except Exception as exc:  # an object store client's own error
+            if "://" not in path:
+                raise
+            why = remote.scrub(str(exc)) or type(exc).__name__
+            raise DatasetError(f"no valid dataset specified: cannot read {path}: {why}") from None
 
     try:
         indexes = map_in_daemon_threads(index_of, files, MAX_INDEX_THREADS, file_timeout)
@@ -246,21 +303,23 @@ def load_dataset(
             f"no valid dataset specified: reading the chunk index of {exc.item} took longer "
             f"than {exc.seconds:g}s (is its file system hung?)"
         ) from None
-    sizes = [size for _, _, size in indexes]
     dataset = Dataset.build(
         globs,
         files,
-        ((offsets, records) for offsets, records, _ in indexes),
+        ((ix.offsets, ix.records) for ix in indexes),
         chunks_per_task,
-        None if None in sizes else [s for s in sizes if s is not None],
+        [ix.size for ix in indexes],
+        lengths=(ix.lengths for ix in indexes),
+        fmt=fmt,
     )
     if dataset.num_chunks == 0:
         raise DatasetError(
             f"no valid dataset specified: the {len(files)} matched file(s) hold no records"
         )
     log.info(
-        "dataset: %d files, %d chunks, %d records, %d tasks of up to %d chunks",
+        "dataset: %d %s files, %d chunks, %d records, %d tasks of up to %d chunks",
         len(files),
+        fmt,
         dataset.num_chunks,
         dataset.num_records,
         dataset.num_tasks,

@@ -99,6 +99,8 @@ def _log_protection(config: MasterConfig, host: str) -> None:
         log.info("security: %s, %s", tls, token)
     if config.data_roots:
         log.info("datasets must lie under: %s", ", ".join(config.data_roots))
+    if config.storage_options:  # the keys only: the values may be credentials
+        log.info("storage options for URL datasets: %s", ", ".join(sorted(config.storage_options)))
 
 
 async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Event], None]) -> int:
@@ -152,7 +154,9 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
         error_budget=config.max_failed_records,
         trainer_ttl=config.trainer_ttl,
         index_timeout=config.index_timeout,
+        dataset_format=config.format,
         job=config.job or "default",
+        storage_options=config.storage_options,
     )
     try:
         await service.start()

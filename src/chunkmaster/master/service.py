@@ -13,7 +13,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from chunkmaster.core import checkpoint
@@ -94,6 +94,8 @@ class Service:
         trainer_ttl: float = TRAINER_TTL,
         job: str = "default",
         index_timeout: float = INDEX_TIMEOUT,
+        dataset_format: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
@@ -104,6 +106,8 @@ class Service:
         self.store = store
         self.job = job
         self.index_timeout = index_timeout
+        self.dataset_format = dataset_format  # None: each dataset's by its files' names
+        self.storage_options = dict(storage_options or {})  # may hold credentials: never logged
         self.chunks_per_task = chunks_per_task
         self.timeout_dur = float(timeout_dur)
         self.failure_max = failure_max
@@ -212,7 +216,12 @@ class Service:
 
     async def _load(self, globs: list[str]) -> None:
         dataset = await in_daemon_thread(
-            load_dataset, globs, self.chunks_per_task, self.index_timeout
+            load_dataset,
+            globs,
+            self.chunks_per_task,
+            self.index_timeout,
+            self.dataset_format,
+            self.storage_options,
         )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset))
@@ -517,7 +526,12 @@ class Service:
             )
         globs = list(cp.dataset.globs)
         dataset = await in_daemon_thread(
-            load_dataset, globs, cp.dataset.chunks_per_task, self.index_timeout
+            load_dataset,
+            globs,
+            cp.dataset.chunks_per_task,
+            self.index_timeout,
+            cp.dataset.format,
+            self.storage_options,
         )
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
         totals = dataset.task_records
@@ -647,6 +661,7 @@ class Service:
                 "chunks": ds.num_chunks,
                 "records": ds.num_records,
                 "chunks_per_task": ds.chunks_per_task,
+                "format": ds.format,
             },
             "failure_max": st.failure_max,
             "failed_policy": st.failed_policy.value,

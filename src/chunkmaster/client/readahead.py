@@ -1,0 +1,254 @@
+"""Fetching the byte ranges of a trainer's next chunks before it reaches them.
+
+Reading from an object store costs a round trip per request whatever its size, so a trainer
+that loads its chunks one after the other waits out every round trip. When the buffer takes a
+task, `ReadAhead.want` queues the task's chunks; up to `chunks` requests are in flight at once
+and the bytes fetched but not yet taken stay under `budget` bytes. Neighbouring small chunks of
+one file are fetched in one `Storage.read_ranges` call, which folds them into one request.
+
+The trainer's thread takes a chunk's bytes with `take` and hands them to the format's loader as
+`data=`; while they are still on the way (`ready` is false) the buffer lets the trainer's
+thread wait on the client's condition, which `on_ready` wakes, so the client's lock is free
+meanwhile for the task fetcher to add (and queue) the next tasks. A failed fetch is raised by
+`take` for the chunk it belongs to, so the buffer reports that task failed naming the file and
+the chunk.
+Only ranged formats' chunks whose files are URLs and whose length is known are fetched ahead;
+local files keep their direct reads (`take` answers None).
+
+The workers are daemon threads: a request that never returns holds one of them, never the
+trainer's exit. `cancel` (the pass was abandoned) forgets everything queued or fetched.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chunkmaster.core.model import Chunk, Task
+from chunkmaster.formats.base import Storage
+from chunkmaster.formats.remote import is_url
+
+
+def is_remote(path: str) -> bool:
+    """A URL read through fsspec (file:// URLs are local files, read directly)."""
+    return is_url(path) and not path.startswith("file://")
+
+
+def ranged_format(name: str) -> bool:
+    """Whether the chunks of format `name` are byte ranges (False for unknown formats: their
+    loader reports them)."""
+    from chunkmaster.formats import get_format
+
+    try:
+        return bool(get_format(name).ranged)
+    except (ValueError, ImportError):
+        return False
+
+log = logging.getLogger("chunkmaster.client")
+
+DEFAULT_CHUNKS = 8  # requests in flight
+DEFAULT_BUDGET = 64 * 1024 * 1024  # bytes fetched ahead and not yet taken
+GROUP_LIMIT = 4 * 1024 * 1024  # neighbouring chunks are fetched in one request up to this size
+GROUP_GAP = 64 * 1024  # ... when no further apart than this
+
+Key = tuple[int, int, int, int]  # (pass, task id, task epoch, chunk index in the task)
+
+
+def key_of(task: Task, index: int) -> Key:
+    return (task.pass_id, task.meta.id, task.meta.epoch, index)
+
+
+@dataclass(eq=False)
+class _Entry:
+    key: Key
+    chunk: Chunk
+    done: threading.Event = field(default_factory=threading.Event)
+    data: bytes | None = None
+    error: BaseException | None = None
+    started: bool = False
+
+
+class ReadAhead:
+    """Chunks fetched ahead for one trainer; thread-safe (its own lock, never the client's)."""
+
+    def __init__(
+        self,
+        storage_for: Callable[[str], Storage],
+        ranged: Callable[[str], bool] = ranged_format,
+        *,
+        chunks: int = DEFAULT_CHUNKS,
+        budget: int = DEFAULT_BUDGET,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        if chunks < 1 or budget < 1:
+            raise ValueError(f"read-ahead needs at least 1 chunk and 1 byte, not {chunks}/{budget}")
+        self._storage_for = storage_for
+        self._ranged = ranged  # format name -> whether its chunks are byte ranges
+        self._on_ready = on_ready  # told (without this object's lock) when a fetch ends
+        self.chunks = chunks
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._queue: deque[_Entry] = deque()  # wanted, not started, in want order
+        self._entries: dict[Key, _Entry] = {}  # wanted and not taken or dropped
+        self._held = 0  # bytes of started entries not taken or dropped
+        self._running = 0  # fetch jobs started and not done
+        self._jobs: queue.SimpleQueue[list[_Entry] | None] = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        self._closed = False
+
+    # ---- the buffer's side -------------------------------------------------------------------
+
+    def want(self, task: Task) -> None:
+        """Queue the task's chunks that a ranged read can fetch, from the one holding record
+        `task.start` on (the buffer skips those before it unread)."""
+        if not self._ranged(task.format):
+            return
+        chunks = task.chunks
+        first, skip = 0, task.start
+        while first < len(chunks) and skip >= chunks[first].num_records:
+            skip -= chunks[first].num_records
+            first += 1
+        with self._lock:
+            if self._closed:
+                return
+            for i in range(first, len(chunks)):
+                chunk = chunks[i]
+                if chunk.length <= 0 or not is_remote(chunk.path):
+                    continue
+                key = key_of(task, i)
+                if key not in self._entries:
+                    entry = _Entry(key, chunk)
+                    self._entries[key] = entry
+                    self._queue.append(entry)
+            self._pump()
+
+    def ready(self, task: Task, index: int) -> bool:
+        """Whether `take(task, index)` would answer without waiting for a fetch in flight."""
+        with self._lock:
+            entry = self._entries.get(key_of(task, index))
+            return entry is None or not entry.started or entry.done.is_set()
+
+    def take(self, task: Task, index: int) -> bytes | None:
+        """The bytes of chunk `index` of `task`, waiting for them; None if they were never
+        wanted (read the chunk directly). Raises the error its fetch met."""
+        with self._lock:
+            entry = self._entries.pop(key_of(task, index), None)
+            if entry is None:
+                return None
+            if not entry.started:  # budget full of later chunks: fetch it here, now
+                self._queue.remove(entry)
+            else:
+                self._held -= entry.chunk.length
+            self._pump()
+        if not entry.started:
+            _fetch(self._storage_for, [entry])
+        entry.done.wait()
+        if entry.error is not None:
+            raise entry.error
+        assert entry.data is not None
+        return entry.data
+
+    def drop(self, task: Task) -> None:
+        """Forget the task's chunks (it failed, or was read without them)."""
+        with self._lock:
+            for i in range(len(task.chunks)):
+                entry = self._entries.pop(key_of(task, i), None)
+                if entry is not None:
+                    self._forget(entry)
+            self._pump()
+
+    def cancel(self) -> None:
+        """Forget everything (the pass was abandoned); fetches in flight finish unheard."""
+        with self._lock:
+            self._queue.clear()
+            self._entries.clear()
+            self._held = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._queue.clear()
+            self._entries.clear()
+            self._held = 0
+            for _ in self._workers:
+                self._jobs.put(None)
+
+    @property
+    def held(self) -> int:
+        """Bytes fetched or on their way and not taken yet."""
+        with self._lock:
+            return self._held
+
+    # ---- scheduling (lock held) --------------------------------------------------------------
+
+    def _forget(self, entry: _Entry) -> None:
+        if entry.started:
+            self._held -= entry.chunk.length
+        else:
+            self._queue.remove(entry)
+
+    def _pump(self) -> None:
+        """Start fetches while there are free slots and room in the budget (one fetch always
+        goes when nothing is held, however large its chunk)."""
+        while self._queue and self._running < self.chunks:
+            head = self._queue[0]
+            if self._held and self._held + head.chunk.length > self.budget:
+                return
+            group = [self._queue.popleft()]
+            size = head.chunk.length
+            while self._queue:
+                nxt, last = self._queue[0].chunk, group[-1].chunk
+                if (
+                    nxt.path != last.path
+                    or not 0 <= nxt.offset - (last.offset + last.length) <= GROUP_GAP
+                    or size + nxt.length > GROUP_LIMIT
+                    or self._held + size + nxt.length > self.budget
+                ):
+                    break
+                group.append(self._queue.popleft())
+                size += nxt.length
+            for entry in group:
+                entry.started = True
+            self._held += size
+            self._running += 1
+            if len(self._workers) < self.chunks and len(self._workers) < self._running:
+                t = threading.Thread(target=self._work, name="read-ahead", daemon=True)
+                self._workers.append(t)
+                t.start()
+            self._jobs.put(group)
+
+    def _work(self) -> None:
+        while True:
+            group = self._jobs.get()
+            if group is None:
+                return
+            _fetch(self._storage_for, group)
+            with self._lock:
+                self._running -= 1
+                if not self._closed:
+                    self._pump()
+            if self._on_ready is not None:
+                self._on_ready()
+
+
+def _fetch(storage_for: Callable[[str], Storage], group: list[_Entry]) -> None:
+    """Fetch a group of one file's chunks; each entry gets its bytes or the error."""
+    path = group[0].chunk.path
+    try:
+        blobs = storage_for(path).read_ranges(
+            path, [(e.chunk.offset, e.chunk.length) for e in group]
+        )
+    except Exception as exc:
+        error = exc if isinstance(exc, OSError) else OSError(f"{path}: {exc}")
+        log.debug("read-ahead of %s failed: %s", path, error)
+        for entry in group:
+            entry.error = error
+            entry.done.set()
+        return
+    for entry, blob in zip(group, blobs, strict=True):
+        entry.data = blob
+        entry.done.set()

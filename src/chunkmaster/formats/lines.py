@@ -1,0 +1,284 @@
+"""JSON Lines and plain text: a chunk is a byte range of whole lines, at most `chunk_bytes` long.
+
+The master finds the chunks in one pass over the file (its worker threads): it reads big
+blocks, cuts each chunk at the last newline before the bound (`bytes.rfind`) and counts its
+records (`bytes.count(b"\\n")`), so the count is known when the dataset is set. A line longer
+than the bound is a chunk of its own. The trainer reads a chunk with one ranged read, checks
+its line count against the index, and parses it whole before handing out any record.
+
+Lines are separated by b"\\n"; a final line without one is a record; a "\\r" before the "\\n" is
+part of the separator (as Python's text mode reads it). Text records are `str` (UTF-8), JSON
+Lines records are parsed JSON values; a line that is not UTF-8, or not JSON, fails its chunk at
+read time with its line number in the chunk (an empty line is not JSON). Parsing is not done
+when indexing: that pass only counts.
+
+A compressed file (`.gz`, `.zst`) cannot be cut into ranges: it is one chunk, its records
+counted by decompressing it once at indexing, and decompressed whole by the trainer.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+from chunkmaster.core.model import Chunk
+from chunkmaster.formats.base import FileIndex, FormatError, Storage
+
+CHUNK_BYTES = 4 << 20
+"""Default bound on a chunk's bytes (a line longer than it is a chunk of its own); the master's
+environment variable CHUNKMASTER_LINES_CHUNK_BYTES sets another."""
+
+
+def chunk_bytes_setting() -> int:
+    """The bound in force: CHUNKMASTER_LINES_CHUNK_BYTES if set, else CHUNK_BYTES."""
+    text = os.environ.get("CHUNKMASTER_LINES_CHUNK_BYTES", "")
+    if not text:
+        return CHUNK_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"CHUNKMASTER_LINES_CHUNK_BYTES={text!r} is not a positive integer")
+    return value
+
+_BLOCK = 4 << 20  # bytes read at a time while indexing
+
+
+class ListChunk:
+    """A checked chunk's records in a list; a run is a list iterator over a slice of it."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records = records
+
+    @property
+    def count(self) -> int:
+        return len(self.records)
+
+    def cut(self, a: int, b: int) -> tuple[Iterator[Any], Iterator[Any]]:
+        it = iter(self.records[a:b])
+        return it, it
+
+
+def _compression(path: str) -> str | None:
+    name = path.lower()
+    if name.endswith(".gz"):
+        return "gzip"
+    if name.endswith(".zst"):
+        return "zstd"
+    return None
+
+
+def _decompress(data: bytes, how: str, path: str, chunk: int | None = None) -> bytes:
+    try:
+        if how == "gzip":
+            return gzip.decompress(data)
+        import cramjam
+
+        return bytes(cramjam.zstd.decompress(data))
+    except Exception as exc:  # each library has its own error types
+        raise FormatError(
+            f"cannot decompress it as {how} ({type(exc).__name__})",
+            path=path,
+            chunk=chunk,
+            offset=None if chunk is None else 0,
+        ) from None
+
+
+def _fill(f: IO[bytes], view: memoryview) -> int:
+    """Read into `view` until it is full or the file ends; the bytes read."""
+    readinto = getattr(f, "readinto", None)
+    got = 0
+    while got < len(view):
+        if readinto is not None:
+            n = readinto(view[got:])
+        else:
+            data = f.read(len(view) - got)
+            n = len(data)
+            view[got : got + n] = data
+        if not n:
+            break
+        got += n
+    return got
+
+
+def index_lines(
+    f: IO[bytes], chunk_bytes: int = CHUNK_BYTES
+) -> tuple[list[int], list[int], list[int]]:
+    """(offsets, records, lengths) of the chunks of a file of lines, read from its start.
+
+    Blocks are read into one reused buffer (a fresh 4 MiB object per block costs more in page
+    faults than the read); what follows the last cut is moved to its front before the next.
+    """
+    offsets: list[int] = []
+    records: list[int] = []
+    lengths: list[int] = []
+    block = max(_BLOCK, chunk_bytes)
+    buf = bytearray(2 * block)
+    n = 0  # bytes of buf that hold the file, from `base` on
+    base = 0  # file offset of buf[0]
+    p = 0  # where the next chunk starts in buf
+    eof = False
+    while not eof:
+        if p:
+            with memoryview(buf) as view:
+                view[: n - p] = view[p:n]
+            base += p
+            n -= p
+            p = 0
+        if len(buf) < n + block:  # a line longer than the buffer is being read
+            buf.extend(bytes(n + block - len(buf)))
+        with memoryview(buf) as view:
+            got = _fill(f, view[n : n + block])
+        n += got
+        eof = got < block
+        while n - p >= chunk_bytes or (eof and p < n):
+            limit = p + chunk_bytes
+            if eof and n <= limit:
+                end = n
+            else:
+                cut = buf.rfind(b"\n", p, limit)
+                if cut < 0:  # a line longer than the bound: up to its end
+                    cut = buf.find(b"\n", limit, n)
+                    if cut < 0 and not eof:
+                        break  # its end is in blocks not read yet
+                end = n if cut < 0 else cut + 1
+            count = buf.count(b"\n", p, end)
+            if buf[end - 1] != 10:  # the last line, without its newline
+                count += 1
+            offsets.append(base + p)
+            records.append(count)
+            lengths.append(end - p)
+            p = end
+    return offsets, records, lengths
+
+
+def _count_lines(data: bytes) -> int:
+    return data.count(b"\n") + (1 if data and data[-1] != 10 else 0)
+
+
+class LinesLoader:
+    """Reads a chunk's bytes, checks its line count, and parses its lines with `parse`."""
+
+    __slots__ = ("_fmt",)
+
+    def __init__(self, fmt: LinesFormat) -> None:
+        self._fmt = fmt
+
+    def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> ListChunk:
+        path = chunk.path
+        where: dict[str, Any] = {"path": path, "chunk": 0, "offset": chunk.offset}
+        if data is None:
+            if chunk.length > 0:
+                data = storage.read_ranges(path, [(chunk.offset, chunk.length)])[0]
+            else:
+                with storage.open(path) as f:
+                    f.seek(chunk.offset)
+                    data = f.read()
+        if len(data) < chunk.length:
+            raise FormatError(
+                f"the chunk is {chunk.length} bytes but the file ends after {len(data)} "
+                "(truncated since the dataset was set)",
+                **where,
+            )
+        how = _compression(path)
+        if how is not None:
+            data = _decompress(data, how, path, 0)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _line_error("is not UTF-8", data.count(b"\n", 0, exc.start), where) from None
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the empty piece after a final newline (or of an empty chunk)
+        if len(lines) != chunk.num_records:
+            raise FormatError(
+                f"the chunk holds {len(lines)} lines but the index says {chunk.num_records} "
+                "(the file changed since the dataset was set)",
+                **where,
+            )
+        return ListChunk(self._fmt.parse(lines, "\r" in text, where))
+
+
+class LinesFormat:
+    """One line, one record; `parse` turns a chunk's lines into records (FormatError naming
+    the line)."""
+
+    ranged = True
+
+    def __init__(
+        self,
+        name: str,
+        suffixes: tuple[str, ...],
+        parse: Callable[[list[str], bool, dict[str, Any]], list[Any]],
+        chunk_bytes: int | None = None,
+    ) -> None:
+        self.name = name
+        self.suffixes = suffixes
+        self.parse = parse
+        self.chunk_bytes = chunk_bytes  # None: chunk_bytes_setting() when indexing
+
+    def index(self, path: str, storage: Storage) -> FileIndex:
+        how = _compression(path)
+        size = storage.size(path)
+        if how is not None:
+            with storage.open(path) as f:
+                data = _decompress(f.read(), how, path)
+            n = _count_lines(data)
+            return FileIndex([0], [n], [size], size) if n else FileIndex([], [], [], size)
+        bound = self.chunk_bytes or chunk_bytes_setting()
+        with storage.open(path) as f:
+            offsets, records, lengths = index_lines(f, bound)
+        if sum(lengths) != size:
+            raise FormatError(
+                f"read {sum(lengths)} bytes of its {size} (it changed while being indexed)",
+                path=path,
+            )
+        return FileIndex(offsets, records, lengths, size)
+
+    def loader(self) -> LinesLoader:
+        return LinesLoader(self)
+
+
+def _line_error(what: str, line: int, where: dict[str, Any]) -> FormatError:
+    return FormatError(f"line {line + 1} of the chunk {what}", **where)
+
+
+def _strip_cr(line: str) -> str:
+    return line[:-1] if line.endswith("\r") else line
+
+
+def parse_text(lines: list[str], cr: bool, where: dict[str, Any]) -> list[Any]:
+    """Each line as str, without its "\\n" (or "\\r\\n"; `cr`: some line may end in "\\r")."""
+    return list(map(_strip_cr, lines)) if cr else lines
+
+
+def parse_jsonl(lines: list[str], cr: bool, where: dict[str, Any]) -> list[Any]:
+    """Each line as the JSON value it holds (a "\\r" before the "\\n" is JSON whitespace)."""
+    try:
+        return list(map(json.loads, lines))
+    except (ValueError, RecursionError):
+        pass
+    for i, line in enumerate(lines):  # find the line, for the message
+        try:
+            json.loads(line)
+        except ValueError as exc:
+            why = (
+                f"{exc.msg} at column {exc.colno}"
+                if isinstance(exc, json.JSONDecodeError)
+                else type(exc).__name__
+            )
+            raise _line_error(f"is not JSON ({why})", i, where) from None
+        except RecursionError:
+            raise _line_error("nests too deep", i, where) from None
+    raise AssertionError("a line failed to parse, then parsed")  # pragma: no cover
+
+
+JSONL = LinesFormat("jsonl", (".jsonl", ".ndjson", ".jsonl.gz", ".jsonl.zst"), parse_jsonl)
+TEXT = LinesFormat("text", (".txt", ".txt.gz", ".txt.zst"), parse_text)
+FORMATS = {"jsonl": JSONL, "text": TEXT}

@@ -1,0 +1,202 @@
+"""RecordIO as a dataset format: the master indexes a file by its chunk headers, a trainer reads
+one chunk of a task in its own thread, the way a direct scan reads it.
+
+The chunk is read whole and checked (CRC, decompression, the framing of every record) before
+any record of it is handed out; the checks and errors are recordio's (`load_chunk`), built from
+its public pieces. Records are cut out one at a time when asked for, by C-level iterators (one
+step of one is atomic under the GIL). Chunks of large uncompressed records are read into one
+buffer reused from chunk to chunk (a fresh 4 MiB buffer per chunk costs more in page faults
+than the read itself) and each record is copied out; other chunks are read as bytes and each
+record is a slice of them. A chunk whose bytes were fetched ahead (a ranged read from an
+object store) is checked and cut the same way from those bytes.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from itertools import chain, islice, repeat
+
+from chunkmaster.core.model import Chunk
+from chunkmaster.formats.base import FileIndex, Storage
+from chunkmaster.formats.storage import LocalStorage
+from chunkmaster.recordio.codecs import crc32, decompress, frame_ends
+from chunkmaster.recordio.errors import ChecksumError, TruncatedChunkError, Where
+from chunkmaster.recordio.header import HEADER_SIZE, parse_header
+from chunkmaster.recordio.index import walk_headers
+from chunkmaster.recordio.scanner import read_chunk
+from chunkmaster.recordio.source import Source, open_source, read_exact
+
+LARGE_RECORD = 4096
+"""Average record size from which an uncompressed chunk is read into the reused buffer."""
+
+
+class LoadedChunk:
+    """A checked chunk: record i is data[ends[i-1] + 4 : ends[i]] (from 4 for i == 0)."""
+
+    __slots__ = ("_copy", "_data", "ends")
+
+    def __init__(self, data: bytes | memoryview, ends: list[int], *, copy: bool) -> None:
+        self._data: bytes = data  # type: ignore[assignment]  # sliced alike
+        self.ends = ends
+        self._copy = copy  # data is the reused buffer: copy each record out as bytes
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
+
+    def cut(self, a: int, b: int) -> tuple[Iterator[bytes], Iterator[int]]:
+        """Records a..b-1, and the list iterator over their ends that drives them.
+
+        The records come from C-level iterators whose innermost step is that list iterator,
+        so `operator.length_hint(ends)` is, at any moment and from any thread, how many of
+        the records are not taken yet: progress is known without any work per record.
+        """
+        ends = self.ends[a:b]
+        it = iter(ends)
+        first = self.ends[a - 1] if a else 0
+        starts = map(operator.add, chain((first,), ends), repeat(4))
+        records = map(self._data.__getitem__, map(slice, starts, it))
+        return (map(bytes, records) if self._copy else records), it
+
+
+def cut_records(data: bytes, ends: list[int], n: int) -> Iterator[bytes]:
+    """Records 0..n-1 of checked chunk data, each cut out when it is asked for.
+
+    Only C-level iterators (no generator): one next() of it is atomic under the GIL, so
+    several threads may share it, and a record is created just before it is consumed.
+    """
+    starts = map(operator.add, chain((0,), ends), repeat(4))
+    return map(data.__getitem__, map(slice, starts, islice(ends, n) if n < len(ends) else ends))
+
+
+def last_record(data: bytes, ends: list[int]) -> bytes:
+    """The last record of checked, non-empty chunk data."""
+    return data[ends[-2] + 4 if len(ends) > 1 else 4 : ends[-1]]
+
+
+class ChunkReader:
+    """Loads chunks one after the other for one consumer; owns the reused buffer.
+
+    A chunk's records must all be taken before the next chunk is loaded: the buffer is
+    overwritten then.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def load(self, source: Source, offset: int, num_records: int) -> LoadedChunk:
+        with open_source(source) as src:
+            src.file.seek(src.base + offset)
+            header = read_chunk(src, 0, offset, num_records)
+            where: Where = {"path": src.name, "chunk": 0, "offset": offset}
+            size = header.compressed_size
+            count = header.num_records
+            large = header.compressor == 0 and count and size // count >= LARGE_RECORD
+            if large and callable(getattr(src.file, "readinto", None)):
+                view = self._read_into(src.file, size, where)
+                _check_crc(view, header.checksum, where)
+                return LoadedChunk(view, frame_ends(view, count, where), copy=True)
+            payload = read_exact(src.file, size)
+        if len(payload) != size:
+            raise _truncated(len(payload), size, where)
+        _check_crc(payload, header.checksum, where)
+        data = decompress(header.compressor, payload, where)
+        del payload
+        return LoadedChunk(data, frame_ends(data, count, where), copy=False)
+
+    def load_bytes(self, data: bytes, path: str, offset: int, num_records: int) -> LoadedChunk:
+        """The chunk at `offset` of `path` from its bytes (header and payload) fetched ahead."""
+        where: Where = {"path": path, "chunk": 0, "offset": offset}
+        if len(data) < HEADER_SIZE and not data:
+            raise TruncatedChunkError("Failed to parse chunk header: EOF", **where)
+        header = parse_header(data[:HEADER_SIZE], path=path, chunk=0, offset=offset)
+        if header.num_records != num_records:
+            from chunkmaster.recordio.errors import RecordOverrunError
+
+            raise RecordOverrunError(
+                f"header says {header.num_records} records but the index says {num_records} "
+                f"(stale index or wrong offset)",
+                **where,
+            )
+        size = header.compressed_size
+        payload = data[HEADER_SIZE : HEADER_SIZE + size]
+        if len(payload) != size:
+            raise _truncated(len(payload), size, where)
+        _check_crc(payload, header.checksum, where)
+        out = decompress(header.compressor, payload, where)
+        return LoadedChunk(out, frame_ends(out, header.num_records, where), copy=False)
+
+    def _read_into(self, f: object, size: int, where: Where) -> memoryview:
+        if len(self._buffer) < size:
+            self._buffer = bytearray(size)
+        view = memoryview(self._buffer)[:size]
+        readinto = f.readinto  # type: ignore[attr-defined]
+        got = 0
+        while got < size:
+            n = readinto(view[got:])
+            if not n:
+                raise _truncated(got, size, where)
+            got += n
+        return view
+
+
+def _check_crc(data: bytes | memoryview, checksum: int, where: Where) -> None:
+    actual = crc32(data)
+    if actual != checksum:
+        raise ChecksumError(
+            f"Checksum checking failed. (header 0x{checksum:08x}, payload 0x{actual:08x})",
+            **where,
+        )
+
+
+def _truncated(got: int, size: int, where: Where) -> TruncatedChunkError:
+    return TruncatedChunkError(
+        f"payload has {got} of {size} bytes (Failed to read chunk data: EOF)", **where
+    )
+
+
+class RecordIOLoader:
+    """The trainer's side: local chunks through `ChunkReader.load` (its fast paths), others
+    from their bytes, fetched ahead or read with one ranged read."""
+
+    __slots__ = ("_reader",)
+
+    def __init__(self) -> None:
+        self._reader = ChunkReader()
+
+    def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> LoadedChunk:
+        if data is None:
+            if isinstance(storage, LocalStorage):
+                return self._reader.load(chunk.path, chunk.offset, chunk.num_records)
+            if chunk.length <= 0:
+                with storage.open(chunk.path) as f:
+                    return self._reader.load(f, chunk.offset, chunk.num_records)
+            data = storage.read_ranges(chunk.path, [(chunk.offset, chunk.length)])[0]
+        return self._reader.load_bytes(data, chunk.path, chunk.offset, chunk.num_records)
+
+
+class RecordIOFormat:
+    """PaddlePaddle RecordIO (chunkmaster.recordio): a chunk is a RecordIO chunk."""
+
+    name = "recordio"
+    suffixes = (".rio", ".recordio")
+    ranged = True
+
+    def index(self, path: str, storage: Storage) -> FileIndex:
+        offsets: list[int] = []
+        records: list[int] = []
+        lengths: list[int] = []
+        with storage.open(path) as f, open_source(f) as src:
+            src.name = path
+            for info in walk_headers(src):
+                offsets.append(info.offset)
+                records.append(info.header.num_records)
+                lengths.append(HEADER_SIZE + info.header.compressed_size)
+        return FileIndex(offsets, records, lengths, storage.size(path))
+
+    def loader(self) -> RecordIOLoader:
+        return RecordIOLoader()
+
+
+FORMAT = RecordIOFormat()
