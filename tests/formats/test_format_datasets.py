@@ -84,9 +84,9 @@ def test_content_not_matching_its_name_is_refused_naming_the_file(
         assert "no known format ending, so it was read as RecordIO" in text
 
 
-def test_a_recordio_file_named_jsonl_is_refused_at_read_time_or_by_count(tmp_path: Path) -> None:
-    """Text-like formats cannot tell foreign bytes at indexing (any bytes are lines): the
-    trainer's parse fails naming the chunk (tests/formats/test_lines.py)."""
+def test_line_formats_index_any_bytes(tmp_path: Path) -> None:
+    """Any bytes are lines: a RecordIO file read as JSON Lines is indexed, and the trainer's
+    parse fails naming the chunk and line (tests/formats/test_lines.py)."""
     write_records(tmp_path / "a.rio", [b"x" * 10] * 3, max_chunk_size=100)
     ds = load_dataset([str(tmp_path / "a.rio")], 1, fmt="jsonl")
     assert ds.format == "jsonl"

@@ -45,7 +45,8 @@ def test_three_trainers_two_passes_one_killed(
         c.set_dataset([pattern])
         st = c.status()
     assert st["num_tasks"] >= 6, st  # several chunks a file: the kill lands mid-pass
-    args = ["--addr", m.addr, "--passes", "2", "--step-time", "0.002"]
+    # Info logs: a trainer that fails the test shows what it was doing.
+    args = ["--addr", m.addr, "--log-level", "info", "--passes", "2", "--step-time", "0.002"]
     (victim,) = trainers(1, [*args[:-1], "0.02"], prefix="victim")
     line = victim.next_line()
     assert line is not None and "task" in line  # it completed a task and reads the next one
