@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunkmaster.core.model import FailedPolicy
+from chunkmaster.core.shuffle import MAX_SEED
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.master.auth import is_loopback, read_token
 
@@ -93,6 +94,15 @@ def _roots(text: str) -> tuple[str, ...]:
     return roots
 
 
+def _seed(text: str) -> int | None:
+    if not text.strip():
+        return None
+    value = _integer(text)
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{value} is not a shuffle seed (0 to 2**64-1)")
+    return value
+
+
 def _policy(text: str) -> FailedPolicy:
     try:
         return FailedPolicy(text)
@@ -127,6 +137,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "restore_replace": _flag,
     "chunks_per_task": _integer,
     "failed_policy": _policy,
+    "shuffle_seed": _seed,
     "store": _optional,
     "store_sync": _store_sync,
     "store_on_damage": _store_on_damage,
@@ -166,6 +177,8 @@ class MasterConfig:
     restore_replace: bool = False
     chunks_per_task: int = 10
     failed_policy: FailedPolicy = FailedPolicy.RETRY
+    #: Shuffle each pass's task order and the chunks of each task by this seed; None: off.
+    shuffle_seed: int | None = None
     #: Embedded store file or ":memory:"; None means the default file of the job.
     store: str | None = None
     store_sync: str = "full"
@@ -211,6 +224,8 @@ class MasterConfig:
             raise ConfigError(("index_timeout",), "must be a positive duration")
         if self.restore_replace and self.restore is None:
             raise ConfigError(("restore_replace",), "only means something with a restore file")
+        if self.shuffle_seed is not None and not 0 <= self.shuffle_seed <= MAX_SEED:
+            raise ConfigError(("shuffle_seed",), f"{self.shuffle_seed} is not in 0..2**64-1")
         if self.task_timeout_max < 0:
             raise ConfigError(("task_timeout_max",), "must be 0 or more")
         if self.store_sync not in STORE_SYNC_MODES:
@@ -247,8 +262,8 @@ class MasterConfig:
         )
         if self.host is not None and not is_loopback(self.host):
             raise ConfigError(
-                ("host",), f"{self.host} is not a loopback address and there is no TLS or token: "
-                + advice,
+                ("host",),
+                f"{self.host} is not a loopback address and there is no TLS or token: " + advice,
             )
         if self.host is None and self.etcd is not None:
             raise ConfigError(

@@ -142,6 +142,7 @@ async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Ev
         trainer_ttl=config.trainer_ttl,
         index_timeout=config.index_timeout,
         job=config.job or "default",
+        shuffle_seed=config.shuffle_seed,
     )
     try:
         await service.start()

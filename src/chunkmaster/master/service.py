@@ -51,6 +51,7 @@ from chunkmaster.core.model import (
     Task,
     TaskMeta,
 )
+from chunkmaster.core.shuffle import ShuffleSeedError, check_seed
 from chunkmaster.core.state import (
     Availability,
     check_get_task,
@@ -91,6 +92,7 @@ class Service:
         trainer_ttl: float = TRAINER_TTL,
         job: str = "default",
         index_timeout: float = INDEX_TIMEOUT,
+        shuffle_seed: int | None = None,
     ) -> None:
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
@@ -105,6 +107,7 @@ class Service:
         self.timeout_dur = float(timeout_dur)
         self.failure_max = failure_max
         self.failed_policy = FailedPolicy(failed_policy)
+        self.shuffle_seed = None if shuffle_seed is None else check_seed(shuffle_seed)
         self._clock = clock
         self.ledger = (
             Ledger(store) if compact_min is None else Ledger(store, compact_min=compact_min)
@@ -124,6 +127,19 @@ class Service:
         """Recover from the store and arm the timers of tasks that were pending."""
         await self.ledger.recover()
         st = self.ledger.state
+        if st.dataset is not None and st.dataset.shuffle_seed != self.shuffle_seed:
+            raise ShuffleSeedError(
+                f"the job's state was started with shuffle seed "
+                f"{_seed_text(st.dataset.shuffle_seed)}, this master has "
+                f"{_seed_text(self.shuffle_seed)}: a seed cannot change in the middle of a job "
+                f"(every pass's task order and tasks derive from it). Start with "
+                + (
+                    "no --shuffle-seed"
+                    if st.dataset.shuffle_seed is None
+                    else f"--shuffle-seed {st.dataset.shuffle_seed}"
+                )
+                + ", or with an empty store for a new job"
+            )
         if st.ready:
             assert st.dataset is not None
             log.info(
@@ -207,7 +223,7 @@ class Service:
             load_dataset, globs, self.chunks_per_task, self.index_timeout
         )
         if self.ledger.state.dataset is None:
-            await self.ledger.commit(SetDataset(dataset))
+            await self.ledger.commit(SetDataset(dataset.with_shuffle(self.shuffle_seed)))
 
     async def get_task(
         self,
@@ -467,11 +483,10 @@ class Service:
         if ds is None:
             raise CheckpointRefusedError("no dataset is set yet: there is no position to save")
         floor, commits = committed_position(st)
-        totals = ds.task_records
         by_pass: dict[int, tuple[set[int], dict[int, int]]] = {}
         for pass_id, task_id, records in commits:
             full, partial = by_pass.setdefault(pass_id, (set(), {}))
-            if records == totals[task_id]:
+            if records == st.task_records(task_id, pass_id):
                 full.add(task_id)
             else:
                 partial[task_id] = records
@@ -485,6 +500,7 @@ class Service:
                 checkpoint.PassCommits(p, frozenset(full), partial)
                 for p, (full, partial) in sorted(by_pass.items())
             ),
+            shuffle_seed=ds.shuffle_seed,
         )
         return checkpoint.encode(cp)
 
@@ -509,11 +525,12 @@ class Service:
         dataset = await in_daemon_thread(
             load_dataset, globs, cp.dataset.chunks_per_task, self.index_timeout
         )
+        dataset = dataset.with_shuffle(self.shuffle_seed)
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
-        totals = dataset.task_records
         commits = tuple(
             (p.pass_id, t, r)
             for p in cp.passes
+            for totals in (dataset.task_records_for(p.pass_id),)
             for t, r in sorted([(t, totals[t]) for t in p.full] + list(p.partial.items()))
         )
         events: list[Event] = [SetDataset(dataset), Restore(cp.floor, commits, source)]
@@ -620,6 +637,7 @@ class Service:
             },
             "failure_max": st.failure_max,
             "failed_policy": st.failed_policy.value,
+            "shuffle_seed": None if ds is None else ds.shuffle_seed,
             "timeout_dur": self.timeout_dur,
             "failed_tasks": failed_tasks,
             "tasks_with_failures": len(with_failures),
@@ -659,6 +677,10 @@ class Service:
 #: The longest save-model window a trainer may ask for (a day): a longer one holds the lock
 #: past any plausible save, across restarts.
 MAX_SAVE_BLOCK = 24 * 3600.0
+
+
+def _seed_text(seed: int | None) -> str:
+    return "none" if seed is None else str(seed)
 
 
 def _check_position(pos: Position) -> None:
