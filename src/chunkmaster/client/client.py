@@ -53,6 +53,7 @@ from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.reporter import Reporter, Reports
 from chunkmaster.client.session import TrainerSession
+from chunkmaster.client.shuffle_buffer import DeferredFinishes, Key, ShuffleBuffer, buffer_rng
 from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Position, Task
 
@@ -67,6 +68,7 @@ _GIL: Final = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 """With the GIL, one step of a C-level iterator is atomic, so the fast path needs no lock."""
 
 DEFAULT_BUFFER = 1024
+FILL_WAIT = 0.1  # seconds a shuffle buffer waits for a task before it hands out what it holds
 _worker_ids = itertools.count()
 _T = TypeVar("_T")
 _EMPTY_ITER: Final[Iterator[bytes]] = iter(())
@@ -108,6 +110,12 @@ class Client:
     progress every `report_every` records and at least every `report_interval` seconds;
     commit() needs it. `session=False` speaks the unary calls only (tasks then come back by
     the master's timeout only).
+
+    `shuffle_buffer` (records; 0, the default, is off): records() hands the records out in a
+    random order drawn from a buffer of that many, across the tasks this trainer holds
+    (docs/shuffle.md). The draw is seeded by (`shuffle_seed`, pass, `name`); without
+    `shuffle_seed` the master's --shuffle-seed is used (0 if it has none). A buffered record
+    is not consumed: positions, commits and finishes wait until it is handed out.
     """
 
     def __init__(
@@ -133,13 +141,20 @@ class Client:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        shuffle_buffer: int = 0,
+        shuffle_seed: int | None = None,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
+        if shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be 0 (off) or more, not {shuffle_buffer}")
+        self.shuffle_buffer = shuffle_buffer
+        self.shuffle_seed = shuffle_seed
         self.buffer_size = max(1, buffer_size)
         self.prefetch_tasks = max(0, prefetch_tasks)
         self.poll_wait = poll_wait
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{next(_worker_ids)}"
+        self.name = name or self.worker
         self._on_task_done = on_task_done
         self._locator: MasterLocator | None = None
         locator: Locator | None = None
@@ -177,7 +192,7 @@ class Client:
         if session:
             self._session = TrainerSession(
                 self._link,
-                name=name or self.worker,
+                name=self.name,
                 report_every=self.report_every,
                 report_interval=report_interval,
                 progress=self._report_positions,
@@ -310,9 +325,11 @@ class Client:
 
     def start_get_records(self, pass_id: int) -> None:
         """Start fetching `pass_id`; an unfinished earlier pass is abandoned (records dropped)."""
+        if self.shuffle_buffer:
+            raise RuntimeError("a shuffle buffer mixes the records of records(pass_id) only")
         self._start(pass_id)
 
-    def _start(self, pass_id: int) -> PassBuffer:
+    def _start(self, pass_id: int, reports: Reports | None = None) -> PassBuffer:
         with self._lock:
             self._check_open()
             old = self._pass
@@ -322,7 +339,7 @@ class Client:
             ps = PassBuffer(
                 pass_id,
                 self._cond,
-                self._reports,
+                self._reports if reports is None else reports,
                 self._token,
                 self._progress,
                 run_limit=self.report_every,
@@ -423,8 +440,87 @@ class Client:
 
         Leaving the loop early abandons the pass (its fetcher stops, its buffer is dropped).
         A C-level chain over the pass's runs of records: no Python frame per record.
+        With a shuffle buffer, a generator that draws each record from it.
         """
+        if self.shuffle_buffer:
+            return self._shuffled(pass_id)
         return PassBufferRecords(self._runs(pass_id))
+
+    def _buffer_seed(self) -> int:
+        if self.shuffle_seed is None:
+            seed = self.status().get("shuffle_seed")
+            self.shuffle_seed = seed if isinstance(seed, int) else 0
+        return self.shuffle_seed
+
+    def _shuffled(self, pass_id: int) -> Generator[bytes, None, None]:
+        """One pass through a shuffle buffer (shuffle_buffer.py): fill it from the runs, and
+        hand out a random record. When no task comes for FILL_WAIT seconds (the end of the
+        pass, whose last tasks may be the ones this buffer holds), hand out what it holds
+        without waiting until a task comes again."""
+        buf = ShuffleBuffer(
+            self.shuffle_buffer, buffer_rng(self._buffer_seed(), pass_id, self.name)
+        )
+        ps = self._start(pass_id, DeferredFinishes(self._reports, buf))
+        with self._lock:
+            self._progress.clip = buf.oldest
+        reading: Iterator[bytes] | None = None
+        key: Key | None = None
+        index = 0
+        ended = finished = starving = False
+        try:
+            while True:
+                released: list[Task] = []
+                with self._lock:
+                    if self._pass is not ps:
+                        self._check_open()
+                        log.warning("pass %d was replaced while iterating it", ps.pass_id)
+                        return
+                    while not ended and not buf.full:
+                        if reading is not None:
+                            record = next(reading, None)
+                            if record is not None:
+                                assert key is not None
+                                buf.add(record, key, index)
+                                index += 1
+                                continue
+                            reading = key = None
+                        run = ps.next_run([])  # the buffer says when a task is done
+                        if run is not None:
+                            starving = False
+                            reading, index = run.records, run.first
+                            key = (run.task.meta.id, run.task.meta.epoch)
+                            continue
+                        if ps.end is not None:
+                            if not isinstance(ps.end, EndOfPass):
+                                raise ps.end
+                            ended = True
+                        elif not buf and not buf.deferred:
+                            self._cond.wait()
+                            continue
+                        elif buf and not starving:
+                            starving = not self._cond.wait(FILL_WAIT)
+                            continue
+                        break
+                    record = None
+                    if buf:
+                        record, _ = buf.pop()
+                    if buf.deferred:
+                        released = buf.releasable(None if reading is None else key)
+                        for task in released:
+                            self._reports.finished(task)
+                if released:
+                    self._notify_done(released)
+                if record is not None:
+                    yield record
+                elif ended and not buf.deferred:
+                    finished = True
+                    return
+        finally:
+            with self._lock:
+                if self._progress.clip == buf.oldest:
+                    self._progress.clip = None
+                if not finished and self._pass is ps:
+                    self._abandon(ps, "records() left early")
 
     def _runs(self, pass_id: int) -> Generator[Iterator[bytes], None, None]:
         """The runs of records of one pass, each taken when the previous one is used up.

@@ -262,8 +262,8 @@ class MasterConfig:
         )
         if self.host is not None and not is_loopback(self.host):
             raise ConfigError(
-                ("host",),
-                f"{self.host} is not a loopback address and there is no TLS or token: " + advice,
+                ("host",), f"{self.host} is not a loopback address and there is no TLS or token: "
+                + advice,
             )
         if self.host is None and self.etcd is not None:
             raise ConfigError(

@@ -1,0 +1,135 @@
+"""The client's shuffle buffer: records of the tasks a trainer holds, handed out in a random order.
+
+Like the shuffle buffers of tf.data and WebDataset: up to `size` records wait here, and each
+record the trainer takes is drawn at random among them, its place refilled from the tasks. The
+draw is seeded by (seed, pass, trainer name), so a trainer's mixing is repeatable; what it
+mixes depends on which tasks it got, and when (see docs/shuffle.md).
+
+A record in the buffer is not consumed: the trainer has not seen it. So a task's position (in
+progress reports, a Goodbye and commits) is never beyond its oldest record still here, and a
+task whose last record was read into the buffer is reported finished (and passed to
+`on_task_done`) only once its last record here is handed out. A trainer that dies with a full
+buffer therefore gets those records delivered again, and a commit never covers a record the
+model has not seen. Everything here is guarded by the client's lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+
+from chunkmaster.client.reporter import Reports
+from chunkmaster.core.model import Task
+
+Key = tuple[int, int]  # (task id, epoch): one dispatch of a task
+
+
+def buffer_rng(seed: int, pass_id: int, trainer: str) -> random.Random:
+    """The draw of one trainer in one pass."""
+    h = hashlib.blake2b(f"{seed}\0{pass_id}\0{trainer}".encode(), digest_size=16)
+    return random.Random(int.from_bytes(h.digest(), "little"))
+
+
+@dataclass(slots=True)
+class _Marks:
+    """Which records of one dispatch are here: all from `low` on, except those in `out`."""
+
+    low: int
+    count: int = 0
+    out: set[int] = field(default_factory=set)
+
+
+class ShuffleBuffer:
+    """At most `size` records, each with its task dispatch and index in the task."""
+
+    def __init__(self, size: int, rng: random.Random) -> None:
+        if size < 1:
+            raise ValueError(f"a shuffle buffer holds at least 1 record, not {size}")
+        self.size = size
+        self._rng = rng
+        self._records: list[bytes] = []
+        self._keys: list[Key] = []
+        self._indexes: list[int] = []
+        self._marks: dict[Key, _Marks] = {}
+        self._deferred: dict[Key, Task] = {}  # finished at the source, records still here
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def full(self) -> bool:
+        return len(self._records) >= self.size
+
+    def add(self, record: bytes, key: Key, index: int) -> None:
+        """Record `index` of dispatch `key` (a dispatch's records come in index order)."""
+        marks = self._marks.get(key)
+        if marks is None:
+            marks = self._marks[key] = _Marks(index)
+        marks.count += 1
+        self._records.append(record)
+        self._keys.append(key)
+        self._indexes.append(index)
+
+    def pop(self) -> tuple[bytes, Key]:
+        """A record drawn at random, and its dispatch."""
+        records, keys, indexes = self._records, self._keys, self._indexes
+        j = self._rng.randrange(len(records))
+        last = len(records) - 1
+        if j != last:
+            records[j], records[last] = records[last], records[j]
+            keys[j], keys[last] = keys[last], keys[j]
+            indexes[j], indexes[last] = indexes[last], indexes[j]
+        record, key, index = records.pop(), keys.pop(), indexes.pop()
+        marks = self._marks[key]
+        marks.count -= 1
+        if marks.count == 0:
+            del self._marks[key]
+        elif index == marks.low:
+            low, out = index + 1, marks.out
+            while low in out:
+                out.remove(low)
+                low += 1
+            marks.low = low
+        else:
+            marks.out.add(index)
+        return record, key
+
+    def oldest(self, task_id: int, epoch: int) -> int | None:
+        """The index of the dispatch's oldest record here (None: none is here)."""
+        marks = self._marks.get((task_id, epoch))
+        return None if marks is None else marks.low
+
+    def defer(self, task: Task) -> None:
+        """The task's last record was read: hold its finish until its records are out."""
+        self._deferred[(task.meta.id, task.meta.epoch)] = task
+
+    def releasable(self, reading: Key | None) -> list[Task]:
+        """Deferred tasks with no record here, but for the one still being read."""
+        out = [
+            task
+            for key, task in self._deferred.items()
+            if key not in self._marks and key != reading
+        ]
+        for task in out:
+            del self._deferred[(task.meta.id, task.meta.epoch)]
+        return out
+
+    @property
+    def deferred(self) -> int:
+        return len(self._deferred)
+
+
+class DeferredFinishes:
+    """The pass buffer's reports with a shuffle buffer: finishes wait for the buffer to hand
+    out the task's records (`ShuffleBuffer.releasable`), failures go at once."""
+
+    def __init__(self, inner: Reports, buffer: ShuffleBuffer) -> None:
+        self._inner = inner
+        self._buffer = buffer
+
+    def finished(self, task: Task) -> None:
+        self._buffer.defer(task)
+
+    def failed(self, task: Task, reason: str) -> None:
+        self._inner.failed(task, reason)
