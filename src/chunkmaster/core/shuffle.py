@@ -3,10 +3,11 @@
 `Permutation(n, seed, pass_id, domain)` maps an index to its place in a pseudo-random order
 of range(n), one index at a time, in O(1) memory: a 4-round Feistel network over Z_m x Z_m
 (m = ceil(sqrt(n)), so the square holds n with under 2m+1 to spare), walking the cycle of
-an index until it lands back in range(n). Each round is (l, r) -> (r, (l + F(r)) mod m),
-a bijection whatever F is; F is a 64-bit mix of r and a round key. The round keys come from
-blake2b of (domain, seed, pass), so the order depends on nothing but those: not on the
-Python version, the platform or the events that came before.
+an index until it lands back in range(n). Each round adds F(one half) to the other, mod m:
+a bijection whatever F is. F hashes the half and a round key with two 32-bit
+multiply-xorshift steps, unrolled (the master evaluates it per chunk of each task it hands
+out). The round keys come from blake2b of (domain, seed, pass), so the order depends on
+nothing but those: not on the Python version, the platform or the events that came before.
 
 A seeded master uses two per pass (see docs/shuffle.md): the order in which the pass hands
 its tasks out ("tasks") and which chunks form each task ("chunks": task k covers chunk
@@ -25,7 +26,8 @@ from typing import overload
 
 ROUNDS = 4
 MAX_SEED = 2**64 - 1
-_MASK = 2**64 - 1
+_MASK = 2**32 - 1
+_M1, _M2 = 0x9E3779B1, 0x85EBCA6B  # odd: multiplying by one is a bijection of 32-bit words
 TASKS = b"tasks"
 CHUNKS = b"chunks"
 
@@ -41,13 +43,13 @@ def check_seed(seed: int) -> int:
 
 
 def round_keys(seed: int, pass_id: int, domain: bytes) -> tuple[int, ...]:
-    """ROUNDS 64-bit keys for one (seed, pass, domain)."""
+    """ROUNDS 32-bit keys for one (seed, pass, domain)."""
     h = hashlib.blake2b(
         domain + b"\0" + str(seed).encode() + b"\0" + str(pass_id).encode(),
-        digest_size=8 * ROUNDS,
+        digest_size=4 * ROUNDS,
         person=b"chunkmaster-shuf",
     ).digest()
-    return tuple(int.from_bytes(h[8 * i : 8 * i + 8], "little") for i in range(ROUNDS))
+    return tuple(int.from_bytes(h[4 * i : 4 * i + 4], "little") for i in range(ROUNDS))
 
 
 class Permutation:
@@ -63,17 +65,22 @@ class Permutation:
         self._keys = round_keys(seed, pass_id, domain)
 
     def __call__(self, i: int) -> int:
-        n, m, keys = self.n, self._m, self._keys
+        n, m = self.n, self._m
         if not 0 <= i < n:
             raise IndexError(f"index {i} is not in 0..{n - 1}")
+        k0, k1, k2, k3 = self._keys
         x = i
-        while True:
-            left, right = divmod(x, m)
-            for k in keys:
-                z = ((right ^ k) * 0xBF58476D1CE4E5B9) & _MASK
-                z = ((z ^ (z >> 29)) * 0x94D049BB133111EB) & _MASK
-                left, right = right, (left + (z ^ (z >> 32))) % m
-            x = left * m + right
+        while True:  # the rounds unrolled: this runs per chunk of every task handed out
+            a, b = divmod(x, m)
+            z = ((b ^ k0) * _M1) & _MASK
+            a = (a + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
+            z = ((a ^ k1) * _M1) & _MASK
+            b = (b + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
+            z = ((b ^ k2) * _M1) & _MASK
+            a = (a + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
+            z = ((a ^ k3) * _M1) & _MASK
+            b = (b + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
+            x = a * m + b
             if x < n:  # cycle walking: x's cycle returns to range(n), since i is in it
                 return x
 
@@ -104,18 +111,23 @@ def pass_queue(
 class PassChunks:
     """Which chunks form each task in one pass of a seeded job."""
 
-    __slots__ = ("_perm", "cpt", "num_chunks")
+    __slots__ = ("_last", "_perm", "cpt", "num_chunks")
 
     def __init__(self, num_chunks: int, cpt: int, seed: int, pass_id: int) -> None:
         self.num_chunks = num_chunks
         self.cpt = cpt
         self._perm = Permutation(num_chunks, seed, pass_id, CHUNKS)
+        self._last: tuple[int, list[int]] = (-1, [])  # a dispatch asks for its records, then chunks
 
     def chunks(self, task_id: int) -> list[int]:
+        if self._last[0] == task_id:
+            return self._last[1]
         start = task_id * self.cpt
         if task_id < 0 or start >= self.num_chunks:
             raise KeyError(task_id)
-        return [self._perm(i) for i in range(start, min(start + self.cpt, self.num_chunks))]
+        got = [self._perm(i) for i in range(start, min(start + self.cpt, self.num_chunks))]
+        self._last = (task_id, got)
+        return got
 
 
 class PassTaskRecords(Sequence[int]):
