@@ -38,7 +38,7 @@ def test_oldest_is_the_lowest_index_still_buffered(size: int, script: list[int],
     for op in script:
         if op < 3 and not buf.full:
             key = (op, 1)
-            buf.add(b"%d" % nxt[key], key, nxt[key])
+            buf.add([b"%d" % nxt[key]], key, nxt[key])
             inside.setdefault(key, set()).add(nxt[key])
             nxt[key] += 1
         elif buf:
@@ -55,7 +55,9 @@ def test_deferred_finishes_wait_for_their_records() -> None:
 
     buf = ShuffleBuffer(4, random.Random(1))
     task = Task(TaskMeta(7, 2), ())
-    buf.add(b"a", (7, 2), 0)
+    buf.add([b"a"], (7, 2), 0)
+    buf.add([], (8, 1), 0)
+    assert buf.oldest(8, 1) is None
     buf.defer(task)
     assert buf.releasable(None) == []
     buf.pop()
@@ -210,3 +212,13 @@ def test_the_draw_depends_on_seed_pass_and_trainer() -> None:
     draws = {(s, p, n): buffer_rng(s, p, n).random() for s in (1, 2) for p in (0, 1) for n in "ab"}
     assert len(set(draws.values())) == len(draws)
     assert buffer_rng(1, 0, "a").random() == draws[(1, 0, "a")]
+
+
+def test_a_drawn_batch_counts_as_buffered_until_handed() -> None:
+    buf = ShuffleBuffer(10, random.Random(5))
+    buf.add([b"0", b"1", b"2", b"3"], (1, 1), 0)
+    records, where = buf.draw(4)
+    assert sorted(records) == [b"0", b"1", b"2", b"3"] and len(buf) == 0
+    assert buf.oldest(1, 1) == 0  # the trainer has not got them yet
+    buf.handed(where)
+    assert buf.oldest(1, 1) is None

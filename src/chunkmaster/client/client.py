@@ -69,6 +69,7 @@ _GIL: Final = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 
 DEFAULT_BUFFER = 1024
 FILL_WAIT = 0.1  # seconds a shuffle buffer waits for a task before it hands out what it holds
+SHUFFLE_BATCH = 64  # records a shuffle buffer draws per turn of the lock
 _worker_ids = itertools.count()
 _T = TypeVar("_T")
 _EMPTY_ITER: Final[Iterator[bytes]] = iter(())
@@ -467,21 +468,25 @@ class Client:
         key: Key | None = None
         index = 0
         ended = finished = starving = False
+        batch: list[bytes] = []
+        where: list[tuple[Key, int]] = []
         try:
             while True:
                 released: list[Task] = []
                 with self._lock:
+                    buf.handed(where)  # the previous batch: the trainer has taken it all
                     if self._pass is not ps:
                         self._check_open()
                         log.warning("pass %d was replaced while iterating it", ps.pass_id)
                         return
-                    while not ended and not buf.full:
+                    while not ended and buf.room:
                         if reading is not None:
-                            record = next(reading, None)
-                            if record is not None:
-                                assert key is not None
-                                buf.add(record, key, index)
-                                index += 1
+                            room = buf.room
+                            got = list(itertools.islice(reading, room))
+                            assert key is not None
+                            buf.add(got, key, index)
+                            index += len(got)
+                            if len(got) == room:
                                 continue
                             reading = key = None
                         run = ps.next_run([])  # the buffer says when a task is done
@@ -501,17 +506,15 @@ class Client:
                             starving = not self._cond.wait(FILL_WAIT)
                             continue
                         break
-                    record = None
-                    if buf:
-                        record, _ = buf.pop()
+                    batch, where = buf.draw(SHUFFLE_BATCH)
                     if buf.deferred:
                         released = buf.releasable(None if reading is None else key)
                         for task in released:
                             self._reports.finished(task)
                 if released:
                     self._notify_done(released)
-                if record is not None:
-                    yield record
+                if batch:
+                    yield from batch
                 elif ended and not buf.deferred:
                     finished = True
                     return

@@ -8,7 +8,9 @@ mixes depends on which tasks it got, and when (see docs/shuffle.md).
 A record in the buffer is not consumed: the trainer has not seen it. So a task's position (in
 progress reports, a Goodbye and commits) is never beyond its oldest record still here, and a
 task whose last record was read into the buffer is reported finished (and passed to
-`on_task_done`) only once its last record here is handed out. A trainer that dies with a full
+`on_task_done`) only once its last record here is handed out. Records are drawn a batch at a
+time (one lock round per batch) and count as here until the whole batch was handed out:
+positions lag by at most a batch, never lead. A trainer that dies with a full
 buffer therefore gets those records delivered again, and a commit never covers a record the
 model has not seen. Everything here is guarded by the client's lock.
 """
@@ -61,39 +63,61 @@ class ShuffleBuffer:
     def full(self) -> bool:
         return len(self._records) >= self.size
 
-    def add(self, record: bytes, key: Key, index: int) -> None:
-        """Record `index` of dispatch `key` (a dispatch's records come in index order)."""
+    @property
+    def room(self) -> int:
+        return self.size - len(self._records)
+
+    def add(self, records: list[bytes], key: Key, first: int) -> None:
+        """Records `first`.. of dispatch `key` (a dispatch's records come in index order)."""
+        if not records:
+            return
         marks = self._marks.get(key)
         if marks is None:
-            marks = self._marks[key] = _Marks(index)
-        marks.count += 1
-        self._records.append(record)
-        self._keys.append(key)
-        self._indexes.append(index)
+            marks = self._marks[key] = _Marks(first)
+        marks.count += len(records)
+        self._records += records
+        self._keys += [key] * len(records)
+        self._indexes += range(first, first + len(records))
+
+    def draw(self, most: int) -> tuple[list[bytes], list[tuple[Key, int]]]:
+        """Up to `most` records drawn at random, and theirs dispatches and indexes, to give
+        to `handed` once the trainer has them all."""
+        records, keys, indexes = self._records, self._keys, self._indexes
+        rand = self._rng.random
+        out: list[bytes] = []
+        where: list[tuple[Key, int]] = []
+        for _ in range(min(most, len(records))):
+            j = int(rand() * len(records))
+            last = len(records) - 1
+            if j != last:
+                records[j], records[last] = records[last], records[j]
+                keys[j], keys[last] = keys[last], keys[j]
+                indexes[j], indexes[last] = indexes[last], indexes[j]
+            out.append(records.pop())
+            where.append((keys.pop(), indexes.pop()))
+        return out, where
+
+    def handed(self, where: list[tuple[Key, int]]) -> None:
+        """The trainer has these drawn records: they are no longer here."""
+        for key, index in where:
+            marks = self._marks[key]
+            marks.count -= 1
+            if marks.count == 0:
+                del self._marks[key]
+            elif index == marks.low:
+                low, out = index + 1, marks.out
+                while low in out:
+                    out.remove(low)
+                    low += 1
+                marks.low = low
+            else:
+                marks.out.add(index)
 
     def pop(self) -> tuple[bytes, Key]:
-        """A record drawn at random, and its dispatch."""
-        records, keys, indexes = self._records, self._keys, self._indexes
-        j = self._rng.randrange(len(records))
-        last = len(records) - 1
-        if j != last:
-            records[j], records[last] = records[last], records[j]
-            keys[j], keys[last] = keys[last], keys[j]
-            indexes[j], indexes[last] = indexes[last], indexes[j]
-        record, key, index = records.pop(), keys.pop(), indexes.pop()
-        marks = self._marks[key]
-        marks.count -= 1
-        if marks.count == 0:
-            del self._marks[key]
-        elif index == marks.low:
-            low, out = index + 1, marks.out
-            while low in out:
-                out.remove(low)
-                low += 1
-            marks.low = low
-        else:
-            marks.out.add(index)
-        return record, key
+        """One record drawn and handed out at once."""
+        records, where = self.draw(1)
+        self.handed(where)
+        return records[0], where[0][0]
 
     def oldest(self, task_id: int, epoch: int) -> int | None:
         """The index of the dispatch's oldest record here (None: none is here)."""
