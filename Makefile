@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) bench/failover_bench.py
 	$(PY) bench/session_bench.py
 	$(PY) bench/progress_bench.py
+	$(PY) bench/shuffle_bench.py
 
 # Side by side with DLRover and tf.data service; each peer's virtualenv is made on first use.
 peers: $(STAMP)

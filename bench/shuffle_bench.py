@@ -1,0 +1,141 @@
+"""What seeded shuffles cost: the master's dispatch rate with --shuffle-seed, and one trainer's
+records/s through a 10,000-record client shuffle buffer.
+
+1. Dispatch: GetTask + TaskFinished cycles/s over gRPC (dispatch_bench's load: 8 asyncio
+   clients in two processes, a real `chunkmaster master` process on the in-memory store), on
+   100,000 one-record chunks at 10 chunks a task, so each dispatch cuts its task through the
+   keyed bijection (10 evaluations) and passes roll over during the window (each rollover
+   orders 10,000 tasks by the pass's permutation). Baseline: the same master without
+   --shuffle-seed, the plain path every master takes today (tasks are ranges of chunks in a
+   queue): there is no cheaper way to hand out the same tasks. Target: at least 0.9x.
+2. Buffer: one trainer (`Client`, a session) reads whole passes of 400,000 records of 32
+   bytes with `shuffle_buffer=10000`, against the same client without one, whose
+   `records()` is a C-level chain over the chunks' records: the fastest way this client
+   hands records out, so the ratio is the whole price of the buffer (a Python draw per
+   record, and the bookkeeping that keeps positions behind buffered records).
+
+Rounds alternate baseline and shuffled runs in the same master; the medians of the rounds are
+reported (the machine is shared and noisy).
+
+    .venv/bin/python bench/shuffle_bench.py [--rounds 3] [--seconds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dispatch_bench import Master, make_dataset, measure
+
+from chunkmaster.client import Client
+from chunkmaster.client.connection import MasterConnection
+from chunkmaster.recordio import Compressor, Writer
+
+CHUNKS = 100_000
+CPT = 10
+CLIENTS = 8
+RECORDS = 400_000
+BUFFER = 10_000
+
+
+def dispatch_rate(root: Path, seed: int | None, warmup: float, seconds: float) -> float:
+    data = make_dataset(root, CHUNKS)
+    args = ["--store", ":memory:", "--chunk-per-task", str(CPT), "--task-timeout-dur", "10m"]
+    if seed is not None:
+        args += ["--shuffle-seed", str(seed)]
+    m = Master(args)
+    try:
+        with MasterConnection(m.addr, timeout=600) as c:
+            c.set_dataset([data])
+        return measure(m.addr, CLIENTS, warmup, seconds)
+    finally:
+        m.stop()
+
+
+def records_file(root: Path) -> str:
+    path = root / "records.rio"
+    if not path.exists():
+        with Writer(str(path), max_chunk_size=64 * 1024, compressor=Compressor.NONE) as w:
+            for i in range(RECORDS):
+                w.write(b"%032d" % i)
+    return str(path)
+
+
+def read_rate(client: Client, pass_id: int) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    for _ in client.records(pass_id):
+        n += 1
+    dt = time.perf_counter() - t0
+    assert n == RECORDS, f"pass {pass_id}: {n} records, not {RECORDS}"
+    return n / dt
+
+
+def buffer_rates(root: Path, rounds: int) -> tuple[list[float], list[float]]:
+    data = records_file(root)
+    m = Master(["--store", ":memory:", "--chunk-per-task", "2", "--task-timeout-dur", "10m"])
+    plain: list[float] = []
+    shuffled: list[float] = []
+    try:
+        with Client(m.addr) as a, Client(m.addr, shuffle_buffer=BUFFER, shuffle_seed=1) as b:
+            a.set_dataset([data])
+            p = 0
+            read_rate(a, p)  # warm-up: page cache, connections
+            for _ in range(rounds):
+                p += 1
+                plain.append(read_rate(a, p))
+                p += 1
+                shuffled.append(read_rate(b, p))
+    finally:
+        m.stop()
+    return plain, shuffled
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--warmup", type=float, default=1.0)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="shuffle-bench-"))
+    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]}", flush=True)
+    base: list[float] = []
+    seeded: list[float] = []
+    for r in range(args.rounds):
+        base.append(dispatch_rate(root, None, args.warmup, args.seconds))
+        seeded.append(dispatch_rate(root, 7, args.warmup, args.seconds))
+        row = {"round": r, "plain": round(base[-1]), "seeded": round(seeded[-1])}
+        print(json.dumps(row), flush=True)
+    plain, shuffled = buffer_rates(root, args.rounds)
+    print(
+        json.dumps(
+            {"plain_rps": [round(x) for x in plain], "buffer_rps": [round(x) for x in shuffled]}
+        )
+    )
+
+    ratios = [s / b for s, b in zip(seeded, base, strict=True)]
+    print()
+    print(
+        f"dispatch cycles/s ({CHUNKS} chunks, {CPT} a task, {CLIENTS} clients, in-memory store), "
+        f"median of {args.rounds} rounds:"
+    )
+    print(f"  without --shuffle-seed  {statistics.median(base):10.0f}")
+    print(f"  with --shuffle-seed     {statistics.median(seeded):10.0f}")
+    print(f"  ratio (median of rounds) {statistics.median(ratios):.2f}x  (target >= 0.9x)")
+    buf_ratios = [s / p for s, p in zip(shuffled, plain, strict=True)]
+    print(f"one trainer's records/s ({RECORDS} records of 32 bytes), median of {args.rounds}:")
+    print(f"  no shuffle buffer        {statistics.median(plain):10.0f}")
+    print(f"  shuffle_buffer={BUFFER}   {statistics.median(shuffled):10.0f}")
+    print(f"  ratio (median of rounds) {statistics.median(buf_ratios):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
