@@ -248,3 +248,28 @@ def test_a_restore_starts_the_pass_in_its_order_with_its_commits() -> None:
     assert restored.cur_pass == 1
     assert t0 in restored.done and restored.progress == {t1: 1}
     assert list(restored.todo) == [t for t in order if t != t0]
+
+
+def test_the_seed_flag_is_checked() -> None:
+    from chunkmaster.master.config import ConfigError, MasterConfig
+
+    assert MasterConfig.from_text({"shuffle_seed": "42"}).shuffle_seed == 42
+    assert MasterConfig.from_text({}).shuffle_seed is None
+    for bad in ("-1", "x", str(2**64)):
+        with pytest.raises(ConfigError) as info:
+            MasterConfig.from_text({"shuffle_seed": bad})
+        assert info.value.fields == ("shuffle_seed",)
+
+
+def test_snapshots_and_journal_entries_of_a_seeded_job_refuse_older_readers() -> None:
+    from chunkmaster.core.codec import SNAPSHOT_VERSION, SNAPSHOT_VERSION_SHUFFLED, unpack
+
+    plain, seeded = MasterState(), MasterState()
+    apply(plain, SetDataset(dataset(9, 2, None)))
+    apply(seeded, SetDataset(dataset(9, 2, 4)))
+    assert unpack(encode_snapshot(plain))[0]["version"] == SNAPSHOT_VERSION
+    assert unpack(encode_snapshot(seeded))[0]["version"] == SNAPSHOT_VERSION_SHUFFLED
+    assert encode_event(SetDataset(dataset(9, 2, None)))[:1] == b"T"
+    assert encode_event(SetDataset(dataset(9, 2, 4)))[:1] == b"H"
+    ev = decode_event(encode_event(SetDataset(dataset(9, 2, 4))))
+    assert isinstance(ev, SetDataset) and ev.dataset.shuffle_seed == 4
