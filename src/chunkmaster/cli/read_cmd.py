@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.shuffle_buffer < 0:
         raise CliError("--shuffle-buffer must be 0 (off) or more")
     if args.shuffle_buffer and args.task_lines:
-        raise CliError("--task-lines and --shuffle-buffer do not go together: the buffer mixes tasks")
+        raise CliError("--task-lines and --shuffle-buffer do not go together (tasks get mixed)")
     out = sys.stdout
     done: list[Task] = []
     try:
