@@ -251,6 +251,9 @@ def decode_snapshot(data: bytes) -> MasterState:
         st = MasterState()
         if header["dataset"] is not None:
             st.dataset = _dataset_from(header["dataset"], blobs)
+        seeded = st.dataset is not None and st.dataset.shuffle_seed is not None
+        if seeded != (header["version"] == SNAPSHOT_VERSION_SHUFFLED):
+            raise CodecError("a snapshot's version and its dataset's shuffle seed disagree")
         st.cur_pass = int(header["cur_pass"])
         st.failure_max = int(header["failure_max"])
         st.failed_policy = FailedPolicy(header["failed_policy"])
