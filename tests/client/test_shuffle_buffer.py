@@ -36,7 +36,7 @@ def test_oldest_is_the_lowest_index_still_buffered(size: int, script: list[int],
     inside: dict[tuple[int, int], set[int]] = {}
     nxt = {(t, 1): 5 * t for t in range(3)}  # a dispatch may start past its first record
     for op in script:
-        if op < 3 and not buf.full:
+        if op < 3 and buf.room:
             key = (op, 1)
             buf.add([b"%d" % nxt[key]], key, nxt[key])
             inside.setdefault(key, set()).add(nxt[key])
@@ -217,8 +217,8 @@ def test_the_draw_depends_on_seed_pass_and_trainer() -> None:
 def test_a_drawn_batch_counts_as_buffered_until_handed() -> None:
     buf = ShuffleBuffer(10, random.Random(5))
     buf.add([b"0", b"1", b"2", b"3"], (1, 1), 0)
-    records, where = buf.draw(4)
-    assert sorted(records) == [b"0", b"1", b"2", b"3"] and len(buf) == 0
+    drawn = buf.draw(4)
+    assert sorted(r for r, _, _ in drawn) == [b"0", b"1", b"2", b"3"] and len(buf) == 0
     assert buf.oldest(1, 1) == 0  # the trainer has not got them yet
-    buf.handed(where)
+    buf.handed(drawn)
     assert buf.oldest(1, 1) is None

@@ -468,13 +468,13 @@ class Client:
         key: Key | None = None
         index = 0
         ended = finished = starving = False
-        batch: list[bytes] = []
-        where: list[tuple[Key, int]] = []
+        batch: list[tuple[bytes, Key, int]] = []
         try:
             while True:
                 released: list[Task] = []
                 with self._lock:
-                    buf.handed(where)  # the previous batch: the trainer has taken it all
+                    buf.handed(batch)  # the previous batch: the trainer has taken it all
+                    batch = []
                     if self._pass is not ps:
                         self._check_open()
                         log.warning("pass %d was replaced while iterating it", ps.pass_id)
@@ -506,7 +506,7 @@ class Client:
                             starving = not self._cond.wait(FILL_WAIT)
                             continue
                         break
-                    batch, where = buf.draw(SHUFFLE_BATCH)
+                    batch = buf.draw(SHUFFLE_BATCH)
                     if buf.deferred:
                         released = buf.releasable(None if reading is None else key)
                         for task in released:
@@ -514,7 +514,8 @@ class Client:
                 if released:
                     self._notify_done(released)
                 if batch:
-                    yield from batch
+                    for record, _, _ in batch:
+                        yield record
                 elif ended and not buf.deferred:
                     finished = True
                     return

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
+from itertools import count, repeat
 
 from chunkmaster.client.reporter import Reports
 from chunkmaster.core.model import Task
@@ -50,22 +51,16 @@ class ShuffleBuffer:
             raise ValueError(f"a shuffle buffer holds at least 1 record, not {size}")
         self.size = size
         self._rng = rng
-        self._records: list[bytes] = []
-        self._keys: list[Key] = []
-        self._indexes: list[int] = []
+        self._items: list[tuple[bytes, Key, int]] = []  # record, its dispatch, its index
         self._marks: dict[Key, _Marks] = {}
         self._deferred: dict[Key, Task] = {}  # finished at the source, records still here
 
     def __len__(self) -> int:
-        return len(self._records)
-
-    @property
-    def full(self) -> bool:
-        return len(self._records) >= self.size
+        return len(self._items)
 
     @property
     def room(self) -> int:
-        return self.size - len(self._records)
+        return self.size - len(self._items)
 
     def add(self, records: list[bytes], key: Key, first: int) -> None:
         """Records `first`.. of dispatch `key` (a dispatch's records come in index order)."""
@@ -75,31 +70,25 @@ class ShuffleBuffer:
         if marks is None:
             marks = self._marks[key] = _Marks(first)
         marks.count += len(records)
-        self._records += records
-        self._keys += [key] * len(records)
-        self._indexes += range(first, first + len(records))
+        self._items += zip(records, repeat(key), count(first))
 
-    def draw(self, most: int) -> tuple[list[bytes], list[tuple[Key, int]]]:
-        """Up to `most` records drawn at random, and theirs dispatches and indexes, to give
+    def draw(self, most: int) -> list[tuple[bytes, Key, int]]:
+        """Up to `most` records drawn at random, with their dispatches and indexes, to give
         to `handed` once the trainer has them all."""
-        records, keys, indexes = self._records, self._keys, self._indexes
+        items = self._items
         rand = self._rng.random
-        out: list[bytes] = []
-        where: list[tuple[Key, int]] = []
-        for _ in range(min(most, len(records))):
-            j = int(rand() * len(records))
-            last = len(records) - 1
-            if j != last:
-                records[j], records[last] = records[last], records[j]
-                keys[j], keys[last] = keys[last], keys[j]
-                indexes[j], indexes[last] = indexes[last], indexes[j]
-            out.append(records.pop())
-            where.append((keys.pop(), indexes.pop()))
-        return out, where
+        out = []
+        for _ in range(min(most, len(items))):
+            last = items.pop()
+            j = int(rand() * (len(items) + 1))
+            if j < len(items):
+                items[j], last = last, items[j]
+            out.append(last)
+        return out
 
-    def handed(self, where: list[tuple[Key, int]]) -> None:
+    def handed(self, drawn: list[tuple[bytes, Key, int]]) -> None:
         """The trainer has these drawn records: they are no longer here."""
-        for key, index in where:
+        for _, key, index in drawn:
             marks = self._marks[key]
             marks.count -= 1
             if marks.count == 0:
@@ -115,9 +104,9 @@ class ShuffleBuffer:
 
     def pop(self) -> tuple[bytes, Key]:
         """One record drawn and handed out at once."""
-        records, where = self.draw(1)
-        self.handed(where)
-        return records[0], where[0][0]
+        drawn = self.draw(1)
+        self.handed(drawn)
+        return drawn[0][0], drawn[0][1]
 
     def oldest(self, task_id: int, epoch: int) -> int | None:
         """The index of the dispatch's oldest record here (None: none is here)."""
