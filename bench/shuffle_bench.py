@@ -10,6 +10,9 @@ records/s through a 10,000-record client shuffle buffer.
    queue): there is no cheaper way to hand out the same tasks. Target: at least 0.9x. Also
    the master's CPU time per cycle (its utime + stime over the window): on a shared machine
    the rate follows whoever else runs, the CPU a cycle costs the master much less so.
+   And the core's share, in this process: `apply(Dispatch)` + `apply(Finish)` on the same
+   dataset's state (what the master computes per cycle, no gRPC, no journal), in short
+   alternating windows so both see the same machine.
 2. Buffer: one trainer (`Client`, a session) reads whole passes of 400,000 records of 32
    bytes with `shuffle_buffer=10000`, against the same client without one, whose
    `records()` is a C-level chain over the chunks' records: the fastest way this client
@@ -68,6 +71,33 @@ def dispatch_rate(root: Path, seed: int | None, seconds: float) -> tuple[float, 
         return rate, cpu / (rate * seconds) * 1e6
     finally:
         m.stop()
+
+
+def core_cycle_us(seed: int | None, cycles: int) -> float:
+    """Microseconds per Dispatch + Finish applied to a fresh state (the core alone)."""
+    from array import array
+
+    from chunkmaster.core.dataset import Dataset
+    from chunkmaster.core.events import Dispatch, Finish, SetDataset
+    from chunkmaster.core.model import Task
+    from chunkmaster.core.state import MasterState, apply
+
+    ds = Dataset(
+        ("x",),
+        ("x.rio",),
+        array("I", bytes(4 * CHUNKS)),
+        array("Q", range(CHUNKS)),
+        array("I", [1]) * CHUNKS,
+        CPT,
+    ).with_shuffle(seed)
+    state = MasterState()
+    apply(state, SetDataset(ds))
+    t0 = time.perf_counter()
+    for _ in range(cycles):
+        task = apply(state, Dispatch(1e18))
+        assert isinstance(task, Task)
+        apply(state, Finish(task.meta.id, task.meta.epoch, task.pass_id))
+    return (time.perf_counter() - t0) / cycles * 1e6
 
 
 def records_file(root: Path) -> str:
@@ -132,6 +162,11 @@ def main() -> None:
         row = {"round": r, "plain": round(base[-1]), "seeded": round(seeded[-1])}
         row |= {"plain_cpu_us": round(base_cpu[-1]), "seeded_cpu_us": round(seeded_cpu[-1])}
         print(json.dumps(row), flush=True)
+    core_plain: list[float] = []
+    core_seeded: list[float] = []
+    for _ in range(5 * args.rounds):
+        core_plain.append(core_cycle_us(None, 3000))
+        core_seeded.append(core_cycle_us(7, 3000))
     plain, shuffled = buffer_rates(root, args.rounds)
     print(
         json.dumps(
@@ -153,6 +188,11 @@ def main() -> None:
         f"  master CPU per cycle: {statistics.median(base_cpu):.0f} us without, "
         f"{statistics.median(seeded_cpu):.0f} us with; cycles per CPU second, with / without: "
         f"{statistics.median(cpu_ratios):.2f}x"
+    )
+    print(
+        f"  the core alone (Dispatch + Finish applied, in process): "
+        f"{statistics.median(core_plain):.1f} us without, {statistics.median(core_seeded):.1f}"
+        f" us with a seed (median of {len(core_plain)} alternating windows)"
     )
     buf_ratios = [s / p for s, p in zip(shuffled, plain, strict=True)]
     print(f"one trainer's records/s ({RECORDS} records of 32 bytes), median of {args.rounds}:")

@@ -65,27 +65,35 @@ class Permutation:
         self._keys = round_keys(seed, pass_id, domain)
 
     def __call__(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(f"index {i} is not in 0..{self.n - 1}")
+        return self.images(i, i + 1)[0]
+
+    def images(self, start: int, stop: int) -> list[int]:
+        """The images of start..stop-1 (in range(n)), in one loop: the master calls this per
+        task it hands out, and per pass for the task order."""
         n, m = self.n, self._m
-        if not 0 <= i < n:
-            raise IndexError(f"index {i} is not in 0..{n - 1}")
         k0, k1, k2, k3 = self._keys
-        x = i
-        while True:  # the rounds unrolled: this runs per chunk of every task handed out
-            a, b = divmod(x, m)
-            z = ((b ^ k0) * _M1) & _MASK
-            a = (a + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
-            z = ((a ^ k1) * _M1) & _MASK
-            b = (b + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
-            z = ((b ^ k2) * _M1) & _MASK
-            a = (a + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
-            z = ((a ^ k3) * _M1) & _MASK
-            b = (b + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
-            x = a * m + b
-            if x < n:  # cycle walking: x's cycle returns to range(n), since i is in it
-                return x
+        out = []
+        for x in range(start, stop):
+            while True:  # the rounds unrolled
+                a, b = divmod(x, m)
+                z = ((b ^ k0) * _M1) & _MASK
+                a = (a + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
+                z = ((a ^ k1) * _M1) & _MASK
+                b = (b + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
+                z = ((b ^ k2) * _M1) & _MASK
+                a = (a + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
+                z = ((a ^ k3) * _M1) & _MASK
+                b = (b + ((((z ^ (z >> 16)) * _M2) & _MASK) >> 16)) % m
+                x = a * m + b
+                if x < n:  # cycle walking: x's cycle returns to range(n), since it started there
+                    break
+            out.append(x)
+        return out
 
     def __iter__(self) -> Iterator[int]:
-        return map(self, range(self.n))
+        return iter(self.images(0, self.n))
 
 
 def pass_queue(
@@ -125,7 +133,7 @@ class PassChunks:
         start = task_id * self.cpt
         if task_id < 0 or start >= self.num_chunks:
             raise KeyError(task_id)
-        got = [self._perm(i) for i in range(start, min(start + self.cpt, self.num_chunks))]
+        got = self._perm.images(start, min(start + self.cpt, self.num_chunks))
         self._last = (task_id, got)
         return got
 
