@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(PY) bench/formats_bench.py
 	$(PY) bench/formats_more_bench.py
 	$(PY) bench/objstore_bench.py
+	$(PY) bench/shuffle_bench.py
 
 # Side by side with DLRover and tf.data service; each peer's virtualenv is made on first use.
 peers: $(STAMP)

@@ -7,6 +7,7 @@ descriptor, so a SIGKILL loses no logged line. Records are ASCII integers (b"%06
 
     python tests/helpers/session_trainer.py --addr HOST:PORT --out FILE --passes 2 \
         [--first-pass P] [--commit-every N] [--report-every N] [--step-time S] [--name NAME]
+        [--shuffle-buffer N]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-time", type=float, default=0.0)
     ap.add_argument("--name", default=None)
     ap.add_argument("--leave-after", type=int, default=0, help="close after N records")
+    ap.add_argument("--shuffle-buffer", type=int, default=0)
     args = ap.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -53,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         else {"etcd_endpoints": args.endpoints, "etcd_job": args.job}
     )
     commits = 0
-    with Client(**where, name=args.name, report_every=args.report_every) as client:  # type: ignore[arg-type]
+    with Client(
+        **where,  # type: ignore[arg-type]
+        name=args.name,
+        report_every=args.report_every,
+        shuffle_buffer=args.shuffle_buffer,
+    ) as client:
         if args.dataset:
             client.set_dataset(args.dataset)
         for p in range(args.first_pass, args.first_pass + args.passes):

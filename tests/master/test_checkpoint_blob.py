@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from chunkmaster.core.checkpoint import (
     MAGIC,
     VERSION,
+    VERSION_SHUFFLED,
     CheckpointError,
     DataCheckpoint,
     DatasetFingerprint,
@@ -219,8 +220,9 @@ def test_foreign_files_are_refused(tmp_path: Path) -> None:
 
 def test_a_future_version_is_refused_naming_the_version_read() -> None:
     head, sections = parts(encode(checkpoint()))
-    msg = refused(seal(head, sections, version=2), "version 2 is not supported")
-    assert f"reads version {VERSION}" in msg
+    msg = refused(seal(head, sections, version=3), "version 3 is not supported")
+    assert f"reads versions {VERSION} and {VERSION_SHUFFLED}" in msg
+    msg = refused(seal(head, sections, version=VERSION_SHUFFLED), "shuffle seed disagree")
     assert decode(seal(head, sections)) == checkpoint()  # `seal` follows the documented layout
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from chunkmaster.cli.common import CliError
 from chunkmaster.core.checkpoint import CheckpointError
 from chunkmaster.core.errors import MasterError
+from chunkmaster.core.shuffle import ShuffleSeedError
 from chunkmaster.master.config import ConfigError, MasterConfig
 from chunkmaster.store.base import StoreError
 
@@ -265,6 +266,16 @@ SETTINGS = (
         "N|P%|unlimited",
     ),
     Setting(
+        "shuffle_seed",
+        ("--shuffle-seed",),
+        _env("SHUFFLE_SEED"),
+        "shuffle every pass by this seed (0 to 2**64-1): the order tasks are handed out in, "
+        "and which chunks form each task, differ every pass and are the same on every run, "
+        "restart and failover. Fixed for the job once its dataset is set (default: off, "
+        "tasks are runs of consecutive chunks in file order); see docs/shuffle.md",
+        "S",
+    ),
+    Setting(
         "store",
         ("--store",),
         _env("STORE"),
@@ -422,6 +433,8 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(run_master(config, _install_stop_signals))
     except StoreError as exc:  # a damaged or shared store: the message says what to do
         raise CliError(str(exc)) from None
+    except ShuffleSeedError as exc:  # the store's job has another seed
+        raise CliError(f"--shuffle-seed: {exc}", USAGE_EXIT) from None
     except (CheckpointError, MasterError) as exc:  # --restore refused: the text says why
         raise CliError(f"--restore {config.restore}: {exc}") from None
 

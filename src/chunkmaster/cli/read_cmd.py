@@ -81,6 +81,22 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--buffer-size", type=int, default=1024, help="records read ahead")
     p.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hand records out in a random order drawn from a buffer of N records, across "
+        "the tasks held (default 0: off; not with --task-lines); see docs/shuffle.md",
+    )
+    p.add_argument(
+        "--shuffle-seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="seed of the shuffle buffer's draw, with the pass and the trainer's name "
+        "(default: the master's --shuffle-seed, or 0)",
+    )
+    p.add_argument(
         "--retry-timeout",
         type=float,
         default=None,
@@ -122,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.passes < 0:
         raise CliError("--passes must be 0 or more")
+    if args.shuffle_buffer < 0:
+        raise CliError("--shuffle-buffer must be 0 (off) or more")
+    if args.shuffle_buffer and args.task_lines:
+        raise CliError("--task-lines and --shuffle-buffer do not go together (tasks get mixed)")
     out = sys.stdout
     done: list[Task] = []
     try:
@@ -138,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
             on_task_done=done.append,
             storage_options=storage_options,
             read_ahead=args.read_ahead,
+            shuffle_buffer=args.shuffle_buffer,
+            shuffle_seed=args.shuffle_seed,
             **security_kwargs(args),
         )
     except (RuntimeError, ValueError) as exc:

@@ -41,10 +41,13 @@ log = logging.getLogger("chunkmaster.client")
 
 
 class Run(NamedTuple):
-    """Records handed to the trainer in one piece; `finishes` is the task whose last it holds."""
+    """Records handed to the trainer in one piece; `finishes` is the task whose last it holds.
+    They are records `first`.. of `task` (counted from its first record)."""
 
     records: Iterator[Any]
     finishes: Task | None
+    task: Task
+    first: int
 
 
 class PassBuffer:
@@ -260,7 +263,7 @@ class PassBuffer:
         if finishes is not None:
             assert done is not None
             self._taken(finishes, done)
-        return Run(records, finishes)
+        return Run(records, finishes, task, self._chunk_first + a)
 
     def _taken(self, task: Task, done: list[Task]) -> None:
         """The trainer took the task's last record: report it finished."""

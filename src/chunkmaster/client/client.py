@@ -62,6 +62,7 @@ from chunkmaster.client.readahead import DEFAULT_CHUNKS as DEFAULT_READ_AHEAD
 from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reporter import Reporter, Reports
 from chunkmaster.client.session import TrainerSession
+from chunkmaster.client.shuffle_buffer import DeferredFinishes, Key, ShuffleBuffer, buffer_rng
 from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Position, Task
 from chunkmaster.formats.base import Storage
@@ -78,6 +79,8 @@ _GIL: Final = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 """With the GIL, one step of a C-level iterator is atomic, so the fast path needs no lock."""
 
 DEFAULT_BUFFER = 1024
+FILL_WAIT = 0.1  # seconds a shuffle buffer waits for a task before it hands out what it holds
+SHUFFLE_BATCH = 64  # records a shuffle buffer draws per turn of the lock
 _worker_ids = itertools.count()
 _T = TypeVar("_T")
 _EMPTY_ITER: Final[Iterator[Any]] = iter(())
@@ -125,6 +128,12 @@ class Client:
     progress every `report_every` records and at least every `report_interval` seconds;
     commit() needs it. `session=False` speaks the unary calls only (tasks then come back by
     the master's timeout only).
+
+    `shuffle_buffer` (records; 0, the default, is off): records() hands the records out in a
+    random order drawn from a buffer of that many, across the tasks this trainer holds
+    (docs/shuffle.md). The draw is seeded by (`shuffle_seed`, pass, `name`); without
+    `shuffle_seed` the master's --shuffle-seed is used (0 if it has none). A buffered record
+    is not consumed: positions, commits and finishes wait until it is handed out.
     """
 
     def __init__(
@@ -153,13 +162,20 @@ class Client:
         storage_options: Mapping[str, Any] | None = None,
         read_ahead: int = DEFAULT_READ_AHEAD,
         read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
+        shuffle_buffer: int = 0,
+        shuffle_seed: int | None = None,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
+        if shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be 0 (off) or more, not {shuffle_buffer}")
+        self.shuffle_buffer = shuffle_buffer
+        self.shuffle_seed = shuffle_seed
         self.buffer_size = max(1, buffer_size)
         self.prefetch_tasks = max(0, prefetch_tasks)
         self.poll_wait = poll_wait
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{next(_worker_ids)}"
+        self.name = name or self.worker
         self._on_task_done = on_task_done
         self._locator: MasterLocator | None = None
         locator: Locator | None = None
@@ -213,7 +229,7 @@ class Client:
         if session:
             self._session = TrainerSession(
                 self._link,
-                name=name or self.worker,
+                name=self.name,
                 report_every=self.report_every,
                 report_interval=report_interval,
                 progress=self._report_positions,
@@ -352,10 +368,16 @@ class Client:
     def start_get_records(self, pass_id: int, columns: Sequence[str] | None = None) -> None:
         """Start fetching `pass_id`; an unfinished earlier pass is abandoned (records dropped).
         `columns`: read only these columns of a columnar (Parquet) dataset."""
+        if self.shuffle_buffer:
+            raise RuntimeError("a shuffle buffer mixes the records of records(pass_id) only")
         self._start(pass_id, columns)
 
     def _start(
-        self, pass_id: int, columns: Sequence[str] | None = None, batches: bool = False
+        self,
+        pass_id: int,
+        columns: Sequence[str] | None = None,
+        batches: bool = False,
+        reports: Reports | None = None,
     ) -> PassBuffer:
         with self._lock:
             self._check_open()
@@ -366,7 +388,7 @@ class Client:
             ps = PassBuffer(
                 pass_id,
                 self._cond,
-                self._reports,
+                self._reports if reports is None else reports,
                 self._token,
                 self._progress,
                 run_limit=self.report_every,
@@ -471,9 +493,93 @@ class Client:
 
         Leaving the loop early abandons the pass (its fetcher stops, its buffer is dropped).
         A C-level chain over the pass's runs of records: no Python frame per record.
+        With a shuffle buffer, a generator that draws each record from it.
         `columns`: read only these columns of a columnar (Parquet) dataset's rows.
         """
+        if self.shuffle_buffer:
+            return self._shuffled(pass_id, columns)
         return PassBufferRecords(self._runs(pass_id, columns))
+
+    def _buffer_seed(self) -> int:
+        if self.shuffle_seed is None:
+            seed = self.status().get("shuffle_seed")
+            self.shuffle_seed = seed if isinstance(seed, int) else 0
+        return self.shuffle_seed
+
+    def _shuffled(
+        self, pass_id: int, columns: Sequence[str] | None = None
+    ) -> Generator[Any, None, None]:
+        """One pass through a shuffle buffer (shuffle_buffer.py): fill it from the runs, and
+        hand out a random record. When no task comes for FILL_WAIT seconds (the end of the
+        pass, whose last tasks may be the ones this buffer holds), hand out what it holds
+        without waiting until a task comes again."""
+        buf = ShuffleBuffer(
+            self.shuffle_buffer, buffer_rng(self._buffer_seed(), pass_id, self.name)
+        )
+        ps = self._start(pass_id, columns, reports=DeferredFinishes(self._reports, buf))
+        with self._lock:
+            self._progress.clip = buf.oldest
+        reading: Iterator[Any] | None = None
+        key: Key | None = None
+        index = 0
+        ended = finished = starving = False
+        batch: list[tuple[Any, Key, int]] = []
+        try:
+            while True:
+                released: list[Task] = []
+                with self._lock:
+                    buf.handed(batch)  # the previous batch: the trainer has taken it all
+                    batch = []
+                    if self._pass is not ps:
+                        self._check_open()
+                        log.warning("pass %d was replaced while iterating it", ps.pass_id)
+                        return
+                    while not ended and buf.room:
+                        if reading is not None:
+                            room = buf.room
+                            got = list(itertools.islice(reading, room))
+                            assert key is not None
+                            buf.add(got, key, index)
+                            index += len(got)
+                            if len(got) == room:
+                                continue
+                            reading = key = None
+                        run = ps.next_run([])  # the buffer says when a task is done
+                        if run is not None:
+                            starving = False
+                            reading, index = run.records, run.first
+                            key = (run.task.meta.id, run.task.meta.epoch)
+                            continue
+                        if ps.end is not None:
+                            if not isinstance(ps.end, EndOfPass):
+                                raise ps.end
+                            ended = True
+                        elif not buf and not buf.deferred:
+                            self._cond.wait()
+                            continue
+                        elif buf and not starving:
+                            starving = not self._cond.wait(FILL_WAIT)
+                            continue
+                        break
+                    batch = buf.draw(SHUFFLE_BATCH)
+                    if buf.deferred:
+                        released = buf.releasable(None if reading is None else key)
+                        for task in released:
+                            self._reports.finished(task)
+                if released:
+                    self._notify_done(released)
+                if batch:
+                    for record, _, _ in batch:
+                        yield record
+                elif ended and not buf.deferred:
+                    finished = True
+                    return
+        finally:
+            with self._lock:
+                if self._progress.clip == buf.oldest:
+                    self._progress.clip = None
+                if not finished and self._pass is ps:
+                    self._abandon(ps, "records() left early")
 
     def batches(self, pass_id: int, columns: Sequence[str] | None = None) -> Iterator[Any]:
         """Run one whole pass of a columnar (Parquet) dataset as `pyarrow.RecordBatch`es: each

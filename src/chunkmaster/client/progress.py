@@ -14,7 +14,7 @@ record, whatever the dispatch's start.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,9 @@ class Progress:
         self._run: _Run | None = None
         self._consumed = 0  # records taken in runs that are over
         self._reported_at = 0  # `consumed` when progress was last sent
+        #: With a shuffle buffer: (task id, epoch) -> the index of its oldest record still
+        #: buffered, or None. A position never goes beyond it (the trainer has not seen it).
+        self.clip: Callable[[int, int], int | None] | None = None
 
     # ---- the trainer's side -----------------------------------------------------------------
 
@@ -126,9 +129,13 @@ class Progress:
 
     def position(self, held: HeldTask) -> int:
         run = self._run
-        if run is not None and run.held is held:
-            return run.first + run.taken
-        return held.done
+        pos = run.first + run.taken if run is not None and run.held is held else held.done
+        if self.clip is not None:
+            meta = held.task.meta
+            oldest = self.clip(meta.id, meta.epoch)
+            if oldest is not None and oldest < pos:
+                return oldest
+        return pos
 
     @property
     def consumed(self) -> int:
@@ -155,6 +162,9 @@ class Progress:
         """Every task consumed since the last commit: held ones at their exact position,
         finished ones at their end."""
         out = list(self._finished.values())
+        if self.clip is not None:  # finished at the source, but records still buffered: later
+            clip = self.clip
+            out = [p for p in out if clip(p.task_id, p.epoch) is None]
         for held in self._held.values():
             pos = self.position(held)
             if pos > max(held.committed, held.task.start):

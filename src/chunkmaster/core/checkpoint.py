@@ -6,10 +6,13 @@ committed tasks of a pass are a bitmap (1 bit a task, zlib), so a million tasks 
 No pickle: reading a checkpoint must not mean running code. Layout (little-endian):
 
     header   magic  8s  b"\\x89CMCKP\\r\\n"   (the \\r\\n pair shows text-mode damage)
-             version u32 (VERSION), body length u64
+             version u32 (VERSION, or VERSION_SHUFFLED for a job with a shuffle seed),
+             body length u64
     body     JSON length u32, JSON (ASCII): job, created, num_tasks, floor,
                dataset {globs, cpt, files: [[path, size, chunks, records, index digest hex]],
                  format (absent: "recordio")},
+               shuffle_seed (VERSION_SHUFFLED only: with it, task t covers other chunks
+               every pass, so the commits mean something under this seed only),
                passes [[pass_id, full count, bitmap bytes, partial count]], ascending
              then per pass, in order: bitmap (zlib of ceil(num_tasks/8) bytes, task t is bit
                t % 8 of byte t // 8, padding bits 0), partial task ids u32[n] ascending,
@@ -35,12 +38,14 @@ from itertools import compress, pairwise
 from typing import Any
 
 from chunkmaster.core.dataset import Dataset, count_tasks
+from chunkmaster.core.shuffle import MAX_SEED
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
     raise ImportError("chunkmaster's checkpoint format assumes a little-endian machine")
 
 MAGIC = b"\x89CMCKP\r\n"
 VERSION = 1
+VERSION_SHUFFLED = 2
 _HEADER = struct.Struct("<8sIQ")
 _JSON_LEN = struct.Struct("<I")
 _DIGEST_SIZE = 16
@@ -92,6 +97,7 @@ class DataCheckpoint:
     num_tasks: int
     floor: int  # the first pass not wholly committed; passes before it are done
     passes: tuple[PassCommits, ...]  # passes >= floor that have commits, ascending
+    shuffle_seed: int | None = None  # the job's seed: the pass layouts the commits are in
 
 
 # --- fingerprint -------------------------------------------------------------------------------
@@ -207,6 +213,8 @@ def _check(cp: DataCheckpoint) -> None:
         )
     if cp.floor < 0:
         raise CheckpointError(f"floor {cp.floor} is negative")
+    if cp.shuffle_seed is not None and not 0 <= cp.shuffle_seed <= MAX_SEED:
+        raise CheckpointError(f"shuffle seed {cp.shuffle_seed} is out of range")
     previous = cp.floor - 1
     for p in cp.passes:
         if p.pass_id <= previous:
@@ -238,6 +246,17 @@ def _check(cp: DataCheckpoint) -> None:
 
 def check_restorable(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None = None) -> None:
     """Refuse restoring `cp` onto `ds` unless it is the dataset the checkpoint was taken on."""
+    if cp.shuffle_seed != ds.shuffle_seed:
+        raise CheckpointError(
+            f"the data checkpoint was taken with shuffle seed {_seed_text(cp.shuffle_seed)} and "
+            f"this master has {_seed_text(ds.shuffle_seed)}: its commits name tasks of the "
+            f"checkpoint's shuffled passes. Start the master with "
+            + (
+                "no --shuffle-seed"
+                if cp.shuffle_seed is None
+                else f"--shuffle-seed {cp.shuffle_seed}"
+            )
+        )
     changes = differences(cp.dataset, fingerprint(ds, sizes))
     if changes:
         raise CheckpointError(
@@ -245,14 +264,18 @@ def check_restorable(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | Non
             + "; ".join(changes)
             + ". Restore onto the same files, or start the job without --restore"
         )
-    totals = ds.task_records
     for p in cp.passes:
+        totals = ds.task_records_for(p.pass_id)
         for task, records in p.partial.items():
             if records >= totals[task]:
                 raise CheckpointError(
                     f"pass {p.pass_id}: task {task} has {totals[task]} records, so {records} "
                     f"committed is not a partial commit"
                 )
+
+
+def _seed_text(seed: int | None) -> str:
+    return "none" if seed is None else str(seed)
 
 
 # --- bytes -------------------------------------------------------------------------------------
@@ -315,10 +338,12 @@ def encode(cp: DataCheckpoint) -> bytes:
                 **({} if ds.format == "recordio" else {"format": ds.format}),
             },
             "passes": passes,
+            **({} if cp.shuffle_seed is None else {"shuffle_seed": cp.shuffle_seed}),
         }
     )
     body = b"".join([_JSON_LEN.pack(len(head)), head, *sections])
-    out = _HEADER.pack(MAGIC, VERSION, len(body)) + body
+    version = VERSION if cp.shuffle_seed is None else VERSION_SHUFFLED
+    out = _HEADER.pack(MAGIC, version, len(body)) + body
     return out + hashlib.blake2b(out, digest_size=_DIGEST_SIZE).digest()
 
 
@@ -345,10 +370,11 @@ def decode(data: bytes | bytearray | memoryview) -> DataCheckpoint:
     if len(view) < _HEADER.size or bytes(view[:8]) != MAGIC:
         raise _foreign(view)
     _, version, body_len = _HEADER.unpack_from(view)
-    if version != VERSION:
+    if version not in (VERSION, VERSION_SHUFFLED):
         raise CheckpointError(
             f"data checkpoint format version {version} is not supported: this build reads "
-            f"version {VERSION}; restore it with the chunkmaster version that wrote it"
+            f"versions {VERSION} and {VERSION_SHUFFLED}; restore it with the chunkmaster "
+            f"version that wrote it"
         )
     total = _HEADER.size + body_len + _DIGEST_SIZE
     if len(view) < total:
@@ -366,6 +392,8 @@ def decode(data: bytes | bytearray | memoryview) -> DataCheckpoint:
         )
     try:
         cp = _parse(view[_HEADER.size : total - _DIGEST_SIZE])
+        if (version == VERSION_SHUFFLED) != (cp.shuffle_seed is not None):
+            raise CheckpointError(f"format version {version} and the shuffle seed disagree")
         _check(cp)
     except CheckpointError as exc:
         raise CheckpointError(f"inconsistent data checkpoint: {exc}") from None
@@ -462,6 +490,7 @@ def _parse(body: memoryview) -> DataCheckpoint:
             passes.append(PassCommits(pass_id, full, dict(zip(ids, records, strict=True))))
         if pos != len(body):
             raise CheckpointError(f"{len(body) - pos} bytes in the body belong to no section")
+        seed = head.get("shuffle_seed")
         return DataCheckpoint(
             _str(head["job"], "job"),
             float(created),
@@ -469,6 +498,7 @@ def _parse(body: memoryview) -> DataCheckpoint:
             num_tasks,
             _int(head["floor"], "floor"),
             tuple(passes),
+            None if seed is None else _int(seed, "shuffle seed"),
         )
     except KeyError as exc:
         raise CheckpointError(f"header lacks the field {exc}") from None

@@ -48,6 +48,8 @@ if sys.byteorder != "little":  # pragma: no cover - every platform we ship for i
 
 CONTAINER_MAGIC = b"CMB1"
 SNAPSHOT_VERSION = 2
+#: A snapshot of a job with a shuffle seed: an older build must refuse it, not drop the seed.
+SNAPSHOT_VERSION_SHUFFLED = 3
 _LEN = struct.Struct("<I")
 
 
@@ -97,6 +99,8 @@ def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
     }
     if ds.format != "recordio":
         header["format"] = ds.format
+    if ds.shuffle_seed is not None:
+        header["seed"] = ds.shuffle_seed
     blobs = {"cf": ds.chunk_file, "co": ds.chunk_offset, "cr": ds.chunk_records}
     if ds.file_sizes is not None:
         blobs["fs"] = ds.file_sizes
@@ -116,6 +120,7 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
         blobs.get("fs"),
         blobs.get("cl"),
         str(header.get("format", "recordio")),
+        None if header.get("seed") is None else int(header["seed"]),
     )
 
 
@@ -167,15 +172,19 @@ def encode_event(ev: Event) -> bytes:
             return b"Q" + _dumps(_budget(b))
         case SetDataset(dataset=ds):
             header, blobs = _dataset_parts(ds)
-            return b"T" + pack(header, blobs)
+            # A seeded dataset has a tag of its own: an older build refuses it.
+            return (b"T" if ds.shuffle_seed is None else b"H") + pack(header, blobs)
     raise CodecError(f"cannot encode {ev!r}")
 
 
 def decode_event(data: bytes) -> Event:
     tag, body = data[:1], data[1:]
     try:
-        if tag == b"T":
-            return SetDataset(_dataset_from(*unpack(body)))
+        if tag in (b"T", b"H"):
+            ds = _dataset_from(*unpack(body))
+            if (tag == b"H") != (ds.shuffle_seed is not None):
+                raise CodecError("a dataset entry's tag and shuffle seed disagree")
+            return SetDataset(ds)
         v = json.loads(body)
         if tag == b"D":
             return Dispatch(
@@ -215,7 +224,9 @@ def decode_event(data: bytes) -> Event:
 
 def encode_snapshot(state: MasterState) -> bytes:
     header: dict[str, Any] = {
-        "version": SNAPSHOT_VERSION,
+        "version": SNAPSHOT_VERSION
+        if state.dataset is None or state.dataset.shuffle_seed is None
+        else SNAPSHOT_VERSION_SHUFFLED,
         "cur_pass": state.cur_pass,
         "failure_max": state.failure_max,
         "failed_policy": state.failed_policy.value,
@@ -270,11 +281,14 @@ def encode_snapshot(state: MasterState) -> bytes:
 def decode_snapshot(data: bytes) -> MasterState:
     try:
         header, blobs = unpack(data)
-        if header.get("version") != SNAPSHOT_VERSION:
+        if header.get("version") not in (SNAPSHOT_VERSION, SNAPSHOT_VERSION_SHUFFLED):
             raise CodecError(f"snapshot version {header.get('version')} is not supported")
         st = MasterState()
         if header["dataset"] is not None:
             st.dataset = _dataset_from(header["dataset"], blobs)
+        seeded = st.dataset is not None and st.dataset.shuffle_seed is not None
+        if seeded != (header["version"] == SNAPSHOT_VERSION_SHUFFLED):
+            raise CodecError("a snapshot's version and its dataset's shuffle seed disagree")
         st.cur_pass = int(header["cur_pass"])
         st.failure_max = int(header["failure_max"])
         st.failed_policy = FailedPolicy(header["failed_policy"])
@@ -294,7 +308,7 @@ def decode_snapshot(data: bytes) -> MasterState:
         for p, commits in header["commits"]:
             c = st.commits[int(p)] = {int(t): int(r) for t, r in commits}
             if st.dataset is not None:
-                totals = st.dataset.task_records
+                totals = st.dataset.task_records_for(int(p))
                 full = sum(1 for t, r in c.items() if r == totals[t])
                 if full:
                     st.full_commits[int(p)] = full

@@ -3,16 +3,21 @@
 Chunks live in three flat arrays (16 bytes a chunk), not in millions of objects. Tasks are
 consecutive groups of `chunks_per_task` chunks, so task k is a range of chunk numbers and
 needs no storage of its own; task IDs are 0..num_tasks-1, stable for the life of the job.
+With a shuffle seed, task k of pass p is the same positions k*cpt.. of the pass's keyed
+permutation of the chunks instead (core/shuffle.py): recomputed, never stored.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from chunkmaster.core.model import Chunk
+from chunkmaster.core.shuffle import PassChunks, PassTaskRecords
+
+LIVE_PASSES = 4  # passes whose shuffled layout a dataset keeps at hand
 
 
 def effective_chunks_per_task(chunks_per_task: int) -> int:
@@ -36,6 +41,10 @@ class Dataset:
     file_sizes: array[int] | None = field(default=None)  # 'Q': bytes per file, if known
     chunk_length: array[int] | None = field(default=None)  # 'Q': bytes per chunk, if known
     format: str = "recordio"  # the files' format (chunkmaster.formats)
+    shuffle_seed: int | None = None  # None: every pass cuts the same tasks, in file order
+    _layouts: dict[int, tuple[PassChunks, PassTaskRecords]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     @classmethod
     def build(
@@ -102,15 +111,45 @@ class Dataset:
         cpt = effective_chunks_per_task(self.chunks_per_task)
         return array("Q", (sum(cr[i : min(i + cpt, n)]) for i in range(0, n, cpt)))
 
+    def with_shuffle(self, seed: int | None) -> Dataset:
+        """This dataset with its tasks cut and ordered by `seed` (None: in file order)."""
+        return self if seed == self.shuffle_seed else replace(self, shuffle_seed=seed)
+
+    def _layout(self, pass_id: int) -> tuple[PassChunks, PassTaskRecords]:
+        """The seeded layout of one pass, kept for the few passes in use (commits of an
+        older pass may still come while a later one is dispatched)."""
+        got = self._layouts.get(pass_id)
+        if got is None:
+            assert self.shuffle_seed is not None
+            chunks = PassChunks(self.num_chunks, self.chunks_per_task, self.shuffle_seed, pass_id)
+            got = chunks, PassTaskRecords(chunks, self.chunk_records, self.num_tasks)
+            if len(self._layouts) >= LIVE_PASSES:
+                del self._layouts[min(self._layouts)]
+            self._layouts[pass_id] = got
+        return got
+
+    def task_records_for(self, pass_id: int) -> Sequence[int]:
+        """Records per task in `pass_id` (the same every pass without a seed)."""
+        if self.shuffle_seed is None:
+            return self.task_records
+        return self._layout(pass_id)[1]
+
+    def chunk_ids(self, task_id: int, pass_id: int = 0) -> Sequence[int]:
+        """The chunk numbers task `task_id` covers in pass `pass_id`, in reading order."""
+        if self.shuffle_seed is None:
+            return self.chunk_range(task_id)
+        return self._layout(pass_id)[0].chunks(task_id)
+
     def chunk_range(self, task_id: int) -> range:
         if not 0 <= task_id < self.num_tasks:
             raise KeyError(task_id)
         start = task_id * self.chunks_per_task
         return range(start, min(start + self.chunks_per_task, self.num_chunks))
 
-    def task_chunks(self, task_id: int) -> tuple[Chunk, ...]:
+    def task_chunks(self, task_id: int, pass_id: int = 0) -> tuple[Chunk, ...]:
         files, cf, co, cr = self.files, self.chunk_file, self.chunk_offset, self.chunk_records
         cl = self.chunk_length
+        ids = self.chunk_ids(task_id, pass_id)
         if cl is None:
-            return tuple(Chunk(files[cf[i]], co[i], cr[i]) for i in self.chunk_range(task_id))
-        return tuple(Chunk(files[cf[i]], co[i], cr[i], cl[i]) for i in self.chunk_range(task_id))
+            return tuple(Chunk(files[cf[i]], co[i], cr[i]) for i in ids)
+        return tuple(Chunk(files[cf[i]], co[i], cr[i], cl[i]) for i in ids)

@@ -125,7 +125,9 @@ class QuarantinedTask:
 def describe(state: MasterState, task_id: int) -> QuarantinedTask:
     assert state.dataset is not None
     log = state.failure_log.get(task_id, ())
-    return QuarantinedTask(task_id, state.dataset.task_chunks(task_id), tuple(log))
+    # With a shuffle seed a task covers other chunks every pass: name those it failed on.
+    failed_in = log[-1].pass_id if log else state.cur_pass
+    return QuarantinedTask(task_id, state.dataset.task_chunks(task_id, failed_in), tuple(log))
 
 
 def budget_limit(state: MasterState) -> int | None:

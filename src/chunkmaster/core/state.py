@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from array import array
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from chunkmaster.core import quarantine
@@ -42,6 +43,7 @@ from chunkmaster.core.model import (
     TaskMeta,
 )
 from chunkmaster.core.quarantine import ErrorBudget, JobStop
+from chunkmaster.core.shuffle import pass_queue
 
 FAILURE_HISTORY = 8  # failures remembered per task; the count is kept in full
 LEDGER_PASSES = 16  # passes whose record counts are kept
@@ -130,15 +132,22 @@ class MasterState:
         p = self.pending.get(task_id)
         return Task(
             TaskMeta(task_id, self.epochs[task_id]),
-            self.dataset.task_chunks(task_id),
+            self.dataset.task_chunks(task_id, self.cur_pass),
             self.cur_pass,
             0 if p is None else p.start,
             self.dataset.format,
         )
 
-    def task_records(self, task_id: int) -> int:
+    def task_records(self, task_id: int, pass_id: int | None = None) -> int:
+        """Records in a task in `pass_id` (default: this pass); with a shuffle seed a task
+        covers other chunks every pass."""
         assert self.dataset is not None
-        return self.dataset.task_records[task_id]
+        return self.dataset.task_records_for(self.cur_pass if pass_id is None else pass_id)[task_id]
+
+    def pass_queue(self, tasks: Iterable[int] | None = None) -> deque[int]:
+        """`tasks` (default: all) in the order this pass hands them out."""
+        assert self.dataset is not None
+        return pass_queue(self.dataset.shuffle_seed, self.cur_pass, self.num_tasks, tasks)
 
     def pass_ledger(self, pass_id: int | None = None) -> PassLedger:
         p = self.cur_pass if pass_id is None else pass_id
@@ -219,7 +228,7 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
                 return False
             state.dataset = ds
             state.epochs = array("Q", bytes(8 * ds.num_tasks))
-            state.todo = deque(range(ds.num_tasks))
+            state.todo = state.pass_queue()
             return True
         case Configure(failure_max=fm, failed_policy=fp):
             state.failure_max = fm
@@ -369,7 +378,7 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
         return f"task {pos.task_id} does not exist (the dataset has {state.num_tasks} tasks)"
     if pos.pass_id > state.cur_pass:
         return f"pass {pos.pass_id} has not started (the master is in pass {state.cur_pass})"
-    total = state.task_records(pos.task_id)
+    total = state.task_records(pos.task_id, pos.pass_id)
     if not 0 <= pos.records <= total:
         return f"task {pos.task_id} has {total} records, not {pos.records}"
     if pos.epoch > state.epochs[pos.task_id]:
@@ -390,7 +399,7 @@ def _commit(state: MasterState, pos: Position) -> int:
     if pos.records <= old:
         return 0
     state.commits.setdefault(pos.pass_id, {})[pos.task_id] = pos.records
-    total = state.task_records(pos.task_id)
+    total = state.task_records(pos.task_id, pos.pass_id)
     if pos.records == total:
         state.full_commits[pos.pass_id] = state.full_commits.get(pos.pass_id, 0) + 1
     state.pass_ledger(pos.pass_id).committed += pos.records - old
@@ -416,10 +425,10 @@ def _restore(state: MasterState, ev: Restore) -> None:
     state.restored_from = ev.source
     for pass_id, task_id, records in ev.commits:
         state.commits.setdefault(pass_id, {})[task_id] = records
-        if records == state.task_records(task_id):
+        if records == state.task_records(task_id, pass_id):
             state.full_commits[pass_id] = state.full_commits.get(pass_id, 0) + 1
         state.pass_ledger(pass_id).committed += records
-    state.todo = deque(range(state.num_tasks))
+    state.todo = state.pass_queue()
     _start_pass(state)
     _maybe_roll_over(state)
 
@@ -455,7 +464,7 @@ def _maybe_roll_over(state: MasterState) -> None:
                 state.num_failures.pop(task_id, None)
             next_todo.extend(state.failed)
             state.failed = []
-        state.todo = next_todo
+        state.todo = state.pass_queue(next_todo)
         quarantine.note_pass_started(state)
         for old in [p for p in state.ledger if p <= state.cur_pass - LEDGER_PASSES]:
             del state.ledger[old]

@@ -15,6 +15,7 @@ from typing import Any
 
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.quarantine import ErrorBudget
+from chunkmaster.core.shuffle import MAX_SEED
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
 from chunkmaster.master.auth import is_loopback, read_token
@@ -102,6 +103,15 @@ def _roots(text: str) -> tuple[str, ...]:
     return roots
 
 
+def _seed(text: str) -> int | None:
+    if not text.strip():
+        return None
+    value = _integer(text)
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{value} is not a shuffle seed (0 to 2**64-1)")
+    return value
+
+
 def _policy(text: str) -> FailedPolicy:
     try:
         return FailedPolicy(text)
@@ -138,6 +148,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "format": _optional,
     "failed_policy": _policy,
     "max_failed_records": ErrorBudget.parse,
+    "shuffle_seed": _seed,
     "store": _optional,
     "store_sync": _store_sync,
     "store_on_damage": _store_on_damage,
@@ -184,6 +195,8 @@ class MasterConfig:
     failed_policy: FailedPolicy = FailedPolicy.RETRY
     #: Records one pass may lose to quarantined tasks before the job stops (docs/failures.md).
     max_failed_records: ErrorBudget = field(default_factory=ErrorBudget)
+    #: Shuffle each pass's task order and the chunks of each task by this seed; None: off.
+    shuffle_seed: int | None = None
     #: Embedded store file or ":memory:"; None means the default file of the job.
     store: str | None = None
     store_sync: str = "full"
@@ -239,6 +252,8 @@ class MasterConfig:
                     ("format",),
                     f"{self.format!r} is not a dataset format ({', '.join(sorted(FORMATS))})",
                 )
+        if self.shuffle_seed is not None and not 0 <= self.shuffle_seed <= MAX_SEED:
+            raise ConfigError(("shuffle_seed",), f"{self.shuffle_seed} is not in 0..2**64-1")
         if self.task_timeout_max < 0:
             raise ConfigError(("task_timeout_max",), "must be 0 or more")
         if self.store_sync not in STORE_SYNC_MODES:

@@ -157,6 +157,7 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
         dataset_format=config.format,
         job=config.job or "default",
         storage_options=config.storage_options,
+        shuffle_seed=config.shuffle_seed,
     )
     try:
         await service.start()

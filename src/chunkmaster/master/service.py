@@ -53,6 +53,7 @@ from chunkmaster.core.model import (
     TaskMeta,
 )
 from chunkmaster.core.quarantine import ErrorBudget, budget_limit, describe
+from chunkmaster.core.shuffle import ShuffleSeedError, check_seed
 from chunkmaster.core.state import (
     Availability,
     check_get_task,
@@ -96,6 +97,7 @@ class Service:
         index_timeout: float = INDEX_TIMEOUT,
         dataset_format: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        shuffle_seed: int | None = None,
     ) -> None:
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
@@ -113,6 +115,7 @@ class Service:
         self.failure_max = failure_max
         self.failed_policy = FailedPolicy(failed_policy)
         self.error_budget = ErrorBudget() if error_budget is None else error_budget
+        self.shuffle_seed = None if shuffle_seed is None else check_seed(shuffle_seed)
         self._clock = clock
         self.ledger = (
             Ledger(store) if compact_min is None else Ledger(store, compact_min=compact_min)
@@ -132,6 +135,19 @@ class Service:
         """Recover from the store and arm the timers of tasks that were pending."""
         await self.ledger.recover()
         st = self.ledger.state
+        if st.dataset is not None and st.dataset.shuffle_seed != self.shuffle_seed:
+            raise ShuffleSeedError(
+                f"the job's state was started with shuffle seed "
+                f"{_seed_text(st.dataset.shuffle_seed)}, this master has "
+                f"{_seed_text(self.shuffle_seed)}: a seed cannot change in the middle of a job "
+                f"(every pass's task order and tasks derive from it). Start with "
+                + (
+                    "no --shuffle-seed"
+                    if st.dataset.shuffle_seed is None
+                    else f"--shuffle-seed {st.dataset.shuffle_seed}"
+                )
+                + ", or with an empty store for a new job"
+            )
         if st.ready:
             assert st.dataset is not None
             log.info(
@@ -224,7 +240,7 @@ class Service:
             self.storage_options,
         )
         if self.ledger.state.dataset is None:
-            await self.ledger.commit(SetDataset(dataset))
+            await self.ledger.commit(SetDataset(dataset.with_shuffle(self.shuffle_seed)))
 
     async def get_task(
         self,
@@ -486,11 +502,10 @@ class Service:
         if ds is None:
             raise CheckpointRefusedError("no dataset is set yet: there is no position to save")
         floor, commits = committed_position(st)
-        totals = ds.task_records
         by_pass: dict[int, tuple[set[int], dict[int, int]]] = {}
         for pass_id, task_id, records in commits:
             full, partial = by_pass.setdefault(pass_id, (set(), {}))
-            if records == totals[task_id]:
+            if records == st.task_records(task_id, pass_id):
                 full.add(task_id)
             else:
                 partial[task_id] = records
@@ -504,6 +519,7 @@ class Service:
                 checkpoint.PassCommits(p, frozenset(full), partial)
                 for p, (full, partial) in sorted(by_pass.items())
             ),
+            shuffle_seed=ds.shuffle_seed,
         )
         return checkpoint.encode(cp)
 
@@ -533,11 +549,12 @@ class Service:
             cp.dataset.format,
             self.storage_options,
         )
+        dataset = dataset.with_shuffle(self.shuffle_seed)
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
-        totals = dataset.task_records
         commits = tuple(
             (p.pass_id, t, r)
             for p in cp.passes
+            for totals in (dataset.task_records_for(p.pass_id),)
             for t, r in sorted([(t, totals[t]) for t in p.full] + list(p.partial.items()))
         )
         events: list[Event] = [SetDataset(dataset), Restore(cp.floor, commits, source)]
@@ -665,6 +682,7 @@ class Service:
             },
             "failure_max": st.failure_max,
             "failed_policy": st.failed_policy.value,
+            "shuffle_seed": None if ds is None else ds.shuffle_seed,
             "timeout_dur": self.timeout_dur,
             "failed_tasks": failed_tasks,
             "error_budget": {
@@ -720,6 +738,10 @@ class Service:
 #: The longest save-model window a trainer may ask for (a day): a longer one holds the lock
 #: past any plausible save, across restarts.
 MAX_SAVE_BLOCK = 24 * 3600.0
+
+
+def _seed_text(seed: int | None) -> str:
+    return "none" if seed is None else str(seed)
 
 
 def _check_position(pos: Position) -> None:
