@@ -54,6 +54,15 @@ def render(st: dict[str, Any]) -> str:
         lines.append(
             f"records  pass {led['pass']}: {led['dispatched']} handed out, {led['consumed']} "
             f"consumed, {led['committed']} committed; handed out again: {again or 'none'}"
+            + (f"; dropped {led['dropped']}" if led.get("dropped") else "")
+            + (f"; padded {led['padded']}" if led.get("padded") else "")
+        )
+    steps = st.get("equal_steps")
+    if steps and steps["mode"] != "off":
+        got = ", ".join(f"{n}" for n in steps["records"].values())
+        lines.append(
+            f"steps    equal ({steps['mode']}): {steps['target']} records per trainer this "
+            f"pass; handed out so far: {got or 'none (fixed at the first task of the pass)'}"
         )
     if "trainers" in st:
         lines.append(

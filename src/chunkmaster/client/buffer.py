@@ -7,9 +7,10 @@ the task, so "finished" is reported when the trainer takes that record [D10]. Ev
 is guarded by the client's lock (`cond`), which the methods below take or expect held.
 
 A task handed out again starts at `task.start`: the chunks before it are skipped without being
-read, and the first records of the chunk it starts in are dropped. Runs are cut at most
-`run_limit` records long, and each run is noted in `Progress` (progress.py), whose positions
-come from the runs' own iterators.
+read, and the first records of the chunk it starts in are dropped. A piece of a task (`task.end`
+set, equal steps) comes with the chunks up to its end, and stops at `task.end` in the last.
+Runs are cut at most `run_limit` records long, and each run is noted in `Progress`
+(progress.py), whose positions come from the runs' own iterators.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class PassBuffer:
             if task is not None and loaded is not None:
                 n = loaded.count
                 last_chunk = self._next_chunk == len(task.chunks)
+                if last_chunk and task.end:  # a piece stops at its end
+                    n = max(0, min(n, task.end - self._chunk_first))
                 stop = n - 1 if last_chunk else n  # a task's last record is a run of its own
                 a = self._at
                 if a < stop:

@@ -21,6 +21,7 @@ from chunkmaster.core.events import (
     Configure,
     Dispatch,
     EndSession,
+    EqualSteps,
     Event,
     Fail,
     Finish,
@@ -39,12 +40,14 @@ from chunkmaster.core.state import (
     SaveApproval,
     Session,
 )
+from chunkmaster.core.steps import Piece, StepsMode, StepsState
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
     raise ImportError("chunkmaster's state codec assumes a little-endian machine")
 
 CONTAINER_MAGIC = b"CMB1"
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3  # 3: equal steps (a version 2 snapshot reads as equal steps off)
+READABLE_VERSIONS = (2, 3)
 _LEN = struct.Struct("<I")
 
 
@@ -126,6 +129,8 @@ def encode_event(ev: Event) -> bytes:
             return b"S" + _dumps([tid, u])
         case Configure(failure_max=fm, failed_policy=fp):
             return b"C" + _dumps([fm, fp.value])
+        case EqualSteps(mode=mode):
+            return b"Q" + _dumps([mode])
         case Resume(not_before=nb):
             return b"R" + _dumps([nb])
         case OpenSession(session=sid, name=n, host=h, pid=pid, report_every=every):
@@ -179,6 +184,8 @@ def decode_event(data: bytes) -> Event:
             return Configure(int(v[0]), FailedPolicy(v[1]))
         if tag == b"R":
             return Resume(float(v[0]))
+        if tag == b"Q":
+            return EqualSteps(StepsMode(v[0]).value)
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt journal entry (tag {tag!r}): {exc}") from exc
     raise CodecError(f"unknown journal entry tag {tag!r}")
@@ -204,9 +211,18 @@ def encode_snapshot(state: MasterState) -> bytes:
         "restored_from": state.restored_from,
         "pass_done": list(state.pass_done.items()),
         "ledger": [
-            [p, led.dispatched, led.consumed, led.committed, led.redispatched]
+            [
+                p,
+                led.dispatched,
+                led.consumed,
+                led.committed,
+                led.redispatched,
+                led.dropped,
+                led.padded,
+            ]
             for p, led in state.ledger.items()
         ],
+        "steps": _steps_header(state.steps),
         "num_failures": list(state.num_failures.items()),
         "failure_log": [
             [t, state.failure_total.get(t, len(log)), [[f.pass_id, f.epoch, f.reason] for f in log]]
@@ -231,7 +247,7 @@ def encode_snapshot(state: MasterState) -> bytes:
 def decode_snapshot(data: bytes) -> MasterState:
     try:
         header, blobs = unpack(data)
-        if header.get("version") != SNAPSHOT_VERSION:
+        if header.get("version") not in READABLE_VERSIONS:
             raise CodecError(f"snapshot version {header.get('version')} is not supported")
         st = MasterState()
         if header["dataset"] is not None:
@@ -263,9 +279,17 @@ def decode_snapshot(data: bytes) -> MasterState:
         st.restored_from = str(header["restored_from"])
         st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
         st.ledger = {
-            int(p): PassLedger(int(d), int(c), int(k), {str(w): int(n) for w, n in r.items()})
-            for p, d, c, k, r in header["ledger"]
+            int(p): PassLedger(
+                int(d),
+                int(c),
+                int(k),
+                {str(w): int(n) for w, n in r.items()},
+                *(int(x) for x in more),
+            )
+            for p, d, c, k, r, *more in header["ledger"]
         }
+        if "steps" in header:
+            st.steps = _steps_from(header["steps"])
         st.requests = {p.request: t for t, p in st.pending.items() if p.request}
         st.num_failures = {int(t): int(n) for t, n in header["num_failures"]}
         for t, total, log in header["failure_log"]:
@@ -280,3 +304,42 @@ def decode_snapshot(data: bytes) -> MasterState:
         raise
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt snapshot: {exc}") from exc
+
+
+def _steps_header(st: StepsState) -> dict[str, Any]:
+    return {
+        "mode": st.mode.value,
+        "members": list(st.members.items()),
+        "target": st.target,
+        "unassigned": st.unassigned,
+        "queued_pads": st.queued_pads,
+        "pieces": [
+            [u, p.pass_id, p.task, p.start, p.end, int(p.pad), p.epoch, p.committed]
+            for u, p in st.pieces.items()
+        ],
+        "next_piece": st.next_piece,
+        "outstanding": list(st.outstanding.items()),
+        "lost": sorted(st.lost),
+        "ahead": [[p, t, list(r.items())] for (p, t), r in st.ahead.items()],
+        "pad": [st.pad_task, st.pad_at],
+    }
+
+
+def _steps_from(h: dict[str, Any]) -> StepsState:
+    return StepsState(
+        mode=StepsMode(h["mode"]),
+        members={str(s): int(n) for s, n in h["members"]},
+        target=int(h["target"]),
+        unassigned=int(h["unassigned"]),
+        queued_pads=int(h["queued_pads"]),
+        pieces={
+            int(u): Piece(int(p), int(t), int(a), int(b), bool(pad), int(e), int(c))
+            for u, p, t, a, b, pad, e, c in h["pieces"]
+        },
+        next_piece=int(h["next_piece"]),
+        outstanding={int(t): int(n) for t, n in h["outstanding"]},
+        lost={int(t) for t in h["lost"]},
+        ahead={(int(p), int(t)): {int(a): int(b) for a, b in r} for p, t, r in h["ahead"]},
+        pad_task=int(h["pad"][0]),
+        pad_at=int(h["pad"][1]),
+    )

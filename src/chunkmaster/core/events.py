@@ -21,6 +21,14 @@ class Configure:
 
 
 @dataclass(frozen=True, slots=True)
+class EqualSteps:
+    """Equal steps per trainer in force from now on: "off", "drop" or "pad"
+    (docs/equal-steps.md); journaled when a master starts with a new --equal-steps."""
+
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
 class SetDataset:
     """The first dataset wins; later ones are not journaled."""
 
@@ -125,6 +133,7 @@ class Restore:
 
 Event = (
     Configure
+    | EqualSteps
     | SetDataset
     | Dispatch
     | Finish

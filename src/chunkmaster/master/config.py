@@ -20,6 +20,7 @@ from chunkmaster.master.auth import is_loopback, read_token
 __all__ = ["ETCD_FIELDS", "TEXT_FIELDS", "ConfigError", "MasterConfig", "parse_duration"]
 
 STORE_SYNC_MODES = ("full", "normal")
+EQUAL_STEPS_MODES = ("off", "drop", "pad")
 STORE_ON_DAMAGE = ("refuse", "move-aside", "accept-older")
 
 
@@ -101,6 +102,12 @@ def _policy(text: str) -> FailedPolicy:
         raise ValueError(f"{text!r} is not one of {names}") from None
 
 
+def _equal_steps(text: str) -> str:
+    if text not in EQUAL_STEPS_MODES:
+        raise ValueError(f"{text!r} is not one of {', '.join(EQUAL_STEPS_MODES)}")
+    return text
+
+
 def _store_sync(text: str) -> str:
     if text not in STORE_SYNC_MODES:
         raise ValueError(f"{text!r} is not one of {', '.join(STORE_SYNC_MODES)}")
@@ -127,6 +134,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "restore_replace": _flag,
     "chunks_per_task": _integer,
     "failed_policy": _policy,
+    "equal_steps": _equal_steps,
     "store": _optional,
     "store_sync": _store_sync,
     "store_on_damage": _store_on_damage,
@@ -166,6 +174,8 @@ class MasterConfig:
     restore_replace: bool = False
     chunks_per_task: int = 10
     failed_policy: FailedPolicy = FailedPolicy.RETRY
+    #: Equal records per trainer in a pass: off, drop or pad (docs/equal-steps.md).
+    equal_steps: str = "off"
     #: Embedded store file or ":memory:"; None means the default file of the job.
     store: str | None = None
     store_sync: str = "full"
@@ -213,6 +223,8 @@ class MasterConfig:
             raise ConfigError(("restore_replace",), "only means something with a restore file")
         if self.task_timeout_max < 0:
             raise ConfigError(("task_timeout_max",), "must be 0 or more")
+        if self.equal_steps not in EQUAL_STEPS_MODES:
+            raise ConfigError(("equal_steps",), f"{self.equal_steps!r} is not off, drop or pad")
         if self.store_sync not in STORE_SYNC_MODES:
             raise ConfigError(("store_sync",), f"{self.store_sync!r} is not full or normal")
         if self.store_on_damage not in STORE_ON_DAMAGE:

@@ -139,6 +139,7 @@ async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Ev
         timeout_dur=config.task_timeout,
         failure_max=config.task_timeout_max,
         failed_policy=config.failed_policy,
+        equal_steps=config.equal_steps,
         trainer_ttl=config.trainer_ttl,
         index_timeout=config.index_timeout,
         job=config.job or "default",

@@ -34,6 +34,7 @@ from chunkmaster.core.events import (
     Configure,
     Dispatch,
     EndSession,
+    EqualSteps,
     Event,
     Fail,
     Finish,
@@ -60,6 +61,7 @@ from chunkmaster.core.state import (
     finish_ignored,
     save_allowed,
 )
+from chunkmaster.core.steps import StepsMode
 from chunkmaster.logs import about
 from chunkmaster.master.datasets import INDEX_TIMEOUT, in_daemon_thread, load_dataset
 from chunkmaster.master.leases import LeaseKeeper
@@ -86,6 +88,7 @@ class Service:
         failure_max: int = 3,
         *,
         failed_policy: FailedPolicy | str = FailedPolicy.RETRY,
+        equal_steps: StepsMode | str = StepsMode.OFF,
         clock: Callable[[], float] = time.time,
         compact_min: int | None = None,
         trainer_ttl: float = TRAINER_TTL,
@@ -105,6 +108,7 @@ class Service:
         self.timeout_dur = float(timeout_dur)
         self.failure_max = failure_max
         self.failed_policy = FailedPolicy(failed_policy)
+        self.equal_steps = StepsMode(equal_steps)
         self._clock = clock
         self.ledger = (
             Ledger(store) if compact_min is None else Ledger(store, compact_min=compact_min)
@@ -137,6 +141,8 @@ class Service:
             )
         if (st.failure_max, st.failed_policy) != (self.failure_max, self.failed_policy):
             await self.ledger.commit(Configure(self.failure_max, self.failed_policy))
+        if st.steps.mode is not self.equal_steps:
+            await self.ledger.commit(EqualSteps(self.equal_steps.value))
         if st.pending:
             # Task deadlines are about trainers: the time no master was serving (down, or
             # not yet leading) must not time out tasks that live trainers are reading.
@@ -236,7 +242,7 @@ class Service:
             if request_id and (held := st.requests.get(request_id)) is not None:
                 return st.task(held)
             try:
-                avail = check_get_task(st, pass_id)
+                avail = check_get_task(st, pass_id, session)
             except PassAfterError:
                 if not await self._wait_change(until):
                     raise
@@ -244,18 +250,24 @@ class Service:
             if avail is Availability.DISPATCH:
                 if session and session not in st.sessions:
                     raise SessionExpiredError()
-                return await self._dispatch(worker, request_id, session)
+                task = await self._dispatch(worker, request_id, session)
+                if task is not None:
+                    return task
+                continue  # equal steps: nothing for this trainer in this pass; ask again
             if not await self._wait_change(until):
                 if avail is Availability.NOT_READY:
                     raise NotReadyError()
                 raise NoMoreAvailableError()
 
-    async def _dispatch(self, worker: str, request_id: str, session: str = "") -> Task:
+    async def _dispatch(self, worker: str, request_id: str, session: str = "") -> Task | None:
         """Dispatch the head of Todo. Apply and arm the timer before yielding: a caller that
         goes away while the dispatch is made durable must not leave the task pending without
         a timer (it would never come back); a failed write resets the timers anyway."""
         deadline = self._clock() + self.timeout_dur
         task, durable = self.ledger.submit(Dispatch(deadline, worker, request_id, session))
+        if task is None:
+            await durable
+            return None
         assert isinstance(task, Task)
         self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
         await durable
@@ -523,6 +535,8 @@ class Service:
         else:
             await self.ledger.replace(events)
             await self.ledger.commit(Configure(self.failure_max, self.failed_policy))
+            if self.equal_steps is not StepsMode.OFF:
+                await self.ledger.commit(EqualSteps(self.equal_steps.value))
         st = self.ledger.state
         log.info(
             "restored the data checkpoint of job %r: pass %d, %d task(s) to do, %d done",
@@ -629,6 +643,11 @@ class Service:
             "sessions": len(st.sessions),
             "trainers": trainers,
             "commit_floor": st.commit_floor,
+            "equal_steps": {
+                "mode": st.steps.mode.value,
+                "target": st.steps.target,
+                "records": dict(list(st.steps.members.items())[:STATUS_LIST_LIMIT]),
+            },
             "ledger": [
                 {
                     "pass": p,
@@ -636,6 +655,8 @@ class Service:
                     "consumed": st.ledger[p].consumed,
                     "committed": st.ledger[p].committed,
                     "redispatched": dict(st.ledger[p].redispatched),
+                    "dropped": st.ledger[p].dropped,
+                    "padded": st.ledger[p].padded,
                 }
                 for p in passes
             ],

@@ -67,6 +67,7 @@ def task_to_pb(task: Task) -> pb.Task:
         ],
         pass_id=task.pass_id,
         start=task.start,
+        end=task.end,
     )
 
 
@@ -76,4 +77,5 @@ def task_from_pb(msg: pb.Task) -> Task:
         tuple(Chunk(c.path, c.offset, c.num_records) for c in msg.chunks),
         msg.pass_id,
         msg.start,
+        msg.end,
     )
