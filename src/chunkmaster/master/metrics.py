@@ -99,7 +99,8 @@ class StateCollector(Collector):
         records = GaugeMetricFamily(
             "chunkmaster_pass_records",
             "Records of a pass (the current and the previous one) by stage: handed out, "
-            "reported consumed, committed.",
+            "reported consumed, committed; with equal steps also dropped (not handed out) "
+            "and padded (handed out again to even the trainers up).",
             labels=["pass", "stage"],
         )
         again = GaugeMetricFamily(
@@ -109,7 +110,7 @@ class StateCollector(Collector):
         )
         for entry in st["ledger"]:
             p = str(entry["pass"])
-            for stage in ("dispatched", "consumed", "committed"):
+            for stage in ("dispatched", "consumed", "committed", "dropped", "padded"):
                 records.add_metric([p, stage], entry[stage])
             for reason, n in entry["redispatched"].items():
                 again.add_metric([p, reason], n)
