@@ -24,6 +24,7 @@ from chunkmaster.core.events import (
     Finish,
     OpenSession,
     Progress,
+    Restore,
     SetDataset,
 )
 from chunkmaster.core.model import TRAINER_LOST_REASON, Position, Task
@@ -63,7 +64,11 @@ def records_of(task: Task) -> range:
 
 
 def play_pass(
-    s: MasterState, rng: random.Random, kill: str | None = None, kill_after: int = 0
+    s: MasterState,
+    rng: random.Random,
+    kill: str | None = None,
+    kill_after: int = 0,
+    fail_rate: float = 0.0,
 ) -> dict[str, int]:
     """Trainers ask and finish in a random order until the pass ends; records per trainer."""
     pass_id = s.cur_pass
@@ -71,6 +76,7 @@ def play_pass(
     held: dict[str, list[Task]] = {sid: [] for sid in s.sessions}
     steps_taken = 0
     while s.cur_pass == pass_id:
+        every_task_once(s)
         live = [sid for sid in held if sid in s.sessions]
         asking = [sid for sid in live if check_get_task(s, pass_id, sid) is Availability.DISPATCH]
         holding = [sid for sid in live if held[sid]]
@@ -98,9 +104,33 @@ def play_pass(
         else:
             sid = rng.choice(holding)
             task = held[sid].pop(rng.randrange(len(held[sid])))
+            if rng.random() < fail_rate:  # a read failure after a reported half
+                half = task.start + (task.num_records - task.start) // 2
+                apply(s, Progress((Position(task.meta.id, task.meta.epoch, pass_id, half),)))
+                got[sid] += half - task.start
+                assert apply(s, Fail(task.meta.id, task.meta.epoch, "bad chunk"))
+                continue
             got[sid] += len(records_of(task))
             assert apply(s, Finish(task.meta.id, task.meta.epoch, pass_id))
     return {sid: got[sid] for sid in held}
+
+
+def every_task_once(s: MasterState) -> None:
+    """Each task is in exactly one queue, or split into pieces that are; the quota books agree."""
+    n = s.num_tasks
+    whole = [u for u in [*s.todo, *s.pending, *s.done, *s.failed] if u < n]
+    pieces = [s.steps.pieces[u] for u in [*s.todo, *s.pending] if u >= n]
+    split_tasks = {p.task for p in pieces if not p.pad}
+    assert len(whole) == len(set(whole))
+    assert not (set(whole) & split_tasks) or split_tasks & set(s.failed)
+    assert set(whole) | set(s.steps.outstanding) == set(range(n))
+    for task, live in s.steps.outstanding.items():
+        assert live == sum(1 for p in pieces if p.task == task and not p.pad)
+    if s.steps.fixed:
+        assert s.steps.unassigned == sum(
+            s.task_records(u) - s.progress.get(u, s.steps.pieces[u].start if u >= n else 0)
+            for u in s.todo
+        )
 
 
 def test_quota_and_split() -> None:
@@ -148,9 +178,11 @@ def test_equal_counts_with_a_trainer_lost(
 ) -> None:
     """Whatever the dataset and whoever dies when, the survivors end each pass equal."""
     s = started(mode, chunks, cpt, trainers)
+    s.failure_max = 1000
     rng = random.Random(seed)
     total = sum(chunks)
-    got = play_pass(s, rng, kill="s0" if trainers > 1 else None, kill_after=kill_after)
+    kill = "s0" if trainers > 1 else None
+    got = play_pass(s, rng, kill=kill, kill_after=kill_after, fail_rate=0.15)
     survivors = {sid: n for sid, n in got.items() if sid in s.sessions}
     assert len(set(survivors.values())) == 1, got
     # every pass ends; the next pass has every task again, whole
@@ -225,3 +257,60 @@ def test_unary_get_task_waits_under_equal_steps() -> None:
     s = started("pad", [4], 1, 1)
     assert check_get_task(s, 0, "") is Availability.WAIT
     assert check_get_task(s, 0, "s0") is Availability.DISPATCH
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("stop_after", [2, 4])
+def test_a_restore_in_the_middle_of_an_equal_steps_pass_delivers_the_rest_once(
+    seed: int, stop_after: int
+) -> None:
+    """Trainers commit what they finish; a data checkpoint is taken mid-pass, and a fresh
+    state restored from it delivers each record the checkpoint does not hold exactly once
+    (the dropped remainder aside), with equal counts again."""
+    chunks = [3, 5, 2, 7, 1, 4, 6, 2, 3, 1]  # 34 records
+    s = started("drop", chunks, 2, 3)
+    rng = random.Random(seed)
+    held: dict[str, list[Task]] = {sid: [] for sid in s.sessions}
+    finishes = 0
+    while finishes < stop_after and s.cur_pass == 0:
+        sid = rng.choice(sorted(held))
+        if check_get_task(s, 0, sid) is Availability.DISPATCH and rng.random() < 0.8:
+            task = apply(s, Dispatch(1.0, sid, "", sid))
+            assert isinstance(task, Task)
+            held[sid].append(task)
+        elif held[sid]:
+            t = held[sid].pop(0)
+            apply(s, Finish(t.meta.id, t.meta.epoch, 0))
+            apply(s, Commit((Position(t.meta.id, t.meta.epoch, 0, t.num_records),)))
+            finishes += 1
+    floor, commits = committed_position(s)
+    assert floor == 0
+    prefix = {(t, r) for p, t, n in commits if p == 0 for r in range(n)}
+
+    fresh = MasterState()
+    apply(fresh, EqualSteps("drop"))
+    apply(fresh, SetDataset(s.dataset))  # type: ignore[arg-type]
+    apply(fresh, Restore(floor, commits, "cp"))
+    for i in range(3):
+        apply(fresh, OpenSession(f"n{i}", f"n{i}", "h", i))
+    delivered: Counter[tuple[int, int]] = Counter()
+    got: Counter[str] = Counter()
+    while fresh.cur_pass == 0:
+        for sid in sorted(fresh.sessions):
+            if check_get_task(fresh, 0, sid) is not Availability.DISPATCH:
+                continue
+            task = apply(fresh, Dispatch(1.0, sid, "", sid))
+            if task is None:
+                continue
+            assert isinstance(task, Task)
+            piece = fresh.steps.pieces.get(task.meta.id)
+            tid = task.meta.id if piece is None else piece.task
+            delivered.update((tid, r) for r in range(task.start, task.num_records))
+            got[sid] += task.num_records - task.start
+            apply(fresh, Finish(task.meta.id, task.meta.epoch, 0))
+            if fresh.cur_pass:
+                break
+    assert all(n == 1 for n in delivered.values())
+    assert not (set(delivered) & prefix)
+    assert len(set(got.values())) == 1, got
+    assert len(prefix) + len(delivered) + fresh.ledger[0].dropped == sum(chunks)

@@ -396,7 +396,7 @@ def _end_session(state: MasterState, ev: EndSession) -> int:
         _leave_pending(state, task_id)
         state.todo.appendleft(task_id)
         if state.steps.on:
-            steps.handed_back(state, task_id, ev.session)
+            steps.handed_back(state, task_id, ev.session, ending=True)
         if ev.reason != RETURNED_REASON:
             _redispatched(state, task_id, ev.reason)
     del state.sessions[ev.session]

@@ -181,6 +181,8 @@ def _rebalance(state: MasterState) -> None:
         st.queued_pads = 0
     total = st.unassigned + sum(st.members.values())
     st.target = quota(total, len(st.members), st.mode)
+    if st.mode is StepsMode.PAD:  # nobody gives records back: pad the others up to the most
+        st.target = max(st.target, *st.members.values())
     _settle(state)
 
 
@@ -289,8 +291,9 @@ def take(state: MasterState, session: str) -> int | None:
     return unit
 
 
-def handed_back(state: MasterState, unit: int, session: str) -> None:
-    """A unit `session` held goes back to Todo (a failure, a timeout, the session's end)."""
+def handed_back(state: MasterState, unit: int, session: str, *, ending: bool = False) -> None:
+    """A unit `session` held goes back to Todo (a failure, a timeout, the session's end,
+    `ending`: `session_ended` settles the quotas after)."""
     st = state.steps
     n = remaining(state, unit)
     st.unassigned += n
@@ -298,6 +301,8 @@ def handed_back(state: MasterState, unit: int, session: str) -> None:
         st.queued_pads += n
     if session in st.members:
         st.members[session] -= n
+    if not ending:
+        _settle(state)  # e.g. a unit with nothing left, back when every member has its quota
 
 
 def session_ended(state: MasterState, session: str) -> None:
