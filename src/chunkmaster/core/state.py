@@ -122,13 +122,13 @@ class MasterState:
 
     @property
     def num_tasks(self) -> int:
-        return 0 if self.dataset is None else self.dataset.num_tasks
+        return len(self.epochs)  # one epoch a task, set with the dataset; cheaper to ask
 
     def task(self, task_id: int) -> Task:
         assert self.dataset is not None
         p = self.pending.get(task_id)
         start = 0 if p is None else p.start
-        if task_id >= self.num_tasks:  # a piece: its task's chunks up to its end
+        if task_id >= len(self.epochs):  # a piece: its task's chunks up to its end
             piece = self.steps.pieces[task_id]
             chunks = []
             first = 0
@@ -148,12 +148,10 @@ class MasterState:
 
     def task_records(self, task_id: int) -> int:
         """Where a task (or a piece of one) ends, counted from the task's first record."""
-        return steps.unit_end(self, task_id)
-
-    def epoch(self, task_id: int) -> int:
-        if task_id >= self.num_tasks:
-            return self.steps.pieces[task_id].epoch
-        return self.epochs[task_id]
+        if task_id < len(self.epochs):
+            assert self.dataset is not None
+            return self.dataset.task_records[task_id]
+        return self.steps.pieces[task_id].end
 
     def pass_ledger(self, pass_id: int | None = None) -> PassLedger:
         p = self.cur_pass if pass_id is None else pass_id
@@ -281,14 +279,14 @@ def _dispatch(state: MasterState, ev: Dispatch) -> Task | None:
         task_id = unit
     else:
         task_id = state.todo.popleft()
-    if task_id >= state.num_tasks:
-        state.steps.pieces[task_id].epoch += 1
+    if task_id < len(state.epochs):
+        state.epochs[task_id] = epoch = state.epochs[task_id] + 1
+        start = state.progress.get(task_id, 0)
     else:
-        state.epochs[task_id] += 1
-    start = steps.unit_start(state, task_id)
-    state.pending[task_id] = Pending(
-        state.epoch(task_id), ev.deadline, ev.worker, ev.request, ev.session, start
-    )
+        piece = state.steps.pieces[task_id]
+        piece.epoch = epoch = piece.epoch + 1
+        start = state.progress.get(task_id, piece.start)
+    state.pending[task_id] = Pending(epoch, ev.deadline, ev.worker, ev.request, ev.session, start)
     if ev.request:
         state.requests[ev.request] = task_id
     state.pass_ledger().dispatched += state.task_records(task_id) - start
@@ -308,7 +306,7 @@ def _finish(state: MasterState, ev: Finish) -> bool:
     _leave_pending(state, ev.task_id)
     state.progress.pop(ev.task_id, None)
     state.num_failures.pop(ev.task_id, None)
-    if ev.task_id >= state.num_tasks:
+    if ev.task_id >= len(state.epochs):
         steps.piece_finished(state, ev.task_id)
     else:
         state.done.append(ev.task_id)

@@ -108,7 +108,7 @@ def unit_end(state: MasterState, unit: int) -> int:
 
 def unit_start(state: MasterState, unit: int) -> int:
     """Where the next dispatch of a unit starts (its known position)."""
-    piece = state.steps.pieces.get(unit) if unit >= state.num_tasks else None
+    piece = state.steps.pieces.get(unit) if unit >= len(state.epochs) else None
     return state.progress.get(unit, 0 if piece is None else piece.start)
 
 
