@@ -155,3 +155,27 @@ def test_survivors_of_a_killed_trainer_end_each_pass_equal(mode: str, tmp_path: 
         RECORDS if RECORDS % 2 == 0 else RECORDS - (mode == "drop") + (mode == "pad")
     )
     assert st["sessions"] == 0 and st["cur_pass"] == PASSES
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_a_master_killed_mid_pass_comes_back_with_the_same_quotas(
+    mode: str, tmp_path: Path
+) -> None:
+    """The pass's trainers, quotas and pieces are journaled state: a master SIGKILLed in the
+    middle of a pass and started again on its store goes on with them."""
+    master, data = start(tmp_path, mode)
+    try:
+        trainers = trainers_then_dataset(master, data, tmp_path, "0.003")
+        wait_for(lambda: len(trainers[0].records(0)) >= 150, "the trainers to read")
+        master.restart()
+        for t in trainers:
+            t.wait()
+        assert master.addr is not None
+        ledger = {p["pass"]: p for p in status(master.addr)["ledger"]}
+    finally:
+        master.kill()
+    per = RECORDS // 3 if mode == "drop" else -(-RECORDS // 3)
+    for p in range(PASSES):
+        counts = [len(t.records(p)) for t in trainers]
+        assert counts == [per] * 3, (p, counts)
+        assert ledger[p]["dropped" if mode == "drop" else "padded"] == abs(3 * per - RECORDS)
