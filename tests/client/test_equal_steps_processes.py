@@ -108,8 +108,17 @@ def test_three_trainers_get_the_same_records_every_pass(mode: str, tmp_path: Pat
             t.wait()
         assert master.addr is not None
         ledger = {p["pass"]: p for p in status(master.addr)["ledger"]}
+        shown = subprocess.run(
+            [sys.executable, "-m", "chunkmaster", "status", "--addr", master.addr],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         master.kill()
+    assert shown.returncode == 0, shown.stderr
+    assert f"; {'dropped 1' if mode == 'drop' else 'padded 2'}" in shown.stdout, shown.stdout
+    assert f"steps    equal ({mode})" in shown.stdout, shown.stdout
     per = RECORDS // 3 if mode == "drop" else -(-RECORDS // 3)
     for p in range(PASSES):
         counts = [len(t.records(p)) for t in trainers]

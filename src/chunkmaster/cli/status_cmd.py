@@ -61,8 +61,12 @@ def render(st: dict[str, Any]) -> str:
     if steps and steps["mode"] != "off":
         got = ", ".join(f"{n}" for n in steps["records"].values())
         lines.append(
-            f"steps    equal ({steps['mode']}): {steps['target']} records per trainer this "
-            f"pass; handed out so far: {got or 'none (fixed at the first task of the pass)'}"
+            f"steps    equal ({steps['mode']}): "
+            + (
+                f"{steps['target']} records per trainer this pass; handed out so far: {got}"
+                if got
+                else "the pass's trainers are the sessions alive at its first task"
+            )
         )
     if "trainers" in st:
         lines.append(
