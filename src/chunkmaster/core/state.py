@@ -4,6 +4,10 @@ sessions, how far each held task is consumed, and how far each task is committed
 `apply(state, event)` is the only way the state changes. Every operation costs O(1) per task
 it names, except a pass rollover, which moves each task once per pass (O(1) amortised per
 task), and the end of a session, which scans the pending tasks for those it held.
+
+With equal steps (core/steps.py) a pass also holds *pieces*: record ranges of tasks, with IDs
+beyond the dataset's tasks, queued, dispatched, finished and failed like tasks. Fixing a pass's
+trainers (its first dispatch) scans Todo once; every other dispatch costs O(trainers) more.
 """
 
 from __future__ import annotations
