@@ -94,10 +94,6 @@ def split(remaining: int, want: int) -> int:
 # ---- units: a task, or a piece of one ------------------------------------------------------
 
 
-def is_piece(state: MasterState, unit: int) -> bool:
-    return unit >= state.num_tasks
-
-
 def unit_end(state: MasterState, unit: int) -> int:
     """Where a unit ends, counted from its task's first record."""
     if unit >= state.num_tasks:
