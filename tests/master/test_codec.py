@@ -23,6 +23,7 @@ from chunkmaster.core.events import (
     Configure,
     Dispatch,
     EndSession,
+    EqualSteps,
     Fail,
     Finish,
     OpenSession,
@@ -33,7 +34,7 @@ from chunkmaster.core.events import (
 )
 from chunkmaster.core.model import FailedPolicy, Position
 from chunkmaster.core.quarantine import ErrorBudget
-from chunkmaster.core.state import MasterState, apply
+from chunkmaster.core.state import Availability, MasterState, apply, check_get_task
 
 
 def ds(n: int) -> Dataset:
@@ -69,6 +70,7 @@ def comparable(s: MasterState) -> tuple[object, ...]:
         s.failed_policy,
         s.error_budget,
         s.stopped,
+        s.steps,
         None
         if s.dataset is None
         else (
@@ -121,6 +123,51 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
             ev = SetErrorBudget(budget[x % 3])
         else:
             ev = Configure(x % 3, FailedPolicy.KEEP if x % 2 else FailedPolicy.RETRY)
+        journal.append(encode_event(ev))  # type: ignore[arg-type]
+        apply(live, ev)  # type: ignore[arg-type]
+    replayed = MasterState()
+    for data in journal:
+        apply(replayed, decode_event(data))
+    assert comparable(replayed) == comparable(live)
+    assert comparable(decode_snapshot(encode_snapshot(live))) == comparable(live)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    mode=st.sampled_from(["drop", "pad"]),
+    ops=st.lists(st.tuples(st.sampled_from("DDDFFXOEPKQ"), st.integers(0, 9)), max_size=100),
+)
+def test_replay_and_snapshot_agree_with_equal_steps(mode: str, ops: list[tuple[str, int]]) -> None:
+    """Equal steps (pieces, quotas, drops, pads, trainers lost) replay and load exactly."""
+    live, journal = MasterState(), []
+    first = [EqualSteps(mode), SetDataset(ds(9))]
+    first += [OpenSession(f"s{i}", f"t{i}", "h", i) for i in range(3)]
+    for ev in first:
+        journal.append(encode_event(ev))
+        apply(live, ev)  # type: ignore[arg-type]
+    for kind, x in ops:
+        ev: object
+        sid = f"s{x % 4}"
+        if kind == "D":
+            if check_get_task(live, live.cur_pass, sid) is not Availability.DISPATCH:
+                continue
+            ev = Dispatch(1000.0 + x, sid, f"req-{len(journal)}", sid)
+        elif kind == "O":
+            ev = OpenSession(sid, f"trainer {x}", "host", 100 + x, x * 10)
+        elif kind == "E":
+            ev = EndSession(sid, "trainer lost" if x % 2 else "returned", held(live, x))
+        elif kind == "P":
+            ev = Progress(held(live, x))
+        elif kind == "K":
+            ev = Commit(held(live, x))
+        elif kind == "Q":
+            ev = EqualSteps(["off", "drop", "pad"][x % 3])
+        elif not live.pending:
+            continue
+        else:
+            t = sorted(live.pending)[x % len(live.pending)]
+            p = live.pending[t]
+            ev = Finish(t, p.epoch, live.cur_pass) if kind == "F" else Fail(t, p.epoch, "bad")
         journal.append(encode_event(ev))  # type: ignore[arg-type]
         apply(live, ev)  # type: ignore[arg-type]
     replayed = MasterState()

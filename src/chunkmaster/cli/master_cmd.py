@@ -276,6 +276,15 @@ SETTINGS = (
         "S",
     ),
     Setting(
+        "equal_steps",
+        ("--equal-steps",),
+        _env("EQUAL_STEPS"),
+        "for synchronous training: every trainer (session) of a pass gets the same number "
+        "of records; the remainder is dropped for the pass ('drop') or short trainers get "
+        "repeated records ('pad'); docs/equal-steps.md (default off)",
+        "{off,drop,pad}",
+    ),
+    Setting(
         "store",
         ("--store",),
         _env("STORE"),

@@ -59,6 +59,19 @@ def render(st: dict[str, Any]) -> str:
         lines.append(
             f"records  pass {led['pass']}: {led['dispatched']} handed out, {led['consumed']} "
             f"consumed, {led['committed']} committed; handed out again: {again or 'none'}{lost}"
+            + (f"; dropped {led['dropped']}" if led.get("dropped") else "")
+            + (f"; padded {led['padded']}" if led.get("padded") else "")
+        )
+    steps = st.get("equal_steps")
+    if steps and steps["mode"] != "off":
+        got = ", ".join(f"{n}" for n in steps["records"].values())
+        lines.append(
+            f"steps    equal ({steps['mode']}): "
+            + (
+                f"{steps['target']} records per trainer this pass; handed out so far: {got}"
+                if got
+                else "the pass's trainers are the sessions alive at its first task"
+            )
         )
     if "trainers" in st:
         lines.append(

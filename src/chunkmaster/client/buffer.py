@@ -8,9 +8,10 @@ takes that record [D10]. Everything here is guarded by the client's lock (`cond`
 methods below take or expect held.
 
 A task handed out again starts at `task.start`: the chunks before it are skipped without being
-read, and the first records of the chunk it starts in are dropped. Runs are cut at most
-`run_limit` records long, and each run is noted in `Progress` (progress.py), whose positions
-come from the runs' own iterators.
+read, and the first records of the chunk it starts in are dropped. A piece of a task (`task.end`
+set, equal steps) comes with the chunks up to its end, and stops at `task.end` in the last.
+Runs are cut at most `run_limit` records long, and each run is noted in `Progress`
+(progress.py), whose positions come from the runs' own iterators.
 
 With `batches` (columnar formats: Parquet), a run is one Arrow record batch, the rest of a
 chunk's rows in one piece; taking it takes all its rows, for progress and commits alike.
@@ -143,6 +144,8 @@ class PassBuffer:
             if task is not None and loaded is not None:
                 n = loaded.count
                 last_chunk = self._next_chunk == len(task.chunks)
+                if last_chunk and task.end:  # a piece stops at its end
+                    n = max(0, min(n, task.end - self._chunk_first))
                 a = self._at
                 if self._batches:  # the rest of the chunk, whole; the last one carries the task
                     self._loaded = None

@@ -22,8 +22,8 @@ from chunkmaster.core.model import Position, Task
 
 
 def task_records(task: Task) -> int:
-    """The records in a task (its chunks' counts)."""
-    return sum(c.num_records for c in task.chunks)
+    """Where a task's dispatch ends: its chunks' records, or the end of a piece."""
+    return task.num_records
 
 
 @dataclass

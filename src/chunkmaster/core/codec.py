@@ -22,6 +22,7 @@ from chunkmaster.core.events import (
     Configure,
     Dispatch,
     EndSession,
+    EqualSteps,
     Event,
     Fail,
     Finish,
@@ -42,14 +43,18 @@ from chunkmaster.core.state import (
     SaveApproval,
     Session,
 )
+from chunkmaster.core.steps import Piece, StepsMode, StepsState
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
     raise ImportError("chunkmaster's state codec assumes a little-endian machine")
 
 CONTAINER_MAGIC = b"CMB1"
-SNAPSHOT_VERSION = 2
+#: 3: quarantined records in the ledger, the error budget and a stopped job, equal steps (a
+#: version 2 snapshot reads with none of them).
+SNAPSHOT_VERSION = 3
 #: A snapshot of a job with a shuffle seed: an older build must refuse it, not drop the seed.
-SNAPSHOT_VERSION_SHUFFLED = 3
+SNAPSHOT_VERSION_SHUFFLED = 4
+READABLE_VERSIONS = (2, SNAPSHOT_VERSION, SNAPSHOT_VERSION_SHUFFLED)
 _LEN = struct.Struct("<I")
 
 
@@ -156,6 +161,8 @@ def encode_event(ev: Event) -> bytes:
             return b"S" + _dumps([tid, u])
         case Configure(failure_max=fm, failed_policy=fp):
             return b"C" + _dumps([fm, fp.value])
+        case EqualSteps(mode=mode):
+            return b"Z" + _dumps([mode])
         case Resume(not_before=nb):
             return b"R" + _dumps([nb])
         case OpenSession(session=sid, name=n, host=h, pid=pid, report_every=every):
@@ -217,6 +224,8 @@ def decode_event(data: bytes) -> Event:
             return Resume(float(v[0]))
         if tag == b"Q":
             return SetErrorBudget(_budget_from(v))
+        if tag == b"Z":
+            return EqualSteps(StepsMode(v[0]).value)
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt journal entry (tag {tag!r}): {exc}") from exc
     raise CodecError(f"unknown journal entry tag {tag!r}")
@@ -244,7 +253,16 @@ def encode_snapshot(state: MasterState) -> bytes:
         "restored_from": state.restored_from,
         "pass_done": list(state.pass_done.items()),
         "ledger": [
-            [p, led.dispatched, led.consumed, led.committed, led.redispatched, led.quarantined]
+            [
+                p,
+                led.dispatched,
+                led.consumed,
+                led.committed,
+                led.redispatched,
+                led.quarantined,
+                led.dropped,
+                led.padded,
+            ]
             for p, led in state.ledger.items()
         ],
         "error_budget": _budget(state.error_budget),
@@ -257,6 +275,7 @@ def encode_snapshot(state: MasterState) -> bytes:
             list(state.stopped.tasks),
             state.stopped.message,
         ],
+        "steps": _steps_header(state.steps),
         "num_failures": list(state.num_failures.items()),
         "failure_log": [
             [t, state.failure_total.get(t, len(log)), [[f.pass_id, f.epoch, f.reason] for f in log]]
@@ -281,7 +300,7 @@ def encode_snapshot(state: MasterState) -> bytes:
 def decode_snapshot(data: bytes) -> MasterState:
     try:
         header, blobs = unpack(data)
-        if header.get("version") not in (SNAPSHOT_VERSION, SNAPSHOT_VERSION_SHUFFLED):
+        if header.get("version") not in READABLE_VERSIONS:
             raise CodecError(f"snapshot version {header.get('version')} is not supported")
         st = MasterState()
         if header["dataset"] is not None:
@@ -321,15 +340,17 @@ def decode_snapshot(data: bytes) -> MasterState:
                 int(c),
                 int(k),
                 {str(w): int(n) for w, n in r.items()},
-                int(q[0]) if q else 0,
+                *(int(x) for x in more),
             )
-            for p, d, c, k, r, *q in header["ledger"]
+            for p, d, c, k, r, *more in header["ledger"]
         }
         if header.get("error_budget") is not None:
             st.error_budget = _budget_from(header["error_budget"])
         if header.get("stopped") is not None:
             p, n, limit, tasks, message = header["stopped"]
             st.stopped = JobStop(int(p), int(n), int(limit), tuple(map(int, tasks)), str(message))
+        if "steps" in header:
+            st.steps = _steps_from(header["steps"])
         st.requests = {p.request: t for t, p in st.pending.items() if p.request}
         st.num_failures = {int(t): int(n) for t, n in header["num_failures"]}
         for t, total, log in header["failure_log"]:
@@ -344,3 +365,42 @@ def decode_snapshot(data: bytes) -> MasterState:
         raise
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt snapshot: {exc}") from exc
+
+
+def _steps_header(st: StepsState) -> dict[str, Any]:
+    return {
+        "mode": st.mode.value,
+        "members": list(st.members.items()),
+        "target": st.target,
+        "unassigned": st.unassigned,
+        "queued_pads": st.queued_pads,
+        "pieces": [
+            [u, p.pass_id, p.task, p.start, p.end, int(p.pad), p.epoch, p.committed]
+            for u, p in st.pieces.items()
+        ],
+        "next_piece": st.next_piece,
+        "outstanding": list(st.outstanding.items()),
+        "lost": sorted(st.lost),
+        "ahead": [[p, t, list(r.items())] for (p, t), r in st.ahead.items()],
+        "pad": [st.pad_task, st.pad_at],
+    }
+
+
+def _steps_from(h: dict[str, Any]) -> StepsState:
+    return StepsState(
+        mode=StepsMode(h["mode"]),
+        members={str(s): int(n) for s, n in h["members"]},
+        target=int(h["target"]),
+        unassigned=int(h["unassigned"]),
+        queued_pads=int(h["queued_pads"]),
+        pieces={
+            int(u): Piece(int(p), int(t), int(a), int(b), bool(pad), int(e), int(c))
+            for u, p, t, a, b, pad, e, c in h["pieces"]
+        },
+        next_piece=int(h["next_piece"]),
+        outstanding={int(t): int(n) for t, n in h["outstanding"]},
+        lost={int(t) for t in h["lost"]},
+        ahead={(int(p), int(t)): {int(a): int(b) for a, b in r} for p, t, r in h["ahead"]},
+        pad_task=int(h["pad"][0]),
+        pad_at=int(h["pad"][1]),
+    )

@@ -29,6 +29,14 @@ class SetErrorBudget:
 
 
 @dataclass(frozen=True, slots=True)
+class EqualSteps:
+    """Equal steps per trainer in force from now on: "off", "drop" or "pad"
+    (docs/equal-steps.md); journaled when a master starts with a new --equal-steps."""
+
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
 class SetDataset:
     """The first dataset wins; later ones are not journaled."""
 
@@ -133,6 +141,7 @@ class Restore:
 
 Event = (
     Configure
+    | EqualSteps
     | SetDataset
     | Dispatch
     | Finish

@@ -31,17 +31,21 @@ class TaskMeta:
 @dataclass(frozen=True, slots=True)
 class Task:
     """A dispatch of a task: its chunks, and `start`, the records of it already consumed
-    (a task handed out again resumes there instead of at its first record)."""
+    (a task handed out again resumes there instead of at its first record). `end`, when not
+    0, is where the dispatch stops: a piece of a task (equal steps, docs/equal-steps.md) is
+    the records [start, end) of its chunks, counted from the task's first record."""
 
     meta: TaskMeta
     chunks: tuple[Chunk, ...]
     pass_id: int = 0
     start: int = 0
+    end: int = 0
     format: str = "recordio"  # the dataset's file format (chunkmaster.formats)
 
     @property
     def num_records(self) -> int:
-        return sum(c.num_records for c in self.chunks)
+        """Where the dispatch ends, counted from the task's first record."""
+        return self.end or sum(c.num_records for c in self.chunks)
 
 
 @dataclass(frozen=True, slots=True)

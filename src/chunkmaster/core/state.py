@@ -4,6 +4,10 @@ sessions, how far each held task is consumed, and how far each task is committed
 `apply(state, event)` is the only way the state changes. Every operation costs O(1) per task
 it names, except a pass rollover, which moves each task once per pass (O(1) amortised per
 task), and the end of a session, which scans the pending tasks for those it held.
+
+With equal steps (core/steps.py) a pass also holds *pieces*: record ranges of tasks, with IDs
+beyond the dataset's tasks, queued, dispatched, finished and failed like tasks. Fixing a pass's
+trainers (its first dispatch) scans Todo once; every other dispatch costs O(trainers) more.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from chunkmaster.core import quarantine
+from chunkmaster.core import quarantine, steps
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import AllTaskFailedError, PassAfterError, PassBeforeError
 from chunkmaster.core.events import (
@@ -23,6 +27,7 @@ from chunkmaster.core.events import (
     Configure,
     Dispatch,
     EndSession,
+    EqualSteps,
     Event,
     Fail,
     Finish,
@@ -84,6 +89,8 @@ class PassLedger:
     committed: int = 0
     redispatched: dict[str, int] = field(default_factory=dict)
     quarantined: int = 0  # records not delivered: their task went over failure_max
+    dropped: int = 0  # equal steps: records not handed out in the pass
+    padded: int = 0  # equal steps: records handed out again to even the trainers up
 
 
 @dataclass(slots=True)
@@ -118,6 +125,7 @@ class MasterState:
     restored_from: str = ""  # the data checkpoint this state was started from, if any
     error_budget: ErrorBudget = field(default_factory=ErrorBudget)  # quarantine.py
     stopped: JobStop | None = None  # the error budget was exceeded: no more tasks
+    steps: steps.StepsState = field(default_factory=steps.StepsState)  # equal steps
 
     @property
     def ready(self) -> bool:
@@ -125,24 +133,41 @@ class MasterState:
 
     @property
     def num_tasks(self) -> int:
-        return 0 if self.dataset is None else self.dataset.num_tasks
+        return len(self.epochs)  # one epoch a task, set with the dataset; cheaper to ask
 
     def task(self, task_id: int) -> Task:
         assert self.dataset is not None
         p = self.pending.get(task_id)
+        start = 0 if p is None else p.start
+        if task_id >= len(self.epochs):  # a piece: its task's chunks up to its end
+            piece = self.steps.pieces[task_id]
+            chunks = []
+            first = 0
+            for c in self.dataset.task_chunks(piece.task, self.cur_pass):
+                if first >= piece.end:
+                    break
+                chunks.append(c)
+                first += c.num_records
+            meta = TaskMeta(task_id, piece.epoch)
+            return Task(meta, tuple(chunks), self.cur_pass, start, piece.end, self.dataset.format)
         return Task(
             TaskMeta(task_id, self.epochs[task_id]),
             self.dataset.task_chunks(task_id, self.cur_pass),
             self.cur_pass,
-            0 if p is None else p.start,
+            start,
+            0,
             self.dataset.format,
         )
 
     def task_records(self, task_id: int, pass_id: int | None = None) -> int:
-        """Records in a task in `pass_id` (default: this pass); with a shuffle seed a task
-        covers other chunks every pass."""
-        assert self.dataset is not None
-        return self.dataset.task_records_for(self.cur_pass if pass_id is None else pass_id)[task_id]
+        """Where a task (or a piece of one) ends, counted from the task's first record, in
+        `pass_id` (default: this pass); with a shuffle seed a task covers other chunks every
+        pass."""
+        if task_id < len(self.epochs):
+            assert self.dataset is not None
+            p = self.cur_pass if pass_id is None else pass_id
+            return self.dataset.task_records_for(p)[task_id]
+        return self.steps.pieces[task_id].end
 
     def pass_queue(self, tasks: Iterable[int] | None = None) -> deque[int]:
         """`tasks` (default: all) in the order this pass hands them out."""
@@ -166,8 +191,9 @@ class Availability(enum.Enum):
     WAIT = "wait"  # none in Todo, some pending: wait for one to come back or the pass to end
 
 
-def check_get_task(state: MasterState, pass_id: int) -> Availability:
-    """What a GetTask(pass_id) gets now; raises the pass and all-failed errors."""
+def check_get_task(state: MasterState, pass_id: int, session: str = "") -> Availability:
+    """What a GetTask(pass_id) of `session` gets now; raises the pass and all-failed errors.
+    With equal steps, a trainer that has its quota (or is not one of the pass's) waits."""
     if state.dataset is None:
         return Availability.NOT_READY
     quarantine.check_running(state)
@@ -176,6 +202,8 @@ def check_get_task(state: MasterState, pass_id: int) -> Availability:
     if pass_id > state.cur_pass:
         raise PassAfterError()
     if state.todo:
+        if state.steps.on and not steps.may_take(state, session):
+            return Availability.WAIT
         return Availability.DISPATCH
     if state.pending:
         return Availability.WAIT
@@ -234,6 +262,9 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             state.failure_max = fm
             state.failed_policy = fp
             return True
+        case EqualSteps(mode=mode):
+            state.steps.mode = steps.StepsMode(mode)
+            return True
         case Resume(not_before=nb):
             for p in state.pending.values():
                 p.deadline = max(p.deadline, nb)
@@ -257,15 +288,29 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
     raise InvalidEvent(f"unknown event {event!r}")
 
 
-def _dispatch(state: MasterState, ev: Dispatch) -> Task:
+def _dispatch(state: MasterState, ev: Dispatch) -> Task | None:
+    """The task handed out; None only with equal steps, when fixing the pass's trainers
+    left nothing for this one (a quota of 0)."""
     if not state.todo:
         raise InvalidEvent("dispatch with an empty todo queue")
-    task_id = state.todo.popleft()
-    state.epochs[task_id] += 1
-    start = state.progress.get(task_id, 0)
-    state.pending[task_id] = Pending(
-        state.epochs[task_id], ev.deadline, ev.worker, ev.request, ev.session, start
-    )
+    if state.steps.on:
+        if not steps.may_take(state, ev.session):
+            raise InvalidEvent(f"dispatch to {ev.session!r}, which has its equal-steps quota")
+        unit = steps.take(state, ev.session)
+        if unit is None:
+            _maybe_roll_over(state)
+            return None
+        task_id = unit
+    else:
+        task_id = state.todo.popleft()
+    if task_id < len(state.epochs):
+        state.epochs[task_id] = epoch = state.epochs[task_id] + 1
+        start = state.progress.get(task_id, 0)
+    else:
+        piece = state.steps.pieces[task_id]
+        piece.epoch = epoch = piece.epoch + 1
+        start = state.progress.get(task_id, piece.start)
+    state.pending[task_id] = Pending(epoch, ev.deadline, ev.worker, ev.request, ev.session, start)
     if ev.request:
         state.requests[ev.request] = task_id
     state.pass_ledger().dispatched += state.task_records(task_id) - start
@@ -285,7 +330,10 @@ def _finish(state: MasterState, ev: Finish) -> bool:
     _leave_pending(state, ev.task_id)
     state.progress.pop(ev.task_id, None)
     state.num_failures.pop(ev.task_id, None)
-    state.done.append(ev.task_id)
+    if ev.task_id >= len(state.epochs):
+        steps.piece_finished(state, ev.task_id)
+    else:
+        state.done.append(ev.task_id)
     _maybe_roll_over(state)
     return True
 
@@ -294,6 +342,7 @@ def _fail(state: MasterState, ev: Fail) -> bool:
     if fail_ignored(state, ev) is not None:
         return False
     task_id = ev.task_id
+    holder = state.pending[task_id].session
     _leave_pending(state, task_id)
     count = state.num_failures.get(task_id, 0) + 1
     state.num_failures[task_id] = count
@@ -303,11 +352,16 @@ def _fail(state: MasterState, ev: Fail) -> bool:
     log.append(Failure(state.cur_pass, ev.epoch, ev.reason))
     state.failure_total[task_id] = state.failure_total.get(task_id, 0) + 1
     if count > state.failure_max:
-        state.failed.append(task_id)
-        quarantine.note_quarantined(state, task_id)
+        piecewise = state.steps.on or task_id >= state.num_tasks
+        aside = steps.set_aside(state, task_id, holder) if piecewise else task_id
+        if aside is not None:
+            state.failed.append(aside)
+            quarantine.note_quarantined(state, aside)
         state.progress.pop(task_id, None)
     else:
         state.todo.append(task_id)
+        if state.steps.on:
+            steps.handed_back(state, task_id, holder)
         _redispatched(
             state, task_id, TIMEOUT_REASON if ev.reason == TIMEOUT_REASON else READ_FAILURE
         )
@@ -317,7 +371,7 @@ def _fail(state: MasterState, ev: Fail) -> bool:
 
 def _redispatched(state: MasterState, task_id: int, why: str) -> None:
     """Count the records of a task that will be handed out again, from its known position."""
-    n = state.task_records(task_id) - state.progress.get(task_id, 0)
+    n = steps.remaining(state, task_id)
     if n > 0:
         red = state.pass_ledger().redispatched
         red[why] = red.get(why, 0) + n
@@ -364,9 +418,14 @@ def _end_session(state: MasterState, ev: EndSession) -> int:
     for task_id in reversed(held):
         _leave_pending(state, task_id)
         state.todo.appendleft(task_id)
+        if state.steps.on:
+            steps.handed_back(state, task_id, ev.session, ending=True)
         if ev.reason != RETURNED_REASON:
             _redispatched(state, task_id, ev.reason)
     del state.sessions[ev.session]
+    if state.steps.on:
+        steps.session_ended(state, ev.session)
+        _maybe_roll_over(state)  # what is left may have been dropped
     return len(held)
 
 
@@ -374,15 +433,20 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
     """Why a committed position cannot be taken (None when it can)."""
     if state.dataset is None:
         return "no dataset is set"
-    if not 0 <= pos.task_id < state.num_tasks:
-        return f"task {pos.task_id} does not exist (the dataset has {state.num_tasks} tasks)"
     if pos.pass_id > state.cur_pass:
         return f"pass {pos.pass_id} has not started (the master is in pass {state.cur_pass})"
-    total = state.task_records(pos.task_id, pos.pass_id)
-    if not 0 <= pos.records <= total:
-        return f"task {pos.task_id} has {total} records, not {pos.records}"
-    if pos.epoch > state.epochs[pos.task_id]:
-        return f"epoch {pos.epoch} of task {pos.task_id} was never dispatched"
+    if pos.task_id >= state.num_tasks:
+        why = steps.piece_commit_refused(state, pos.task_id, pos.epoch, pos.records)
+        if why is not None:
+            return why
+    elif pos.task_id < 0:
+        return f"task {pos.task_id} does not exist (the dataset has {state.num_tasks} tasks)"
+    else:
+        total = state.task_records(pos.task_id, pos.pass_id)
+        if not 0 <= pos.records <= total:
+            return f"task {pos.task_id} has {total} records, not {pos.records}"
+        if pos.epoch > state.epochs[pos.task_id]:
+            return f"epoch {pos.epoch} of task {pos.task_id} was never dispatched"
     p = state.pending.get(pos.task_id)
     if pos.pass_id == state.cur_pass and p is not None and p.epoch != pos.epoch:
         return (
@@ -395,14 +459,13 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
 def _commit(state: MasterState, pos: Position) -> int:
     if pos.pass_id < state.commit_floor or commit_refused(state, pos) is not None:
         return 0
+    if pos.task_id >= state.num_tasks:
+        return steps.commit_piece(state, pos.task_id, pos.pass_id, pos.records)
     old = state.commits.get(pos.pass_id, {}).get(pos.task_id, 0)
     if pos.records <= old:
         return 0
-    state.commits.setdefault(pos.pass_id, {})[pos.task_id] = pos.records
-    total = state.task_records(pos.task_id, pos.pass_id)
-    if pos.records == total:
-        state.full_commits[pos.pass_id] = state.full_commits.get(pos.pass_id, 0) + 1
     state.pass_ledger(pos.pass_id).committed += pos.records - old
+    steps.cover(state, pos.pass_id, pos.task_id, 0, pos.records)
     return 1
 
 
@@ -468,6 +531,7 @@ def _maybe_roll_over(state: MasterState) -> None:
         quarantine.note_pass_started(state)
         for old in [p for p in state.ledger if p <= state.cur_pass - LEDGER_PASSES]:
             del state.ledger[old]
+        steps.new_pass(state)
         _start_pass(state)
         _close_committed_passes(state)
         if not state.todo and not state.done:

@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 STORE_SYNC_MODES = ("full", "normal")
+EQUAL_STEPS_MODES = ("off", "drop", "pad")
 STORE_ON_DAMAGE = ("refuse", "move-aside", "accept-older")
 
 
@@ -120,6 +121,12 @@ def _policy(text: str) -> FailedPolicy:
         raise ValueError(f"{text!r} is not one of {names}") from None
 
 
+def _equal_steps(text: str) -> str:
+    if text not in EQUAL_STEPS_MODES:
+        raise ValueError(f"{text!r} is not one of {', '.join(EQUAL_STEPS_MODES)}")
+    return text
+
+
 def _store_sync(text: str) -> str:
     if text not in STORE_SYNC_MODES:
         raise ValueError(f"{text!r} is not one of {', '.join(STORE_SYNC_MODES)}")
@@ -149,6 +156,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "failed_policy": _policy,
     "max_failed_records": ErrorBudget.parse,
     "shuffle_seed": _seed,
+    "equal_steps": _equal_steps,
     "store": _optional,
     "store_sync": _store_sync,
     "store_on_damage": _store_on_damage,
@@ -197,6 +205,8 @@ class MasterConfig:
     max_failed_records: ErrorBudget = field(default_factory=ErrorBudget)
     #: Shuffle each pass's task order and the chunks of each task by this seed; None: off.
     shuffle_seed: int | None = None
+    #: Equal records per trainer in a pass: off, drop or pad (docs/equal-steps.md).
+    equal_steps: str = "off"
     #: Embedded store file or ":memory:"; None means the default file of the job.
     store: str | None = None
     store_sync: str = "full"
@@ -256,6 +266,8 @@ class MasterConfig:
             raise ConfigError(("shuffle_seed",), f"{self.shuffle_seed} is not in 0..2**64-1")
         if self.task_timeout_max < 0:
             raise ConfigError(("task_timeout_max",), "must be 0 or more")
+        if self.equal_steps not in EQUAL_STEPS_MODES:
+            raise ConfigError(("equal_steps",), f"{self.equal_steps!r} is not off, drop or pad")
         if self.store_sync not in STORE_SYNC_MODES:
             raise ConfigError(("store_sync",), f"{self.store_sync!r} is not full or normal")
         if self.store_on_damage not in STORE_ON_DAMAGE:

@@ -100,7 +100,8 @@ class StateCollector(Collector):
             "chunkmaster_pass_records",
             "Records of a pass (the current and the previous one) by stage: handed out, "
             "reported consumed, committed, quarantined (not delivered: their task failed "
-            "more than the limit).",
+            "more than the limit); with equal steps also dropped (not handed out) and "
+            "padded (handed out again to even the trainers up).",
             labels=["pass", "stage"],
         )
         again = GaugeMetricFamily(
@@ -110,7 +111,14 @@ class StateCollector(Collector):
         )
         for entry in st["ledger"]:
             p = str(entry["pass"])
-            for stage in ("dispatched", "consumed", "committed", "quarantined"):
+            for stage in (
+                "dispatched",
+                "consumed",
+                "committed",
+                "quarantined",
+                "dropped",
+                "padded",
+            ):
                 records.add_metric([p, stage], entry[stage])
             for reason, n in entry["redispatched"].items():
                 again.add_metric([p, reason], n)

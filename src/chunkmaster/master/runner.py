@@ -152,6 +152,7 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
         failure_max=config.task_timeout_max,
         failed_policy=config.failed_policy,
         error_budget=config.max_failed_records,
+        equal_steps=config.equal_steps,
         trainer_ttl=config.trainer_ttl,
         index_timeout=config.index_timeout,
         dataset_format=config.format,

@@ -34,6 +34,7 @@ from chunkmaster.core.events import (
     Configure,
     Dispatch,
     EndSession,
+    EqualSteps,
     Event,
     Fail,
     Finish,
@@ -63,6 +64,7 @@ from chunkmaster.core.state import (
     finish_ignored,
     save_allowed,
 )
+from chunkmaster.core.steps import StepsMode
 from chunkmaster.logs import about
 from chunkmaster.master.datasets import INDEX_TIMEOUT, in_daemon_thread, load_dataset
 from chunkmaster.master.leases import LeaseKeeper
@@ -90,6 +92,7 @@ class Service:
         *,
         failed_policy: FailedPolicy | str = FailedPolicy.RETRY,
         error_budget: ErrorBudget | None = None,
+        equal_steps: StepsMode | str = StepsMode.OFF,
         clock: Callable[[], float] = time.time,
         compact_min: int | None = None,
         trainer_ttl: float = TRAINER_TTL,
@@ -116,6 +119,7 @@ class Service:
         self.failed_policy = FailedPolicy(failed_policy)
         self.error_budget = ErrorBudget() if error_budget is None else error_budget
         self.shuffle_seed = None if shuffle_seed is None else check_seed(shuffle_seed)
+        self.equal_steps = StepsMode(equal_steps)
         self._clock = clock
         self.ledger = (
             Ledger(store) if compact_min is None else Ledger(store, compact_min=compact_min)
@@ -165,6 +169,8 @@ class Service:
             await self.ledger.commit(SetErrorBudget(self.error_budget))
         if st.stopped is not None:
             log.error("%s", st.stopped.message, extra=about(pass_id=st.stopped.pass_id))
+        if st.steps.mode is not self.equal_steps:
+            await self.ledger.commit(EqualSteps(self.equal_steps.value))
         if st.pending:
             # Task deadlines are about trainers: the time no master was serving (down, or
             # not yet leading) must not time out tasks that live trainers are reading.
@@ -269,7 +275,7 @@ class Service:
             if request_id and (held := st.requests.get(request_id)) is not None:
                 return st.task(held)
             try:
-                avail = check_get_task(st, pass_id)
+                avail = check_get_task(st, pass_id, session)
             except PassAfterError:
                 if not await self._wait_change(until):
                     raise
@@ -277,18 +283,24 @@ class Service:
             if avail is Availability.DISPATCH:
                 if session and session not in st.sessions:
                     raise SessionExpiredError()
-                return await self._dispatch(worker, request_id, session)
+                task = await self._dispatch(worker, request_id, session)
+                if task is not None:
+                    return task
+                continue  # equal steps: nothing for this trainer in this pass; ask again
             if not await self._wait_change(until):
                 if avail is Availability.NOT_READY:
                     raise NotReadyError()
                 raise NoMoreAvailableError()
 
-    async def _dispatch(self, worker: str, request_id: str, session: str = "") -> Task:
+    async def _dispatch(self, worker: str, request_id: str, session: str = "") -> Task | None:
         """Dispatch the head of Todo. Apply and arm the timer before yielding: a caller that
         goes away while the dispatch is made durable must not leave the task pending without
         a timer (it would never come back); a failed write resets the timers anyway."""
         deadline = self._clock() + self.timeout_dur
         task, durable = self.ledger.submit(Dispatch(deadline, worker, request_id, session))
+        if task is None:
+            await durable
+            return None
         assert isinstance(task, Task)
         self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
         await durable
@@ -565,6 +577,8 @@ class Service:
             await self.ledger.replace(events)
             await self.ledger.commit(Configure(self.failure_max, self.failed_policy))
             await self.ledger.commit(SetErrorBudget(self.error_budget))
+            if self.equal_steps is not StepsMode.OFF:
+                await self.ledger.commit(EqualSteps(self.equal_steps.value))
         st = self.ledger.state
         log.info(
             "restored the data checkpoint of job %r: pass %d, %d task(s) to do, %d done",
@@ -655,8 +669,7 @@ class Service:
                     ],
                     "records": q.records,
                     "reasons": [
-                        {"pass": f.pass_id, "epoch": f.epoch, "reason": f.reason}
-                        for f in q.reasons
+                        {"pass": f.pass_id, "epoch": f.epoch, "reason": f.reason} for f in q.reasons
                     ],
                 }
             )
@@ -707,6 +720,11 @@ class Service:
             "sessions": len(st.sessions),
             "trainers": trainers,
             "commit_floor": st.commit_floor,
+            "equal_steps": {
+                "mode": st.steps.mode.value,
+                "target": st.steps.target,
+                "records": dict(list(st.steps.members.items())[:STATUS_LIST_LIMIT]),
+            },
             "ledger": [
                 {
                     "pass": p,
@@ -715,6 +733,8 @@ class Service:
                     "committed": st.ledger[p].committed,
                     "redispatched": dict(st.ledger[p].redispatched),
                     "quarantined": st.ledger[p].quarantined,
+                    "dropped": st.ledger[p].dropped,
+                    "padded": st.ledger[p].padded,
                 }
                 for p in passes
             ],

@@ -69,6 +69,7 @@ def task_to_pb(task: Task) -> pb.Task:
         ],
         pass_id=task.pass_id,
         start=task.start,
+        end=task.end,
         format="" if task.format == "recordio" else task.format,
     )
 
@@ -79,5 +80,6 @@ def task_from_pb(msg: pb.Task) -> Task:
         tuple(Chunk(c.path, c.offset, c.num_records, c.length) for c in msg.chunks),
         msg.pass_id,
         msg.start,
+        msg.end,
         msg.format or "recordio",
     )

@@ -1,0 +1,424 @@
+"""Equal steps: every trainer of a pass gets the same number of records (docs/equal-steps.md).
+
+The pass's trainers are the live sessions when its first task is handed out; each gets a
+quota, the records still to hand out plus those its trainers hold, divided among them (floor
+with `drop`, ceil with `pad`). A trainer whose quota is smaller than the next task gets a
+*piece* of it: the records [start, end) of the task, under an ID of its own beyond the
+dataset's tasks, while the rest of the task stays in Todo as another piece. Pieces are made
+only when a trainer's last dispatch of the pass does not fit a whole task, so a pass has a
+few per trainer.
+
+When every trainer has its quota the records left in Todo are dropped for the pass (`drop`),
+or short trainers get pieces that repeat the dataset's first records (`pad`). A trainer lost
+mid-pass gives its quota back: the quota of the others is computed again from what is left.
+
+Committed positions are kept per task as a prefix: a piece committed before the pieces ahead
+of it waits in `ahead` and joins the prefix when they are committed. Dropped records count as
+committed for the data position (they are not delivered again in that pass).
+
+Everything here is applied by core/state.py inside `apply`: no clocks, no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from chunkmaster.core.state import MasterState
+
+PIECES_KEPT = 16  # passes whose pieces are remembered (for late commits), as the ledger's
+
+
+class StepsMode(enum.StrEnum):
+    OFF = "off"
+    DROP = "drop"  # quota floor(R / N): the remainder is not handed out in the pass
+    PAD = "pad"  # quota ceil(R / N): short trainers get repeated records
+
+
+@dataclass(slots=True)
+class Piece:
+    """Records [start, end) of `task` (counted from its first record), handed out in
+    `pass_id` under an ID of its own. A `pad` piece repeats records of the pass."""
+
+    pass_id: int
+    task: int
+    start: int
+    end: int
+    pad: bool = False
+    epoch: int = 0
+    committed: int = 0  # how far its commits reached (or its first dispatch's start)
+
+
+@dataclass
+class StepsState:
+    mode: StepsMode = StepsMode.OFF
+    members: dict[str, int] = field(default_factory=dict)  # session -> records it got
+    target: int = 0  # each member's quota for the pass
+    unassigned: int = 0  # records in Todo (pads included)
+    queued_pads: int = 0  # records of pad pieces in Todo
+    pieces: dict[int, Piece] = field(default_factory=dict)  # by ID (num_tasks + n)
+    next_piece: int = 0
+    outstanding: dict[int, int] = field(default_factory=dict)  # split task -> live pieces
+    lost: set[int] = field(default_factory=set)  # split tasks set aside as failed this pass
+    ahead: dict[tuple[int, int], dict[int, int]] = field(default_factory=dict)
+    pad_task: int = 0  # where the next pad piece starts
+    pad_at: int = 0
+
+    @property
+    def on(self) -> bool:
+        return self.mode is not StepsMode.OFF
+
+    @property
+    def fixed(self) -> bool:
+        """The pass's trainers are known (they are fixed at its first dispatch)."""
+        return bool(self.members)
+
+
+def quota(total: int, trainers: int, mode: StepsMode) -> int:
+    """Each trainer's records when `total` are shared among `trainers`."""
+    if trainers <= 0:
+        return 0
+    if mode is StepsMode.PAD:
+        return -(-total // trainers)
+    return total // trainers
+
+
+def split(remaining: int, want: int) -> int:
+    """How many records of a unit with `remaining` records a trainer that still wants `want`
+    gets: all of them, or a piece of `want` (0: none)."""
+    return max(0, min(remaining, want))
+
+
+# ---- units: a task, or a piece of one ------------------------------------------------------
+
+
+def unit_end(state: MasterState, unit: int) -> int:
+    """Where a unit ends, counted from its task's first record."""
+    if unit >= state.num_tasks:
+        return state.steps.pieces[unit].end
+    assert state.dataset is not None
+    return state.dataset.task_records_for(state.cur_pass)[unit]
+
+
+def unit_start(state: MasterState, unit: int) -> int:
+    """Where the next dispatch of a unit starts (its known position)."""
+    piece = state.steps.pieces.get(unit) if unit >= len(state.epochs) else None
+    return state.progress.get(unit, 0 if piece is None else piece.start)
+
+
+def remaining(state: MasterState, unit: int) -> int:
+    return unit_end(state, unit) - unit_start(state, unit)
+
+
+def _new_piece(state: MasterState, task: int, start: int, end: int, pad: bool = False) -> int:
+    st = state.steps
+    unit = state.num_tasks + st.next_piece
+    st.next_piece += 1
+    st.pieces[unit] = Piece(state.cur_pass, task, start, end, pad)
+    if not pad:
+        st.outstanding[task] = st.outstanding.get(task, 0) + 1
+    return unit
+
+
+def _covers_from(state: MasterState, unit: int) -> int:
+    """The first record a commit of this unit covers: a task's first, or a piece's start."""
+    return state.steps.pieces[unit].start if unit >= state.num_tasks else 0
+
+
+def _retire(state: MasterState, unit: int) -> tuple[int, bool]:
+    """A unit about to be split in two pieces: its task, and whether it is a pad. A retired
+    piece stays known (its earlier holder may still commit what it read of it)."""
+    st = state.steps
+    state.progress.pop(unit, None)
+    if unit < state.num_tasks:
+        return unit, False
+    piece = st.pieces[unit]
+    if piece.pad:
+        del st.pieces[unit]
+    else:
+        st.outstanding[piece.task] -= 1
+    return piece.task, piece.pad
+
+
+# ---- the pass's trainers and their quota -----------------------------------------------------
+
+
+def _held(state: MasterState, session: str) -> int:
+    return sum(remaining(state, t) for t, p in state.pending.items() if p.session == session)
+
+
+def _fix(state: MasterState) -> None:
+    """The pass's trainers are the live sessions, each credited with what it holds."""
+    st = state.steps
+    st.members = {sid: _held(state, sid) for sid in state.sessions}
+    st.unassigned = sum(remaining(state, u) for u in state.todo)
+    st.queued_pads = sum(
+        remaining(state, u) for u in state.todo if u in st.pieces and st.pieces[u].pad
+    )
+    _rebalance(state)
+
+
+def _rebalance(state: MasterState) -> None:
+    """Share what is left to hand out, and what the members got, among the members."""
+    st = state.steps
+    if not st.members:
+        st.target = 0
+        return
+    if st.queued_pads:  # pads are owed against the old quota: make them again if still owed
+        keep = [u for u in state.todo if not (u in st.pieces and st.pieces[u].pad)]
+        for u in state.todo:
+            if u in st.pieces and st.pieces[u].pad:
+                del st.pieces[u]
+        state.todo.clear()
+        state.todo.extend(keep)
+        st.unassigned -= st.queued_pads
+        st.queued_pads = 0
+    total = st.unassigned + sum(st.members.values())
+    st.target = quota(total, len(st.members), st.mode)
+    if st.mode is StepsMode.PAD:  # nobody gives records back: pad the others up to the most
+        st.target = max(st.target, *st.members.values())
+    _settle(state)
+
+
+def _settle(state: MasterState) -> None:
+    """Pad short members, or drop what is left once every member has its quota."""
+    st = state.steps
+    if not st.members:
+        return
+    short = sum(max(0, st.target - got) for got in st.members.values())
+    if short == 0:
+        if state.todo:
+            _drop_todo(state)
+        return
+    if st.mode is StepsMode.PAD and st.unassigned < short:
+        _queue_pads(state, short - st.unassigned)
+
+
+def _queue_pads(state: MasterState, records: int) -> None:
+    """Pieces repeating records of the dataset, task 0 on, continuing where the last pad of
+    the pass stopped."""
+    assert state.dataset is not None
+    st = state.steps
+    totals = state.dataset.task_records_for(state.cur_pass)
+    tries = 0
+    while records > 0 and tries <= state.num_tasks:
+        total = totals[st.pad_task]
+        if st.pad_at >= total:
+            st.pad_task = (st.pad_task + 1) % state.num_tasks
+            st.pad_at = 0
+            tries += 1
+            continue
+        end = min(total, st.pad_at + records)
+        unit = _new_piece(state, st.pad_task, st.pad_at, end, pad=True)
+        state.todo.append(unit)
+        n = end - st.pad_at
+        st.unassigned += n
+        st.queued_pads += n
+        records -= n
+        st.pad_at = end
+        tries = 0
+
+
+def _drop_todo(state: MasterState) -> None:
+    """Every member has its quota: what is left in Todo is not handed out in this pass."""
+    st = state.steps
+    led = state.pass_ledger()
+    for unit in state.todo:
+        piece = st.pieces.get(unit) if unit >= state.num_tasks else None
+        if piece is not None and piece.pad:
+            del st.pieces[unit]
+            continue
+        led.dropped += remaining(state, unit)
+        state.progress.pop(unit, None)
+        if piece is None:
+            cover(state, state.cur_pass, unit, 0, unit_end(state, unit))
+            state.done.append(unit)
+        else:
+            cover(state, state.cur_pass, piece.task, piece.start, piece.end)
+            _piece_closed(state, piece)
+    state.todo.clear()
+    st.unassigned = 0
+    st.queued_pads = 0
+
+
+def may_take(state: MasterState, session: str) -> bool:
+    """Whether `session` may get a task of this pass now (Todo is not empty)."""
+    st = state.steps
+    if not st.fixed:
+        return session in state.sessions
+    got = st.members.get(session)
+    return got is not None and got < st.target
+
+
+def take(state: MasterState, session: str) -> int | None:
+    """The unit to hand to `session` (which `may_take`): the head of Todo, or a piece of it
+    as long as the session's quota still wants. None when fixing the pass's trainers showed
+    that it has nothing for this session (a quota of 0: the records are dropped)."""
+    st = state.steps
+    if not st.fixed:
+        _fix(state)
+        if not state.todo or st.members[session] >= st.target:
+            return None
+    want = st.target - st.members[session]
+    head = state.todo[0]
+    rem = remaining(state, head)
+    n = split(rem, want)
+    if n == rem:
+        unit = state.todo.popleft()
+    else:
+        start, end = unit_start(state, head), unit_end(state, head)
+        covers = _covers_from(state, head)
+        task, pad = _retire(state, head)
+        # The first piece covers what the unit covered before its known position: a commit
+        # of it covers the records a lost holder reported consumed, as a task's would.
+        unit = _new_piece(state, task, covers, start + n, pad)
+        if start > covers:
+            state.progress[unit] = start
+            st.pieces[unit].committed = start
+        state.todo[0] = _new_piece(state, task, start + n, end, pad)
+    st.members[session] += n
+    st.unassigned -= n
+    if unit in st.pieces and st.pieces[unit].pad:
+        st.queued_pads -= n
+        state.pass_ledger().padded += n
+    _settle(state)
+    return unit
+
+
+def handed_back(state: MasterState, unit: int, session: str, *, ending: bool = False) -> None:
+    """A unit `session` held goes back to Todo (a failure, a timeout, the session's end,
+    `ending`: `session_ended` settles the quotas after)."""
+    st = state.steps
+    n = remaining(state, unit)
+    st.unassigned += n
+    if unit in st.pieces and st.pieces[unit].pad:
+        st.queued_pads += n
+    if session in st.members:
+        st.members[session] -= n
+    if not ending:
+        _settle(state)  # e.g. a unit with nothing left, back when every member has its quota
+
+
+def session_ended(state: MasterState, session: str) -> None:
+    """A member left (its units are back in Todo): the others share its quota."""
+    st = state.steps
+    if st.members.pop(session, None) is None:
+        return
+    if st.members:
+        _rebalance(state)
+    else:
+        st.target = 0  # nobody left: the next dispatch fixes the trainers again
+
+
+def set_aside(state: MasterState, unit: int, session: str) -> int | None:
+    """A unit failed too often: the task to set aside (None if it is set aside already, or
+    a pad). Its records are no longer the pass's: the quota is computed again."""
+    st = state.steps
+    n = unit_end(state, unit) - unit_start(state, unit)
+    if session in st.members:
+        st.members[session] -= n
+    piece = st.pieces.get(unit) if unit >= state.num_tasks else None
+    task: int | None = unit
+    if piece is not None:
+        task = None
+        if not piece.pad:
+            if piece.task not in st.lost:
+                st.lost.add(piece.task)
+                task = piece.task
+            _piece_closed(state, piece)
+    if st.fixed:
+        _rebalance(state)
+    return task
+
+
+def piece_finished(state: MasterState, unit: int) -> None:
+    piece = state.steps.pieces[unit]
+    if not piece.pad:
+        _piece_closed(state, piece)
+
+
+def _piece_closed(state: MasterState, piece: Piece) -> None:
+    """A piece finished or dropped: its task is done once none of its pieces is left."""
+    st = state.steps
+    left = st.outstanding[piece.task] - 1
+    if left:
+        st.outstanding[piece.task] = left
+        return
+    del st.outstanding[piece.task]
+    if piece.task in st.lost:
+        st.lost.discard(piece.task)  # it is in Failed already
+    else:
+        state.done.append(piece.task)
+
+
+def new_pass(state: MasterState) -> None:
+    """A pass begins: its trainers are fixed at its first dispatch."""
+    st = state.steps
+    st.members = {}
+    st.target = st.unassigned = st.queued_pads = 0
+    st.outstanding = {}
+    st.lost = set()
+    st.pad_task = st.pad_at = 0
+    keep_from = max(state.commit_floor, state.cur_pass - PIECES_KEPT + 1)
+    st.pieces = {u: p for u, p in st.pieces.items() if p.pass_id >= keep_from}
+    st.ahead = {k: v for k, v in st.ahead.items() if k[0] >= keep_from}
+
+
+# ---- commits ------------------------------------------------------------------------------
+
+
+def piece_commit_refused(state: MasterState, unit: int, epoch: int, records: int) -> str | None:
+    piece = state.steps.pieces.get(unit)
+    if piece is None:
+        return f"task {unit} is neither a task of the dataset nor a piece still known"
+    if not 0 <= records <= piece.end:
+        return f"piece {unit} of task {piece.task} ends at record {piece.end}, not {records}"
+    if epoch > piece.epoch:
+        return f"epoch {epoch} of piece {unit} was never dispatched"
+    return None
+
+
+def commit_piece(state: MasterState, unit: int, pass_id: int, records: int) -> int:
+    """A piece committed to `records`: its task's prefix grows when it is contiguous."""
+    piece = state.steps.pieces[unit]
+    if piece.pad or piece.pass_id != pass_id:
+        return 0
+    old = max(piece.start, piece.committed)
+    if records <= old:
+        return 0
+    piece.committed = records
+    state.pass_ledger(pass_id).committed += records - old
+    cover(state, pass_id, piece.task, piece.start, records)
+    return 1
+
+
+def cover(state: MasterState, pass_id: int, task: int, start: int, end: int) -> None:
+    """Records [start, end) of `task` need no delivery in `pass_id` any more (committed or
+    dropped): the committed prefix grows, or the range waits in `ahead` for it."""
+    if end <= start:
+        return
+    commits = state.commits.setdefault(pass_id, {})
+    have = commits.get(task, 0)
+    key = (pass_id, task)
+    if start > have:
+        waiting = state.steps.ahead.setdefault(key, {})
+        waiting[start] = max(waiting.get(start, start), end)
+        return
+    new = max(have, end)
+    ahead = state.steps.ahead.get(key)
+    while ahead:
+        joined = [s for s in ahead if s <= new]
+        if not joined:
+            break
+        for s in joined:
+            new = max(new, ahead.pop(s))
+    if ahead is not None and not ahead:
+        del state.steps.ahead[key]
+    if new <= have:
+        return
+    commits[task] = new
+    assert state.dataset is not None
+    if new == state.dataset.task_records_for(pass_id)[task]:
+        state.full_commits[pass_id] = state.full_commits.get(pass_id, 0) + 1

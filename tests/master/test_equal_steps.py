@@ -1,0 +1,316 @@
+"""Equal steps in the pure core: quotas, pieces, drop and pad, trainers lost, commits.
+
+A fake dataset of one-record chunks; trainers are sessions driven by events. Each test
+plays a pass the way trainers would: ask while allowed, finish what they hold.
+"""
+
+from __future__ import annotations
+
+import random
+from array import array
+from collections import Counter
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.events import (
+    Commit,
+    Dispatch,
+    EndSession,
+    EqualSteps,
+    Fail,
+    Finish,
+    OpenSession,
+    Progress,
+    Restore,
+    SetDataset,
+)
+from chunkmaster.core.model import TRAINER_LOST_REASON, Position, Task
+from chunkmaster.core.state import (
+    Availability,
+    MasterState,
+    apply,
+    check_get_task,
+    committed_position,
+)
+from chunkmaster.core.steps import StepsMode, quota, split
+
+
+def dataset(records_per_chunk: list[int], cpt: int) -> Dataset:
+    n = len(records_per_chunk)
+    return Dataset(
+        ("x",),
+        ("f",),
+        array("I", [0] * n),
+        array("Q", range(n)),
+        array("I", records_per_chunk),
+        cpt,
+    )
+
+
+def started(mode: str, chunks: list[int], cpt: int, trainers: int) -> MasterState:
+    s = MasterState()
+    apply(s, EqualSteps(mode))
+    apply(s, SetDataset(dataset(chunks, cpt)))
+    for i in range(trainers):
+        apply(s, OpenSession(f"s{i}", f"t{i}", "h", i))
+    return s
+
+
+def records_of(task: Task) -> range:
+    return range(task.start, task.num_records)
+
+
+def play_pass(
+    s: MasterState,
+    rng: random.Random,
+    kill: str | None = None,
+    kill_after: int = 0,
+    fail_rate: float = 0.0,
+) -> dict[str, int]:
+    """Trainers ask and finish in a random order until the pass ends; records per trainer."""
+    pass_id = s.cur_pass
+    got: Counter[str] = Counter()
+    held: dict[str, list[Task]] = {sid: [] for sid in s.sessions}
+    steps_taken = 0
+    while s.cur_pass == pass_id:
+        every_task_once(s)
+        live = [sid for sid in held if sid in s.sessions]
+        asking = [sid for sid in live if check_get_task(s, pass_id, sid) is Availability.DISPATCH]
+        holding = [sid for sid in live if held[sid]]
+        assert asking or holding, "a pass stalled"
+        steps_taken += 1
+        if kill is not None and steps_taken == kill_after and kill in s.sessions:
+            # it consumed half of what it holds, reported
+            pos = tuple(
+                Position(t.meta.id, t.meta.epoch, pass_id, t.start + (t.num_records - t.start) // 2)
+                for t in held[kill]
+            )
+            apply(s, Progress(pos))
+            got[kill] += sum((t.num_records - t.start) // 2 for t in held[kill])
+            apply(s, EndSession(kill, TRAINER_LOST_REASON))
+            held[kill] = []
+            continue
+        if asking and (not holding or rng.random() < 0.5):
+            sid = rng.choice(asking)
+            task = apply(s, Dispatch(100.0, sid, "", sid))
+            if task is None:  # a quota of 0: nothing for anyone, the records are dropped
+                assert s.steps.target == 0
+                continue
+            assert isinstance(task, Task)
+            held[sid].append(task)
+        else:
+            sid = rng.choice(holding)
+            task = held[sid].pop(rng.randrange(len(held[sid])))
+            if rng.random() < fail_rate:  # a read failure after a reported half
+                half = task.start + (task.num_records - task.start) // 2
+                apply(s, Progress((Position(task.meta.id, task.meta.epoch, pass_id, half),)))
+                got[sid] += half - task.start
+                assert apply(s, Fail(task.meta.id, task.meta.epoch, "bad chunk"))
+                continue
+            got[sid] += len(records_of(task))
+            assert apply(s, Finish(task.meta.id, task.meta.epoch, pass_id))
+    return {sid: got[sid] for sid in held}
+
+
+def every_task_once(s: MasterState) -> None:
+    """Each task is in exactly one queue, or split into pieces that are; the quota books agree."""
+    n = s.num_tasks
+    whole = [u for u in [*s.todo, *s.pending, *s.done, *s.failed] if u < n]
+    pieces = [s.steps.pieces[u] for u in [*s.todo, *s.pending] if u >= n]
+    split_tasks = {p.task for p in pieces if not p.pad}
+    assert len(whole) == len(set(whole))
+    assert not (set(whole) & split_tasks) or split_tasks & set(s.failed)
+    assert set(whole) | set(s.steps.outstanding) == set(range(n))
+    for task, live in s.steps.outstanding.items():
+        assert live == sum(1 for p in pieces if p.task == task and not p.pad)
+    if s.steps.fixed:
+        assert s.steps.unassigned == sum(
+            s.task_records(u) - s.progress.get(u, s.steps.pieces[u].start if u >= n else 0)
+            for u in s.todo
+        )
+
+
+def test_quota_and_split() -> None:
+    assert quota(10, 3, StepsMode.DROP) == 3
+    assert quota(10, 3, StepsMode.PAD) == 4
+    assert quota(9, 3, StepsMode.PAD) == 3
+    assert quota(5, 0, StepsMode.DROP) == 0
+    assert split(10, 3) == 3
+    assert split(2, 3) == 2
+    assert split(5, 0) == 0
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_three_trainers_get_equal_records_every_pass(mode: str) -> None:
+    chunks = [3, 5, 2, 7, 1, 4, 6, 2, 3]  # 33 records... plus one: 34, not divisible by 3
+    chunks.append(1)
+    s = started(mode, chunks, 2, 3)
+    rng = random.Random(7)
+    for p in range(3):
+        got = play_pass(s, rng)
+        assert len(set(got.values())) == 1, got
+        per = next(iter(got.values()))
+        assert per == (34 // 3 if mode == "drop" else -(-34 // 3))
+        led = s.ledger[p]
+        if mode == "drop":
+            assert led.dropped == 34 % 3 and led.padded == 0
+        else:
+            assert led.padded == 3 * per - 34 and led.dropped == 0
+        # few pieces: at most two a trainer a pass
+        assert sum(1 for x in s.steps.pieces.values() if x.pass_id == p) <= 2 * 3 + 2
+    assert s.cur_pass == 3 and not s.steps.outstanding
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    chunks=st.lists(st.integers(0, 9), min_size=1, max_size=14),
+    cpt=st.integers(1, 4),
+    trainers=st.integers(1, 4),
+    mode=st.sampled_from(["drop", "pad"]),
+    seed=st.integers(0, 1000),
+    kill_after=st.integers(0, 30),
+)
+def test_equal_counts_with_a_trainer_lost(
+    chunks: list[int], cpt: int, trainers: int, mode: str, seed: int, kill_after: int
+) -> None:
+    """Whatever the dataset and whoever dies when, the survivors end each pass equal."""
+    s = started(mode, chunks, cpt, trainers)
+    s.failure_max = 1000
+    rng = random.Random(seed)
+    total = sum(chunks)
+    kill = "s0" if trainers > 1 else None
+    got = play_pass(s, rng, kill=kill, kill_after=kill_after, fail_rate=0.15)
+    survivors = {sid: n for sid, n in got.items() if sid in s.sessions}
+    assert len(set(survivors.values())) == 1, got
+    # every pass ends; the next pass has every task again, whole
+    assert sorted(list(s.todo) + s.done) == list(range(s.num_tasks))
+    got2 = play_pass(s, rng)
+    per = quota(total, len(s.sessions), StepsMode(mode))
+    assert set(got2.values()) == {per}, got2
+
+
+def test_a_piece_is_a_record_range_of_its_task() -> None:
+    s = started("drop", [10], 1, 3)  # one task of 10 records, 3 trainers: 3 each
+    a = apply(s, Dispatch(1.0, "s0", "", "s0"))
+    assert isinstance(a, Task)
+    assert a.meta.id >= s.num_tasks and (a.start, a.num_records) == (0, 3)
+    b = apply(s, Dispatch(1.0, "s1", "", "s1"))
+    c = apply(s, Dispatch(1.0, "s2", "", "s2"))
+    assert isinstance(b, Task) and isinstance(c, Task)
+    assert [(t.start, t.num_records) for t in (b, c)] == [(3, 6), (6, 9)]
+    # every trainer has its quota: the last record is dropped, the others wait
+    assert not s.todo and s.ledger[0].dropped == 1
+    assert check_get_task(s, 0, "s0") is Availability.WAIT
+    for t in (c, a, b):
+        apply(s, Finish(t.meta.id, t.meta.epoch, 0))
+    assert s.cur_pass == 1 and list(s.todo) == [0]
+
+
+def test_commits_of_pieces_build_the_task_prefix_in_any_order() -> None:
+    s = started("drop", [10], 1, 3)
+    a, b, c = (apply(s, Dispatch(1.0, sid, "", sid)) for sid in ("s0", "s1", "s2"))
+    assert isinstance(a, Task) and isinstance(b, Task) and isinstance(c, Task)
+    # the later pieces commit first: the prefix waits for the first
+    apply(s, Commit((Position(c.meta.id, c.meta.epoch, 0, 9),)))
+    apply(s, Commit((Position(b.meta.id, b.meta.epoch, 0, 5),)))
+    assert s.commits[0].get(0, 0) == 0
+    apply(s, Commit((Position(a.meta.id, a.meta.epoch, 0, 3),)))
+    assert s.commits[0][0] == 5
+    apply(s, Commit((Position(b.meta.id, b.meta.epoch, 0, 6),)))
+    assert s.commits[0][0] == 10  # the dropped record counts as needing no delivery
+    assert s.ledger[0].committed == 9
+    for t in (a, b, c):
+        apply(s, Finish(t.meta.id, t.meta.epoch, 0))
+    assert s.cur_pass == 1 and s.commit_floor == 1
+    assert committed_position(s) == (1, ())
+
+
+def test_a_joiner_waits_for_the_next_pass_and_a_failed_piece_comes_back() -> None:
+    s = started("drop", [4, 4, 4], 1, 2)  # 12 records, 2 trainers: 6 each
+    t0 = apply(s, Dispatch(1.0, "s0", "", "s0"))
+    apply(s, OpenSession("late", "late", "h", 9))
+    assert check_get_task(s, 0, "late") is Availability.WAIT
+    t1 = apply(s, Dispatch(1.0, "s1", "", "s1"))
+    p0 = apply(s, Dispatch(1.0, "s0", "", "s0"))  # 2 of the last task: a piece
+    assert isinstance(t0, Task) and isinstance(t1, Task) and isinstance(p0, Task)
+    assert p0.meta.id >= s.num_tasks and p0.num_records - p0.start == 2
+    assert check_get_task(s, 0, "s0") is Availability.WAIT
+    apply(s, Fail(p0.meta.id, p0.meta.epoch, "bad chunk"))  # back to Todo: s0 may take it
+    assert check_get_task(s, 0, "s0") is Availability.DISPATCH
+    again = apply(s, Dispatch(1.0, "s0", "", "s0"))  # the other piece, first in Todo
+    assert isinstance(again, Task) and (again.start, again.num_records) == (2, 4)
+    p1 = apply(s, Dispatch(1.0, "s1", "", "s1"))  # the failed piece, again
+    assert isinstance(p1, Task) and p1.meta.id == p0.meta.id and p1.meta.epoch == 2
+    for t in (t0, t1, again, p1):
+        apply(s, Finish(t.meta.id, t.meta.epoch, 0))
+    assert s.cur_pass == 1
+    assert sorted(s.todo) == [0, 1, 2]
+    assert check_get_task(s, 1, "late") is Availability.DISPATCH
+    apply(s, Dispatch(1.0, "late", "", "late"))
+    assert set(s.steps.members) == {"s0", "s1", "late"} and s.steps.target == 4
+
+
+def test_unary_get_task_waits_under_equal_steps() -> None:
+    s = started("pad", [4], 1, 1)
+    assert check_get_task(s, 0, "") is Availability.WAIT
+    assert check_get_task(s, 0, "s0") is Availability.DISPATCH
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("stop_after", [2, 4])
+def test_a_restore_in_the_middle_of_an_equal_steps_pass_delivers_the_rest_once(
+    seed: int, stop_after: int
+) -> None:
+    """Trainers commit what they finish; a data checkpoint is taken mid-pass, and a fresh
+    state restored from it delivers each record the checkpoint does not hold exactly once
+    (the dropped remainder aside), with equal counts again."""
+    chunks = [3, 5, 2, 7, 1, 4, 6, 2, 3, 1]  # 34 records
+    s = started("drop", chunks, 2, 3)
+    rng = random.Random(seed)
+    held: dict[str, list[Task]] = {sid: [] for sid in s.sessions}
+    finishes = 0
+    while finishes < stop_after and s.cur_pass == 0:
+        sid = rng.choice(sorted(held))
+        if check_get_task(s, 0, sid) is Availability.DISPATCH and rng.random() < 0.8:
+            task = apply(s, Dispatch(1.0, sid, "", sid))
+            assert isinstance(task, Task)
+            held[sid].append(task)
+        elif held[sid]:
+            t = held[sid].pop(0)
+            apply(s, Finish(t.meta.id, t.meta.epoch, 0))
+            apply(s, Commit((Position(t.meta.id, t.meta.epoch, 0, t.num_records),)))
+            finishes += 1
+    floor, commits = committed_position(s)
+    assert floor == 0
+    prefix = {(t, r) for p, t, n in commits if p == 0 for r in range(n)}
+
+    fresh = MasterState()
+    apply(fresh, EqualSteps("drop"))
+    apply(fresh, SetDataset(s.dataset))  # type: ignore[arg-type]
+    apply(fresh, Restore(floor, commits, "cp"))
+    for i in range(3):
+        apply(fresh, OpenSession(f"n{i}", f"n{i}", "h", i))
+    delivered: Counter[tuple[int, int]] = Counter()
+    got: Counter[str] = Counter()
+    while fresh.cur_pass == 0:
+        for sid in sorted(fresh.sessions):
+            if check_get_task(fresh, 0, sid) is not Availability.DISPATCH:
+                continue
+            task = apply(fresh, Dispatch(1.0, sid, "", sid))
+            if task is None:
+                continue
+            assert isinstance(task, Task)
+            piece = fresh.steps.pieces.get(task.meta.id)
+            tid = task.meta.id if piece is None else piece.task
+            delivered.update((tid, r) for r in range(task.start, task.num_records))
+            got[sid] += task.num_records - task.start
+            apply(fresh, Finish(task.meta.id, task.meta.epoch, 0))
+            if fresh.cur_pass:
+                break
+    assert all(n == 1 for n in delivered.values())
+    assert not (set(delivered) & prefix)
+    assert len(set(got.values())) == 1, got
+    assert len(prefix) + len(delivered) + fresh.ledger[0].dropped == sum(chunks)
