@@ -3,7 +3,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench peers fuzz clean proto
+.PHONY: demo test lint bench peers fuzz soak clean proto
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	sh scripts/bootstrap.sh $(VENV)
@@ -34,6 +34,12 @@ bench: $(STAMP)
 # Side by side with DLRover and tf.data service; each peer's virtualenv is made on first use.
 peers: $(STAMP)
 	$(PY) bench/peers/run.py
+
+# Ten minutes of kills, etcd freezes, restarts and a full disk under 64 trainers (needs root
+# for etcd's tmpfs; without it the disk does not fill).
+soak: $(STAMP)
+	sh scripts/ensure-etcd.sh
+	$(PY) bench/soak.py
 
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_rpc.py --examples 3000
