@@ -208,3 +208,46 @@ def test_backoff_doubles_up_to_its_cap(caplog: pytest.LogCaptureFixture) -> None
     delays = [r.args[3] for r in caplog.records if "still failing" in r.getMessage()]
     assert isinstance(delays[0], float)
     assert delays[:6] == [0.02, 0.04, 0.08, 0.08, 0.08, 0.08]
+
+
+class Clock:
+    """The service's wall clock, moved by the test (a store outage of an hour, at once)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_store_outage_does_not_count_against_task_deadlines(tmp_path: Path) -> None:
+    """While the store refuses writes no trainer can report its task finished: when it works
+    again every pending task has a full timeout, instead of expiring under a live trainer."""
+    data = numbered_records(tmp_path / "d.rio", 4, b"%03d")
+    store = FlakyStore()
+    clock = Clock()
+
+    async def main() -> None:
+        svc = Service(store, chunks_per_task=1, timeout_dur=60, clock=clock)
+        await svc.start()
+        await svc.set_dataset([data])
+        held = await svc.get_task(0)
+        store.failing = "No space left on device"
+        with pytest.raises(UnavailableError):
+            await svc.get_task(0)
+        clock.now += 3600.0  # the store refused writes for an hour
+        while svc.status()["store"]["failed_attempts"] < 2:
+            await asyncio.sleep(0.02)
+        store.failing = None
+        while not svc.status()["healthy"]:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0)  # a timer on the old deadline would fire now
+        st = svc.status()
+        assert st["pending"] == 1 and st["failed"] == 0, st
+        (pending,) = st["pending_tasks"]
+        assert pending["id"] == held.meta.id
+        assert pending["expires_in"] == pytest.approx(60.0)
+        assert await svc.task_finished(held.meta.id, epoch=held.meta.epoch, pass_id=0)
+        await svc.close()
+
+    run(main(), timeout=60)

@@ -57,6 +57,7 @@ class Ledger:
         self.next_retry_at: float | None = None  # time.monotonic() of the next attempt
         self.on_reset: list[Callable[[], None]] = []  # called after the state was rebuilt
         self.on_change: list[Callable[[], None]] = []  # called after every applied event
+        self.on_writable: list[Callable[[], None]] = []  # called when a failing store works again
         #: called with each event `submit` applied and its result (metrics count them)
         self.on_event: list[Callable[[Event, Task | bool | int | None], None]] = []
         #: called with each batch written and the seconds its write took (metrics time them)
@@ -261,6 +262,8 @@ class Ledger:
             self.error, self.failing_since, self.next_retry_at = None, None, None
             self.failed_attempts = 0
             self._notify_reset()
+            for cb in self.on_writable:
+                cb()
             return
 
     async def _probe(self) -> None:

@@ -126,6 +126,7 @@ class Service:
         )
         self.ledger.on_change.append(self._notify)
         self.ledger.on_reset.append(self._rearm_timeouts)
+        self.ledger.on_writable.append(self._after_store_outage)
         self._timeouts = TimeoutScheduler(self._expire, clock)
         self.leases = LeaseKeeper(trainer_ttl, self._lease_expired)
         self.ledger.on_reset.append(lambda: self.leases.reset(self.ledger.state.sessions))
@@ -198,6 +199,16 @@ class Service:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _after_store_outage(self) -> None:
+        """While the store refused writes no trainer could report a task finished: like the
+        time no master was serving, that time must not time out tasks live trainers are
+        reading. Every pending task gets a full timeout again."""
+        if self.ledger.state.pending:
+            # Applied before any timer can fire on the old deadlines (they run after a yield).
+            _, durable = self.ledger.submit(Resume(self._clock() + self.timeout_dur))
+            started(durable)
+            self._rearm_timeouts()
 
     def _rearm_timeouts(self) -> None:
         self._timeouts.reset(
