@@ -1,15 +1,14 @@
-"""Fixtures for the client tests: real masters (in-process or subprocess), real files, real
-trainer processes (`chunkmaster read`)."""
+"""Fixtures for the client tests: real RecordIO files (masters and trainer processes come from
+tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.master_process import MasterProcess
-from helpers.trainers import Trainer, write_dataset
+from helpers.trainers import write_dataset
 
 from chunkmaster.recordio import Compressor
 
@@ -30,36 +29,3 @@ def rio(tmp_path: Path) -> Any:
         return str(path)
 
     return make
-
-
-@pytest.fixture
-def trainers(tmp_path: Path) -> Iterator[Any]:
-    """trainers(n, args) -> [Trainer]; every process is SIGKILLed at teardown."""
-    made: list[Trainer] = []
-
-    def start(n: int, args: Sequence[str], prefix: str = "trainer") -> list[Trainer]:
-        new = [Trainer(f"{prefix}{len(made) + i}", args, tmp_path) for i in range(n)]
-        made.extend(new)
-        return new
-
-    yield start
-    for t in made:
-        t.kill()
-
-
-@pytest.fixture
-def master_process(tmp_path: Path) -> Iterator[Any]:
-    """master_process(*args) -> a started MasterProcess on the embedded store; killed after."""
-    made: list[MasterProcess] = []
-
-    def start(*args: str) -> MasterProcess:
-        m = MasterProcess(
-            ["--store", str(tmp_path / f"state{len(made)}.db"), *args],
-            log_path=tmp_path / f"master{len(made)}.log",
-        ).start()
-        made.append(m)
-        return m
-
-    yield start
-    for m in made:
-        m.kill()

@@ -3,13 +3,10 @@ loopback, in its own process), emptied before each test."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from helpers.s3_server import S3Server
-from helpers.trainers import Trainer
 
 
 @pytest.fixture(scope="session")
@@ -25,18 +22,3 @@ def s3(s3_server: S3Server) -> Iterator[S3Server]:
     s3_server.reset()
     s3_server.fs().mkdir("data")
     yield s3_server
-
-
-@pytest.fixture
-def trainers(tmp_path: Path) -> Iterator[Any]:
-    """trainers(n, args, env) -> [Trainer] (`chunkmaster read` processes); SIGKILLed after."""
-    made: list[Trainer] = []
-
-    def start(n: int, args: Sequence[str], prefix: str = "trainer") -> list[Trainer]:
-        new = [Trainer(f"{prefix}{len(made) + i}", args, tmp_path) for i in range(n)]
-        made.extend(new)
-        return new
-
-    yield start
-    for t in made:
-        t.kill()
