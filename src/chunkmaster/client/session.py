@@ -188,6 +188,7 @@ class TrainerSession:
         self._report_due = False
         self._reported = 0.0  # when progress was last sent (time.monotonic())
         self._closing = False
+        self._readers: list[threading.Thread] = []  # one a stream opened; joined at close
         self._said_goodbye = False
         self._token = CancelToken()
         self._thread = threading.Thread(
@@ -320,6 +321,11 @@ class TrainerSession:
             self._wake.set()
             if self._thread is not threading.current_thread():
                 self._thread.join(self._link.rpc_timeout)
+            with self._lock:
+                readers, self._readers = self._readers, []
+            for reader in readers:  # each ends once its cancelled call does
+                if reader is not threading.current_thread():
+                    reader.join(self._link.rpc_timeout)
 
     # ---- sending (lock held) -----------------------------------------------------------------
 
@@ -460,12 +466,15 @@ class TrainerSession:
             resuming = self._session_id
         stream.send(hello)
         stream.call = conn.open_session(stream.requests())
-        threading.Thread(
+        reader = threading.Thread(
             target=self._read,
             args=(stream,),
             name=f"chunkmaster-session-read-{self.name}",
             daemon=True,
-        ).start()
+        )
+        with self._lock:
+            self._readers = [t for t in self._readers if t.is_alive()] + [reader]
+        reader.start()
         timeout = self._link.rpc_timeout
         try:
             resp = self._token.run(_Bounded(stream.hello, timeout))
