@@ -31,8 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,58 +41,17 @@ sys.path[:0] = [str(_HERE.parent / "tests")]
 from helpers.datasets import numbered_records  # noqa: E402
 from helpers.etcd_server import EtcdServer  # noqa: E402
 from helpers.master_process import MasterProcess  # noqa: E402
+from helpers.record_log import RecordLog  # noqa: E402
 
 from chunkmaster.client.connection import MasterConnection  # noqa: E402
 
 PER_TASK = 16  # chunks (= records) per task: record i is in task i // PER_TASK
 
 
-@dataclass
-class Log:
-    records: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
-    done: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
-    last: tuple[str, int, int] | None = None
-    count: int = 0
-    exited: bool = False
-
-
-class TrainerLog:
-    """One trainer thread's log file, parsed as it grows."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.log = Log()
-        self._offset = 0
-        self._rest = b""
-
-    def poll(self) -> Log:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return self.log
-        self._offset += len(chunk)
-        *lines, self._rest = (self._rest + chunk).split(b"\n")
-        for raw in lines:
-            kind, *rest = raw.decode().split()
-            if kind == "r":
-                p, rid = int(rest[0]), int(rest[1])
-                self.log.records[p].append(rid)
-                self.log.count += 1
-                self.log.last = ("r", p, rid)
-            elif kind == "d":
-                p, tid = int(rest[0]), int(rest[1])
-                self.log.done[p].add(tid)
-                self.log.last = ("d", p, tid)
-            elif kind == "x":
-                self.log.exited = True
-        return self.log
-
-    def safe_to_kill(self) -> bool:
-        """Not near a task's end (a kill there could beat the log line of a reported task)."""
-        last = self.log.last
-        return last is None or last[0] != "r" or last[2] % PER_TASK <= PER_TASK - 6
+def _safe_to_kill(lg: RecordLog) -> bool:
+    """Not near a task's end (between passes or before its first record is fine too)."""
+    last = lg.log.last
+    return last is None or last[0] != "r" or lg.mid_task(PER_TASK)
 
 
 class TrainerProcess:
@@ -102,7 +60,7 @@ class TrainerProcess:
     ) -> None:
         self.name = name
         self.killed = False
-        self.logs = [TrainerLog(root / f"{name}.{i}") for i in range(threads)]
+        self.logs = [RecordLog(root / f"{name}.{i}") for i in range(threads)]
         self.err = root / f"{name}.err"
         cmd = [sys.executable, str(_HERE / "soak_trainer.py"), "--endpoints", endpoint]
         cmd += ["--out", str(root / name), "--threads", str(threads), "--stop", str(root / "STOP")]
@@ -245,7 +203,7 @@ class Soak:
         while live and time.monotonic() < end:
             for t in live:
                 t.poll()
-                if all(log.safe_to_kill() for log in t.logs):
+                if all(_safe_to_kill(lg) for lg in t.logs):
                     t.kill()
                     self.events["trainer processes killed"] += 1
                     self.new_trainer()

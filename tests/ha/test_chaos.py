@@ -22,13 +22,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import Counter
 from pathlib import Path
 
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
+from helpers.record_log import Log, RecordLog
 
 RECORDS = 480
 PER_TASK = 8  # chunks (= records) per task: record i is in task i // PER_TASK
@@ -44,25 +44,14 @@ TRAINER_KILLS_AT = (0.3, 0.6)
 HERE = Path(__file__).resolve().parent
 
 
-@dataclass
-class Log:
-    """What one trainer logged (see chaos_trainer.py)."""
-
-    records: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
-    done: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
-    last: tuple[str, int, int] | None = None  # kind, pass, id of the last line
-    count: int = 0
-
-
 class Trainer:
     def __init__(self, name: str, endpoint: str, data: Path, root: Path) -> None:
         self.name = name
         self.out = root / f"{name}.lines"
         self.err = root / f"{name}.log"
         self.killed = False
-        self._offset = 0
-        self._rest = b""
-        self.log = Log()
+        self.lines = RecordLog(self.out)
+        self.log = self.lines.log
         cmd = [sys.executable, str(HERE / "chaos_trainer.py"), "--endpoints", endpoint]
         cmd += ["--out", str(self.out), "--passes", str(PASSES), "--step-time", str(STEP)]
         cmd += ["--dataset", str(data)]
@@ -70,33 +59,10 @@ class Trainer:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
 
     def poll(self) -> Log:
-        """Parse the lines appended since the last call (whole lines only)."""
-        try:
-            with open(self.out, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return self.log
-        self._offset += len(chunk)
-        data = self._rest + chunk
-        *lines, self._rest = data.split(b"\n")
-        for raw in lines:
-            kind, *rest = raw.decode().split()
-            if kind == "r":
-                p, rid = int(rest[0]), int(rest[1])
-                self.log.records[p].append(rid)
-                self.log.count += 1
-                self.log.last = ("r", p, rid)
-            elif kind == "d":
-                p, tid = int(rest[0]), int(rest[1])
-                self.log.done[p].add(tid)
-                self.log.last = ("d", p, tid)
-        return self.log
+        return self.lines.poll()
 
     def mid_task(self) -> bool:
-        """Its last line is a record at least 5 records from its task's end."""
-        last = self.log.last
-        return last is not None and last[0] == "r" and last[2] % PER_TASK <= PER_TASK - 6
+        return self.lines.mid_task(PER_TASK)
 
     def kill(self) -> None:
         self.proc.kill()
