@@ -21,11 +21,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, Any
 
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError, Storage
+from chunkmaster.formats.listed import ListedChunk
 
 CHUNK_BYTES = 4 << 20
 """Default bound on a chunk's bytes (a line longer than it is a chunk of its own); the master's
@@ -46,23 +47,6 @@ def chunk_bytes_setting() -> int:
     return value
 
 _BLOCK = 4 << 20  # bytes read at a time while indexing
-
-
-class ListChunk:
-    """A checked chunk's records in a list; a run is a list iterator over a slice of it."""
-
-    __slots__ = ("records",)
-
-    def __init__(self, records: list[Any]) -> None:
-        self.records = records
-
-    @property
-    def count(self) -> int:
-        return len(self.records)
-
-    def cut(self, a: int, b: int) -> tuple[Iterator[Any], Iterator[Any]]:
-        it = iter(self.records[a:b])
-        return it, it
 
 
 def _compression(path: str) -> str | None:
@@ -170,7 +154,7 @@ class LinesLoader:
     def __init__(self, fmt: LinesFormat) -> None:
         self._fmt = fmt
 
-    def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> ListChunk:
+    def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> ListedChunk:
         path = chunk.path
         where: dict[str, Any] = {"path": path, "chunk": 0, "offset": chunk.offset}
         if data is None:
@@ -202,7 +186,7 @@ class LinesLoader:
                 "(the file changed since the dataset was set)",
                 **where,
             )
-        return ListChunk(self._fmt.parse(lines, "\r" in text, where))
+        return ListedChunk(self._fmt.parse(lines, "\r" in text, where))
 
 
 class LinesFormat:

@@ -8,8 +8,8 @@ from typing import Any
 
 class ListedChunk:
     """`Loaded` for formats that check a chunk by walking all its records anyway (TFRecord's
-    CRCs, tar headers): each record is built during the walk, so handing them out is a list
-    iterator, whose `length_hint` is how many are not taken yet."""
+    CRCs, tar headers, every line parsed): each record is built during the walk, so handing
+    them out is a list iterator, whose `length_hint` is how many are not taken yet."""
 
     __slots__ = ("records",)
 
