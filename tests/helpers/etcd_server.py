@@ -60,6 +60,7 @@ class EtcdServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._paused = False
+        self._started = False  # a restart keeps the ports clients know
         if start:
             self.start()
 
@@ -96,10 +97,23 @@ class EtcdServer:
     def start(self, timeout: float = 15.0) -> None:
         if self.running:
             return
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the process' life
-        self.proc = subprocess.Popen(self._args(), stdout=self._log, stderr=subprocess.STDOUT)
-        self._paused = False
-        self.wait_healthy(timeout)
+        first, self._started = not self._started, True
+        for attempt in range(3):
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept for the process' life
+            self.proc = subprocess.Popen(self._args(), stdout=self._log, stderr=subprocess.STDOUT)
+            self._paused = False
+            try:
+                self.wait_healthy(timeout)
+                return
+            except RuntimeError:
+                # Another process may take a free port between _free_ports and etcd's bind;
+                # a first start may pick others (a restart must keep its ports).
+                if not first or attempt == 2 or "address already in use" not in self.log_text():
+                    raise
+                self.proc.wait()
+                self._log.close()
+                self.client_port, self.peer_port = _free_ports(2)
+                shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def wait_healthy(self, timeout: float = 15.0) -> None:
         """Poll /health (stdlib only) until etcd answers healthy; fail with the log otherwise."""
