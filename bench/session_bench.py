@@ -4,9 +4,14 @@
    a finish and the next request travel in one message (one request in flight per trainer,
    and two, as a Client that prefetches one task keeps), against today's unary path
    (GetTask + TaskFinished, two calls a cycle), with 1 and 8 clients, on the in-memory and the
-   embedded store. Baseline: the unary path of the same master build in the same run, driven by
-   the same asyncio gRPC clients (bench/dispatch_bench.py's loop): the fastest way a trainer
-   without a session can cycle. The clients do no reading: this measures the master.
+   embedded store, and in batches of 8 tasks a message (two in flight). Baseline: the unary
+   path of the same master build in the same run, driven by the same asyncio gRPC clients
+   (bench/dispatch_bench.py's loop): the fastest way a trainer without a session can cycle.
+   The clients do no reading: this measures the master.
+1b. A real `Client` (session, in-memory store) reading one-record tasks, with prefetch_tasks
+   1 (one task a message, in steady state) and 15 (batches of 8): tasks/s, against the raw
+   batch client of (1) on a fresh master in the same run (the master's rate with no reading:
+   a ceiling, not a peer).
 2. commit() latency, p50 and p99, on the embedded store and on etcd: one trainer holding a task
    commits a new position again and again and waits for each acknowledgement (it is durable
    then: an fsync on the embedded store, a raft round on etcd). Reported as measured (ms);
@@ -49,6 +54,7 @@ from chunkmaster.client.connection import MasterConnection
 from chunkmaster.rpc import master_pb2 as pb
 
 SESSION_METHOD = "/chunkmaster.v1.Master/Session"
+BATCH = 8  # tasks a batch asks for (NextTask.max_tasks)
 
 
 class StreamSession:
@@ -88,9 +94,10 @@ def _pos(t: Any, records: int) -> pb.TaskPosition:
 
 
 async def _session_loop(
-    addr: str, stop_at: float, counts: list[int], slot: int, window: int = 1
+    addr: str, stop_at: float, counts: list[int], slot: int, window: int = 1, batch: int = 1
 ) -> None:
-    """Keep `window` NextTask requests in flight; each answer's finish rides on the next one."""
+    """Keep `window` NextTask requests in flight, each for up to `batch` tasks; each answer's
+    finishes ride on the next one."""
     async with grpc.aio.insecure_channel(addr) as ch:
         call = ch.stream_stream(
             SESSION_METHOD,
@@ -107,7 +114,13 @@ async def _session_loop(
             nonlocal seq
             seq += 1
             asked[seq] = pass_id
-            msg = pb.NextTask(finished=finished, want_task=True, pass_id=pass_id, wait_seconds=2)
+            msg = pb.NextTask(
+                finished=finished,
+                want_task=True,
+                pass_id=pass_id,
+                wait_seconds=2,
+                max_tasks=batch if batch > 1 else 0,
+            )
             await call.write(pb.SessionRequest(seq=seq, next=msg))
 
         for _ in range(window):
@@ -123,9 +136,9 @@ async def _session_loop(
                 elif resp.error.error not in ("NoMoreAvailableError", "PassAfterError"):
                     raise RuntimeError(resp.error.message)
             else:
-                t = resp.task
-                finished = [_pos(t, sum(c.num_records for c in t.chunks))]
-                counts[slot] += 1
+                got = resp.tasks.tasks if resp.WhichOneof("body") == "tasks" else [resp.task]
+                finished = [_pos(t, sum(c.num_records for c in t.chunks)) for t in got]
+                counts[slot] += len(got)
             if time.monotonic() < stop_at:
                 await ask(finished)
                 in_flight += 1
@@ -139,10 +152,19 @@ async def _session2_loop(addr: str, stop_at: float, counts: list[int], slot: int
     await _session_loop(addr, stop_at, counts, slot, window=2)
 
 
+async def _batch_loop(addr: str, stop_at: float, counts: list[int], slot: int) -> None:
+    await _session_loop(addr, stop_at, counts, slot, window=2, batch=BATCH)
+
+
 def _load_process(
     kind: str, addr: str, clients: int, warmup: float, seconds: float, out: mp.Queue
 ) -> None:
-    loop_fn = {"session": _session_loop, "session2": _session2_loop, "unary": _client_loop}[kind]
+    loop_fn = {
+        "session": _session_loop,
+        "session2": _session2_loop,
+        "batch": _batch_loop,
+        "unary": _client_loop,
+    }[kind]
 
     async def main() -> None:
         counts = [0] * clients
@@ -180,6 +202,7 @@ def bench_dispatch(root: Path, tasks: int, clients: list[int], args: Any) -> lis
                     unary = measure("unary", m.addr, n, args.warmup, args.seconds)
                     session = measure("session", m.addr, n, args.warmup, args.seconds)
                     session2 = measure("session2", m.addr, n, args.warmup, args.seconds)
+                    batch = measure("batch", m.addr, n, args.warmup, args.seconds)
                     row = {
                         "bench": "dispatch",
                         "store": store,
@@ -190,6 +213,8 @@ def bench_dispatch(root: Path, tasks: int, clients: list[int], args: Any) -> lis
                         "ratio": round(session / unary, 2),
                         "session_window2": round(session2),
                         "ratio_window2": round(session2 / unary, 2),
+                        "batch": round(batch),
+                        "ratio_batch": round(batch / unary, 2),
                     }
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -386,11 +411,60 @@ def bench_takeover(root: Path, ttl: float, repeat: int) -> list[dict]:
     return rows
 
 
+def _client_rate(addr: str, prefetch: int, warmup: float, seconds: float) -> float:
+    """Tasks/s of one real Client reading one-record tasks, over a window after a warm-up."""
+    from chunkmaster.client import Client
+
+    with Client(addr, name=f"reader-{prefetch}", prefetch_tasks=prefetch) as c:
+        it = c.records(0)
+        start = time.monotonic() + warmup
+        while time.monotonic() < start:
+            next(it)
+        n, t0, stop = 0, time.monotonic(), time.monotonic() + seconds
+        while time.monotonic() < stop:
+            next(it)
+            n += 1
+        return n / (time.monotonic() - t0)
+
+
+def bench_client(root: Path, tasks: int, args: Any) -> list[dict]:
+    data = make_dataset(root, tasks)
+    master_args = ["--store", ":memory:", "--chunk-per-task", "1", "--task-timeout-dur", "10m"]
+    rows = []
+    for rep in range(args.repeat):
+        row: dict[str, Any] = {"bench": "client", "repeat": rep}
+        for what in ("raw_batch", "prefetch1", "prefetch15"):
+            m = Master(master_args)
+            try:
+                with MasterConnection(m.addr, timeout=600) as c:
+                    c.set_dataset([data])
+                if what == "raw_batch":
+                    rate = measure("batch", m.addr, 1, args.warmup, args.seconds)
+                else:
+                    prefetch = int(what.removeprefix("prefetch"))
+                    rate = _client_rate(m.addr, prefetch, args.warmup, args.seconds)
+            finally:
+                m.stop()
+            row[what] = round(rate)
+        row["ratio_prefetch1"] = round(row["prefetch1"] / row["raw_batch"], 2)
+        row["ratio_prefetch15"] = round(row["prefetch15"] / row["raw_batch"], 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("\ntasks/s of one real Client reading one-record tasks (medians of the repeats)")
+    for key in ("raw_batch", "prefetch1", "prefetch15"):
+        med = statistics.median(r[key] for r in rows)
+        ratio = med / statistics.median(r["raw_batch"] for r in rows)
+        print(f"  {key:10} {med:8.0f}  x{ratio:.2f} of the raw batch client")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--only", choices=("dispatch", "commit", "idle", "takeover"), default=None)
+    ap.add_argument(
+        "--only", choices=("dispatch", "client", "commit", "idle", "takeover"), default=None
+    )
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=3)
@@ -414,10 +488,15 @@ def main() -> None:
                 ratio = statistics.median(r["ratio"] for r in mine)
                 s2 = statistics.median(r["session_window2"] for r in mine)
                 r2 = statistics.median(r["ratio_window2"] for r in mine)
+                b = statistics.median(r["batch"] for r in mine)
+                rb = statistics.median(r["ratio_batch"] for r in mine)
                 print(
                     f"  {store:7} {n:2} clients: unary {u:8.0f}  session {s:8.0f} x{ratio:<5}"
-                    f"  session, 2 requests in flight {s2:8.0f} x{r2}"
+                    f"  session, 2 requests in flight {s2:8.0f} x{r2:<5}"
+                    f"  batches of {BATCH}, 2 in flight {b:8.0f} x{rb}"
                 )
+    if args.only in (None, "client"):
+        bench_client(root, args.tasks, args)
     if args.only in (None, "commit"):
         if args.no_etcd:
             bench_commit(root, None, args.commits)

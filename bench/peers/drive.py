@@ -28,17 +28,18 @@ Window = tuple[float, float]
 Client = Callable[[str, int, Callable[[], Window]], int]
 
 
-def count_cycles(cycle: Callable[[], bool], window: Window) -> int:
-    """Runs `cycle` until the window ends; counts those that did a task and ended inside it."""
+def count_cycles(cycle: Callable[[], int], window: Window) -> int:
+    """Runs `cycle` until the window ends; counts the tasks done by those that ended inside
+    it (`cycle` returns how many it did: 0 or 1, or more for a client that asks for several)."""
     begin, end = window
     done = 0
     while True:
-        did_task = cycle()
+        did_tasks = cycle()
         now = time.monotonic()
         if now >= end:
             return done
-        if did_task and now >= begin:
-            done += 1
+        if now >= begin:
+            done += did_tasks
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:

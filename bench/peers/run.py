@@ -57,6 +57,7 @@ from chunkmaster.rpc import master_pb2 as pb  # noqa: E402
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc  # noqa: E402
 
 BASELINE = "chunkmaster-unary-memory"
+BATCH = 8  # tasks a batch client asks for in one NextTask
 Measurement = dict[str, float]
 
 
@@ -106,11 +107,13 @@ def unary_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int
 
 
 def session_client(
-    addr: str, index: int, wait_start: Callable[[], Window], window: int = 1
+    addr: str, index: int, wait_start: Callable[[], Window], window: int = 1, batch: int = 1
 ) -> int:
-    """A trainer's session cycle: NextTask requests that carry the previous task's finish, on
+    """A trainer's session cycle: NextTask requests that carry the previous tasks' finishes, on
     one stream, `window` of them in flight (1: the unary client's shape; 2: a Client that holds
-    a task while it asks for the next, as tf.data's worker prefetches splits)."""
+    a task while it asks for the next, as tf.data's worker prefetches splits), each asking for
+    up to `batch` tasks (a Client with prefetch_tasks = 2 * batch - 1 asks for `batch` at a
+    time)."""
     requests: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
     with grpc.insecure_channel(addr) as channel:
         call = channel.stream_stream(
@@ -128,32 +131,43 @@ def session_client(
             nonlocal seq
             seq += 1
             asked[seq] = pass_id
-            msg = pb.NextTask(finished=finished, want_task=True, pass_id=pass_id, wait_seconds=2)
+            msg = pb.NextTask(
+                finished=finished,
+                want_task=True,
+                pass_id=pass_id,
+                wait_seconds=2,
+                request_id=f"{index}-{seq}",
+                max_tasks=batch if batch > 1 else 0,
+            )
             requests.put(pb.SessionRequest(seq=seq, next=msg))
 
         for _ in range(window - 1):
             ask([])
         finished: list[pb.TaskPosition] = []
 
-        def cycle() -> bool:
+        def cycle() -> int:
             nonlocal pass_id, finished
             ask(finished)
             resp = next(call)
             finished = []
-            if resp.WhichOneof("body") == "error":
+            body = resp.WhichOneof("body")
+            if body == "error":
                 if resp.error.error == "PassBeforeError":
                     pass_id = max(pass_id, asked[resp.seq] + 1)  # two in flight: move once
                 elif resp.error.error not in ("NoMoreAvailableError", "PassAfterError"):
                     raise RuntimeError(resp.error.message)
-                return False
-            t = resp.task
-            records = sum(c.num_records for c in t.chunks)
+                return 0
+            tasks = resp.tasks.tasks if body == "tasks" else [resp.task]
             finished = [
                 pb.TaskPosition(
-                    task_id=t.meta.id, epoch=t.meta.epoch, pass_id=t.pass_id, records=records
+                    task_id=t.meta.id,
+                    epoch=t.meta.epoch,
+                    pass_id=t.pass_id,
+                    records=sum(c.num_records for c in t.chunks),
                 )
+                for t in tasks
             ]
-            return True
+            return len(tasks)
 
         try:
             return count_cycles(cycle, wait_start())
@@ -164,6 +178,10 @@ def session_client(
 
 def session2_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int:
     return session_client(addr, index, wait_start, window=2)
+
+
+def session_batch_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int:
+    return session_client(addr, index, wait_start, window=2, batch=BATCH)
 
 
 def chunkmaster_runner(store: str, client: Client) -> Callable[[int, Options], Measurement]:
@@ -214,6 +232,8 @@ RUNNERS = [
     Runner("chunkmaster-session-sqlite", chunkmaster_runner("sqlite", session_client)),
     Runner("chunkmaster-session2-memory", chunkmaster_runner("memory", session2_client)),
     Runner("chunkmaster-session2-sqlite", chunkmaster_runner("sqlite", session2_client)),
+    Runner("chunkmaster-batch-memory", chunkmaster_runner("memory", session_batch_client)),
+    Runner("chunkmaster-batch-sqlite", chunkmaster_runner("sqlite", session_batch_client)),
     Runner("dlrover", peer_runner("dlrover")),
     Runner("tfdata", peer_runner("tfdata")),
 ]

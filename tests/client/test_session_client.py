@@ -77,10 +77,37 @@ def test_finishes_ride_on_task_requests_and_the_ledger_counts_every_record(
     assert len(set(finished)) == m_tasks(path)
 
 
-def m_tasks(path: str) -> int:
+def test_a_trainer_that_prefetches_gets_its_tasks_several_to_a_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[Any] = []
+    real_send = TrainerSession._send
+
+    def spy(self: TrainerSession, kind: str, msg: Any, answered: bool) -> Any:
+        sent.append((kind, msg))
+        return real_send(self, kind, msg, answered)
+
+    monkeypatch.setattr(TrainerSession, "_send", spy)
+    path, records = _dataset(tmp_path, 600)
+    tasks = m_tasks(path, 1)
+    with (
+        InProcessMaster(chunks_per_task=1, timeout_dur=60.0) as m,
+        Client(m.addr, name="bulk", prefetch_tasks=7) as c,
+    ):
+        c.set_dataset([path])
+        for p in (0, 1):
+            assert Counter(c.records(p)) == Counter(records)
+            led = m.status()["ledger"][p]
+            assert led["dispatched"] == led["consumed"] == len(records)
+    asks = [msg for kind, msg in sent if kind == "next" and msg.want_task]
+    assert all(msg.max_tasks >= 4 for msg in asks), [msg.max_tasks for msg in asks]
+    assert len(asks) <= 2 * tasks // 4 + 4, f"{len(asks)} requests for {2 * tasks} tasks"
+
+
+def m_tasks(path: str, chunks_per_task: int = 2) -> int:
     from chunkmaster.master.datasets import load_dataset
 
-    return len(load_dataset([path], 2).task_records)
+    return len(load_dataset([path], chunks_per_task).task_records)
 
 
 def test_progress_commit_checkpoint_and_goodbye_are_at_exact_positions(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ descriptor, so a SIGKILL loses no logged line. Records are ASCII integers (b"%06
 
     python tests/helpers/session_trainer.py --addr HOST:PORT --out FILE --passes 2 \
         [--first-pass P] [--commit-every N] [--report-every N] [--step-time S] [--name NAME]
-        [--shuffle-buffer N]
+        [--shuffle-buffer N] [--wait-for FILE]
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None)
     ap.add_argument("--leave-after", type=int, default=0, help="close after N records")
     ap.add_argument("--shuffle-buffer", type=int, default=0)
+    ap.add_argument("--wait-for", default=None, help="start once this file exists")
     args = ap.parse_args(argv)
+    while args.wait_for and not os.path.exists(args.wait_for):
+        time.sleep(0.005)  # imports done: the trainer joins within milliseconds of the word
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

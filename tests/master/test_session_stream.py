@@ -13,6 +13,7 @@ from helpers.inproc import InProcessMaster
 from helpers.raw_session import RawSession, position
 
 from chunkmaster.rpc import master_pb2 as pb
+from chunkmaster.store.sqlite import SqliteStore
 
 RECORDS_PER_TASK = 10
 
@@ -148,3 +149,61 @@ def test_messages_before_hello_and_malformed_bytes_are_refused(master: InProcess
     assert s.recv() is None  # the master ends the stream
     s.close()
     assert master.status()["sessions"] == 0
+
+
+def next_batch(s: RawSession, count: int, request_id: str, pass_id: int = 0) -> Any:
+    msg = pb.NextTask(
+        want_task=True, pass_id=pass_id, wait_seconds=5, request_id=request_id, max_tasks=count
+    )
+    seq = s.send(next=msg)
+    resp = s.recv()
+    assert resp.seq == seq
+    return resp
+
+
+def test_a_batch_holds_the_tasks_free_at_once_and_a_repeat_gets_the_same_ones(
+    master: InProcessMaster,
+) -> None:
+    s = RawSession(master.addr)
+    s.hello(name="batcher")
+    first = next_batch(s, 3, "r1")
+    assert first.WhichOneof("body") == "tasks"
+    ids = [t.meta.id for t in first.tasks.tasks]
+    assert len(set(ids)) == 3
+    again = next_batch(s, 3, "r1")  # its answer was lost, say: the same tasks come back
+    assert [t.meta.id for t in again.tasks.tasks] == ids
+    st = master.status()
+    assert st["pending"] == 3 and st["todo"] == 1
+    assert st["trainers"][0]["tasks_held"] == 3
+    rest = next_batch(s, 3, "r2")  # one left: a batch of one, at once
+    (last,) = rest.tasks.tasks
+    assert last.meta.id not in ids
+    held = [*first.tasks.tasks, last]
+    seq = s.send(next=pb.NextTask(finished=[position(t, RECORDS_PER_TASK) for t in held]))
+    assert s.recv().seq == seq
+    wait_for(lambda: master.status()["cur_pass"] == 1, "the pass to end")
+    late = next_batch(s, 3, "r3")  # pass 0 is over: the same error as a single request
+    assert late.error.error == "PassBeforeError"
+    whole = next_batch(s, 100, "r4", pass_id=1)
+    assert sorted(t.meta.id for t in whole.tasks.tasks) == sorted(t.meta.id for t in held)
+    s.close()
+
+
+def test_a_batch_is_durable_before_it_is_answered(dataset: str, tmp_path: Path) -> None:
+    db = str(tmp_path / "store.db")
+    with InProcessMaster(SqliteStore(db), chunks_per_task=1, trainer_ttl=30.0) as m:
+        assert m.service is not None
+        service = m.service
+        m.call(lambda: service.set_dataset([dataset]))
+        s = RawSession(m.addr)
+        sid = s.hello(name="a").welcome.session_id
+        got = [t.meta.id for t in next_batch(s, 2, "req").tasks.tasks]
+        s.close()
+    with InProcessMaster(SqliteStore(db), chunks_per_task=1, trainer_ttl=30.0) as m:
+        st = m.status()
+        assert st["pending"] == 2 and st["todo"] == 2
+        s = RawSession(m.addr)
+        assert s.hello(session_id=sid).welcome.session_id == sid
+        again = next_batch(s, 2, "req")  # the retry after a restart: the same two tasks
+        assert [t.meta.id for t in again.tasks.tasks] == got
+        s.close()

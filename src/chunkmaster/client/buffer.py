@@ -102,12 +102,15 @@ class PassBuffer:
 
     # ---- the fetcher's side (takes the lock) ----------------------------------------------
 
-    def wait_slot(self, limit: int) -> None:
-        """Wait until fewer than `limit` tasks are held: the master's timeout runs for each."""
+    def wait_free(self, limit: int, want: int) -> int:
+        """Wait until `want` of `limit` slots are free (a held task takes one: the master's
+        timeout runs for each); how many are free."""
         with self._cond:
-            while len(self.held) >= limit and not self.cancel.cancelled:
+            while limit - len(self.held) < want and not self.cancel.cancelled:
                 self._cond.wait()
+            free = limit - len(self.held)
         self.cancel.check()
+        return free
 
     def add_task(self, task: Task) -> None:
         with self._cond:

@@ -1,7 +1,9 @@
 """The fetcher thread of one pass: asks the master for tasks (long-polling) and buffers them.
 
 It holds at most 1 + prefetch_tasks tasks, so the next task is at hand when the trainer ends
-the current one: the trainer never waits on the network between tasks. It ends the pass when
+the current one: the trainer never waits on the network between tasks. Over a session several
+tasks come in one message (once half the slots are free), which is what makes a trainer of
+many small tasks fast. It ends the pass when
 the master has moved past it [D2], and hands "all tasks failed" and "job stopped" (the error
 budget was exceeded) to the trainer as errors.
 How a task is asked for is a `TaskSource`: a unary GetTask (`UnaryTasks`, below) or a NextTask
@@ -39,28 +41,36 @@ WAIT_LOG_EVERY = 30.0
 
 
 class TaskSource(Protocol):
-    """Asks the master for the next task of a pass; raises the master's answer otherwise."""
+    """Asks the master for the next tasks of a pass (at least one, at most `count`, and at
+    most `max_batch` at a time); raises the master's answer otherwise."""
 
-    def next_task(
-        self, pass_id: int, wait: float, request_id: str, cancel: CancelToken
-    ) -> Task: ...
+    max_batch: int
+
+    def next_tasks(
+        self, pass_id: int, count: int, wait: float, request_id: str, cancel: CancelToken
+    ) -> list[Task]: ...
 
 
 class UnaryTasks:
-    """Tasks by unary GetTask calls, retried through the link (no session)."""
+    """Tasks by unary GetTask calls, one per call, retried through the link (no session)."""
+
+    max_batch = 1
 
     def __init__(self, link: MasterLink, worker: str) -> None:
         self._link = link
         self._worker = worker
 
-    def next_task(self, pass_id: int, wait: float, request_id: str, cancel: CancelToken) -> Task:
-        return self._link.call(
+    def next_tasks(
+        self, pass_id: int, count: int, wait: float, request_id: str, cancel: CancelToken
+    ) -> list[Task]:
+        task = self._link.call(
             f"GetTask(pass {pass_id})",
             functools.partial(
                 self._get_task, pass_id=pass_id, wait=wait, request_id=request_id, cancel=cancel
             ),
             cancel,
         )
+        return [task]
 
     def _get_task(
         self,
@@ -124,13 +134,23 @@ class TaskFetcher:
         waiting: type[Exception] | None = None
         since = last_log = time.monotonic()
         polls = 0
+        slots = 1 + self._prefetch_tasks
+        # A source that hands out several tasks a message is asked once half the slots are
+        # free: one round trip for several tasks, and as many still at hand meanwhile.
+        batch = min(self._source.max_batch, max(1, slots // 2))
         while True:
-            buf.wait_slot(1 + self._prefetch_tasks)
-            # One ID per GetTask, the same for its retries: if an answer is lost (the master
-            # failed over, a deadline passed), the retry gets that same task back.
+            count = buf.wait_free(slots, batch)
+            # One ID per request, the same for its retries: if an answer is lost (the master
+            # failed over, a deadline passed), the retry gets those same tasks back.
             request_id = uuid.uuid4().hex
             try:
-                task = self._source.next_task(buf.pass_id, self._poll_wait, request_id, buf.cancel)
+                tasks = self._source.next_tasks(
+                    buf.pass_id,
+                    min(count, self._source.max_batch),
+                    self._poll_wait,
+                    request_id,
+                    buf.cancel,
+                )
             except PassBeforeError:
                 buf.finish(EndOfPass(buf.pass_id))
                 return
@@ -150,12 +170,14 @@ class TaskFetcher:
                     polls += 1
                 continue
             waiting = None
-            try:
-                buf.add_task(task)
-            except Cancelled:
-                if self._on_unclaimed is not None:
-                    self._on_unclaimed(task)
-                raise
+            for i, task in enumerate(tasks):
+                try:
+                    buf.add_task(task)
+                except Cancelled:
+                    if self._on_unclaimed is not None:
+                        for unclaimed in tasks[i:]:
+                            self._on_unclaimed(unclaimed)
+                    raise
 
 
 def _log_wait(pass_id: int, exc: Exception, waited: float, level: int) -> None:

@@ -48,6 +48,9 @@ REPORT_GAP = 0.02
 """Seconds between two progress reports at least: above report_every / REPORT_GAP records per
 second, a report covers more than report_every records (REPORT_GAP seconds' worth)."""
 
+MAX_BATCH = 64
+"""The most tasks one NextTask asks for (the master's own cap is the same)."""
+
 FINISH_FLUSH = 0.1
 """Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false);
 it goes at once if a task request is in flight already (the next waits for its answer)."""
@@ -203,9 +206,14 @@ class TrainerSession:
 
     # ---- what callers send ----------------------------------------------------------------
 
-    def next_task(self, pass_id: int, wait: float, request_id: str, cancel: CancelToken) -> Task:
-        """A task of `pass_id` (waiting up to `wait` s on the master), with the finishes
-        queued meanwhile riding along. Raises the master's answer otherwise, or Cancelled."""
+    max_batch = MAX_BATCH
+
+    def next_tasks(
+        self, pass_id: int, count: int, wait: float, request_id: str, cancel: CancelToken
+    ) -> list[Task]:
+        """Up to `count` tasks of `pass_id` in one message (at least one: the master waits up
+        to `wait` s for it), with the finishes queued meanwhile riding along. Raises the
+        master's answer otherwise, or Cancelled."""
         attempt = 0
         while True:
             with self._lock:
@@ -218,6 +226,7 @@ class TrainerSession:
                     pass_id=pass_id,
                     wait_seconds=wait,
                     request_id=request_id,
+                    max_tasks=count if count > 1 else 0,
                 )
                 reply = self._send("next", msg, answered=True)
             assert reply is not None
@@ -238,7 +247,9 @@ class TrainerSession:
                 cancel.sleep(backoff_delay(attempt, link.backoff_base, link.backoff_max))
                 attempt += 1
                 continue
-            return task_from_pb(resp.task)
+            if resp.WhichOneof("body") == "tasks":
+                return [task_from_pb(t) for t in resp.tasks.tasks]
+            return [task_from_pb(resp.task)]
 
     def finished(self, task: Task) -> None:
         """Queue the finish of `task`: it rides on the next NextTask, or goes alone soon."""

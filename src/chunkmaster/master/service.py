@@ -13,13 +13,14 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from chunkmaster.core import checkpoint
 from chunkmaster.core.errors import (
     CheckpointRefusedError,
     InvalidArgumentError,
+    MasterError,
     NoDatasetError,
     NoMoreAvailableError,
     NotReadyError,
@@ -275,6 +276,52 @@ class Service:
         over, a task come back, a dataset arrive meanwhile). A retry with the `request_id` of
         a call whose answer was lost gets the same task again.
         """
+        task, durable = await self._take(pass_id, wait, worker, request_id, session)
+        await durable
+        return task
+
+    async def get_tasks(
+        self,
+        pass_id: int,
+        count: int,
+        *,
+        wait: float = 0.0,
+        worker: str = "",
+        request_id: str = "",
+        session: str = "",
+    ) -> list[Task]:
+        """Up to `count` tasks of `pass_id`: the first as `get_task` gives it, the others only
+        if free at once. One round trip and one durable write for them all, which is what
+        lets a trainer that prefetches several tasks outrun one request per task. The i-th
+        task's request ID is `request_id#i`, so a retry gets the same tasks back."""
+        task, durable = await self._take(pass_id, wait, worker, request_id, session)
+        tasks, writes = [task], [durable]
+        while len(tasks) < count:
+            rid = f"{request_id}#{len(tasks)}" if request_id else ""
+            st = self.ledger.state
+            if rid and (held := st.requests.get(rid)) is not None:
+                tasks.append(st.task(held))
+                continue
+            if not self.ledger.available:
+                break
+            try:
+                if check_get_task(st, pass_id, session) is not Availability.DISPATCH:
+                    break
+            except MasterError:  # the pass is over or cannot go on: the first ones stand
+                break
+            more, written = self._submit_dispatch(worker, rid, session)
+            writes.append(written)
+            if more is None:
+                break
+            tasks.append(more)
+        for written in writes:
+            await written
+        return tasks
+
+    async def _take(
+        self, pass_id: int, wait: float, worker: str, request_id: str, session: str
+    ) -> tuple[Task, Awaitable[None]]:
+        """get_task's work, but the dispatch's durability is left to the caller to await."""
         self._check_started()
         _check(pass_id >= 0, f"pass_id {pass_id} is negative")
         _check(math.isfinite(wait), f"wait {wait} is not a finite number of seconds")
@@ -284,7 +331,7 @@ class Service:
                 raise UnavailableError(f"master cannot persist changes: {self.ledger.error}")
             st = self.ledger.state
             if request_id and (held := st.requests.get(request_id)) is not None:
-                return st.task(held)
+                return st.task(held), _DONE
             try:
                 avail = check_get_task(st, pass_id, session)
             except PassAfterError:
@@ -294,28 +341,30 @@ class Service:
             if avail is Availability.DISPATCH:
                 if session and session not in st.sessions:
                     raise SessionExpiredError()
-                task = await self._dispatch(worker, request_id, session)
+                task, durable = self._submit_dispatch(worker, request_id, session)
                 if task is not None:
-                    return task
+                    return task, durable
+                await durable
                 continue  # equal steps: nothing for this trainer in this pass; ask again
             if not await self._wait_change(until):
                 if avail is Availability.NOT_READY:
                     raise NotReadyError()
                 raise NoMoreAvailableError()
 
-    async def _dispatch(self, worker: str, request_id: str, session: str = "") -> Task | None:
-        """Dispatch the head of Todo. Apply and arm the timer before yielding: a caller that
-        goes away while the dispatch is made durable must not leave the task pending without
-        a timer (it would never come back); a failed write resets the timers anyway."""
+    def _submit_dispatch(
+        self, worker: str, request_id: str, session: str = ""
+    ) -> tuple[Task | None, Awaitable[None]]:
+        """Dispatch the head of Todo (None: equal steps leave nothing for this trainer).
+        Applied and its timer armed before any yield: a caller that goes away while the
+        dispatch is made durable must not leave the task pending without a timer (it would
+        never come back); a failed write resets the timers anyway."""
         deadline = self._clock() + self.timeout_dur
         task, durable = self.ledger.submit(Dispatch(deadline, worker, request_id, session))
         if task is None:
-            await durable
-            return None
+            return None, durable
         assert isinstance(task, Task)
         self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
-        await durable
-        return task
+        return task, durable
 
     async def task_finished(self, task_id: int, *, epoch: int = 0, pass_id: int = -1) -> bool:
         """Complete a pending task; a report about anything else is answered, harmlessly."""
@@ -786,6 +835,17 @@ async def _after(durable: Awaitable[None] | None, result: int) -> int:
     if durable is not None:
         await durable
     return result
+
+
+class _Written:
+    """Awaits nothing: a repeated request's dispatch was made durable when first asked."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+_DONE = _Written()
 
 
 def started(aw: Awaitable[T]) -> asyncio.Future[T]:

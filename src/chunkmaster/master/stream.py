@@ -29,6 +29,7 @@ from chunkmaster.rpc.wire import status_code_of, task_to_pb
 log = logging.getLogger("chunkmaster.stream")
 
 MAX_WAIT = 300.0  # the longest a NextTask may wait for a task, in seconds
+MAX_BATCH = 64  # the most tasks one NextTask gets (a larger max_tasks gets this many)
 
 
 class Malformed:
@@ -192,15 +193,27 @@ class SessionConversation:
         fin = started(finished)
 
         async def next_task() -> pb.SessionResponse:
-            task = await self.service.get_task(
+            if msg.max_tasks <= 1:
+                task = await self.service.get_task(
+                    msg.pass_id,
+                    wait=wait,
+                    worker=self.name,
+                    request_id=msg.request_id,
+                    session=session,
+                )
+                await fin
+                return pb.SessionResponse(seq=seq, task=task_to_pb(task))
+            tasks = await self.service.get_tasks(
                 msg.pass_id,
+                min(msg.max_tasks, MAX_BATCH),
                 wait=wait,
                 worker=self.name,
                 request_id=msg.request_id,
                 session=session,
             )
             await fin
-            return pb.SessionResponse(seq=seq, task=task_to_pb(task))
+            batch = pb.TaskBatch(tasks=[task_to_pb(t) for t in tasks])
+            return pb.SessionResponse(seq=seq, tasks=batch)
 
         self._spawn(seq, next_task)
 

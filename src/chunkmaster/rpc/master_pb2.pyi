@@ -163,18 +163,20 @@ class Hello(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., report_every: _Optional[int] = ...) -> None: ...
 
 class NextTask(_message.Message):
-    __slots__ = ("finished", "want_task", "pass_id", "wait_seconds", "request_id")
+    __slots__ = ("finished", "want_task", "pass_id", "wait_seconds", "request_id", "max_tasks")
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     WANT_TASK_FIELD_NUMBER: _ClassVar[int]
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
     finished: _containers.RepeatedCompositeFieldContainer[TaskPosition]
     want_task: bool
     pass_id: int
     wait_seconds: float
     request_id: str
-    def __init__(self, finished: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ..., want_task: _Optional[bool] = ..., pass_id: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
+    max_tasks: int
+    def __init__(self, finished: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ..., want_task: _Optional[bool] = ..., pass_id: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., request_id: _Optional[str] = ..., max_tasks: _Optional[int] = ...) -> None: ...
 
 class KeepAlive(_message.Message):
     __slots__ = ("progress",)
@@ -195,18 +197,26 @@ class Goodbye(_message.Message):
     def __init__(self, progress: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("seq", "welcome", "task", "error", "ack")
+    __slots__ = ("seq", "welcome", "task", "error", "ack", "tasks")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     welcome: Welcome
     task: Task
     error: SessionError
     ack: Ack
-    def __init__(self, seq: _Optional[int] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    tasks: TaskBatch
+    def __init__(self, seq: _Optional[int] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., tasks: _Optional[_Union[TaskBatch, _Mapping]] = ...) -> None: ...
+
+class TaskBatch(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("session_id", "ttl_seconds", "keep_alive_seconds")
