@@ -165,12 +165,27 @@ def etcd(kind: str, request: pytest.FixtureRequest) -> Iterator[EtcdServer | Non
 def test_a_killed_trainers_tasks_come_back_within_the_lease(
     kind: str, etcd: EtcdServer | None, tmp_path: Path
 ) -> None:
+    killed_trainer_case(kind, etcd, tmp_path)
+
+
+def test_a_killed_trainer_that_took_its_tasks_in_batches_loses_no_more(tmp_path: Path) -> None:
+    """A victim holding up to 8 tasks (NextTask batches): those it had not begun go back whole
+    and unread, so the duplicates stay within one report window per task it was reading."""
+    killed_trainer_case("sqlite", None, tmp_path, "--prefetch-tasks", "7")
+
+
+def killed_trainer_case(
+    kind: str, etcd: EtcdServer | None, tmp_path: Path, *victim_args: str
+) -> None:
     data = make_dataset(tmp_path)
     cluster = Cluster(kind, tmp_path, etcd, "--trainer-ttl", "3", "--task-timeout-dur", "10m")
     try:
         cluster.set_dataset(data)
+        common = ["--passes", "1", "--step-time", "0.004"]
         trainers = [
-            Trainer(cluster.where, tmp_path / f"t{i}.out", "--passes", "1", "--step-time", "0.004")
+            Trainer(
+                cluster.where, tmp_path / f"t{i}.out", *common, *(victim_args if i == 0 else ())
+            )
             for i in range(3)
         ]
         victim, survivors = trainers[0], trainers[1:]
@@ -185,7 +200,8 @@ def test_a_killed_trainers_tasks_come_back_within_the_lease(
         twice = sorted(r for r, n in seen.items() if n > 1)
         assert all(seen[r] == 2 for r in twice)
         assert set(twice) <= set(victim.records(0)), "a duplicate without a trainer's death"
-        # At most one report window for each task the victim held (1 + prefetch = 2).
+        # At most one report window for each task the victim had begun and not yet reported:
+        # the one it was reading, and one it had just finished. Tasks not begun went back whole.
         assert len(twice) <= 2 * REPORT_EVERY, twice
         led = cluster.status()["ledger"]
         lost = sum(p["redispatched"].get("trainer lost", 0) for p in led)

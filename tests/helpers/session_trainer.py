@@ -7,7 +7,7 @@ descriptor, so a SIGKILL loses no logged line. Records are ASCII integers (b"%06
 
     python tests/helpers/session_trainer.py --addr HOST:PORT --out FILE --passes 2 \
         [--first-pass P] [--commit-every N] [--report-every N] [--step-time S] [--name NAME]
-        [--shuffle-buffer N] [--wait-for FILE]
+        [--shuffle-buffer N] [--wait-for FILE] [--prefetch-tasks N]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leave-after", type=int, default=0, help="close after N records")
     ap.add_argument("--shuffle-buffer", type=int, default=0)
     ap.add_argument("--wait-for", default=None, help="start once this file exists")
+    ap.add_argument("--prefetch-tasks", type=int, default=1)
     args = ap.parse_args(argv)
     while args.wait_for and not os.path.exists(args.wait_for):
         time.sleep(0.005)  # imports done: the trainer joins within milliseconds of the word
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         name=args.name,
         report_every=args.report_every,
         shuffle_buffer=args.shuffle_buffer,
+        prefetch_tasks=args.prefetch_tasks,
     ) as client:
         if args.dataset:
             client.set_dataset(args.dataset)

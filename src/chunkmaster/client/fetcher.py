@@ -1,11 +1,10 @@
 """The fetcher thread of one pass: asks the master for tasks (long-polling) and buffers them.
 
 It holds at most 1 + prefetch_tasks tasks, so the next task is at hand when the trainer ends
-the current one: the trainer never waits on the network between tasks. Over a session several
-tasks come in one message (once half the slots are free), which is what makes a trainer of
-many small tasks fast. It ends the pass when
-the master has moved past it [D2], and hands "all tasks failed" and "job stopped" (the error
-budget was exceeded) to the trainer as errors.
+the current one: the trainer never waits on the network between tasks. Over a session it asks
+once half the slots are free, for all of them in one message: one round trip for several small
+tasks. It ends the pass when the master has moved past it [D2], and hands "all tasks failed"
+and "job stopped" (the error budget was exceeded) to the trainer as errors.
 How a task is asked for is a `TaskSource`: a unary GetTask (`UnaryTasks`, below) or a NextTask
 on the trainer's session stream (session.py).
 """
