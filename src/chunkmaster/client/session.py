@@ -546,6 +546,10 @@ class TrainerSession:
                 progress = [position_to_pb(p) for p in self._progress()]
                 with self._lock:
                     if not self._closing:
+                        # A finish waits no longer than a progress report: a finished task is
+                        # gone from the positions, and a trainer that dies before it was sent
+                        # would have it delivered again from its last reported position.
+                        self._flush_finishes()
                         self._send("keep_alive", pb.KeepAlive(progress=progress), False)
                 self._reported = now
                 next_keep_alive = now + period
