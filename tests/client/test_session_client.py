@@ -43,17 +43,23 @@ def _rest(c: Client) -> list[bytes]:
             return out
 
 
-def test_finishes_ride_on_task_requests_and_the_ledger_counts_every_record(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sent: list[Any] = []
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Every (kind, message) the client's sessions send, in order."""
+    out: list[tuple[str, Any]] = []
     real_send = TrainerSession._send
 
     def spy(self: TrainerSession, kind: str, msg: Any, answered: bool) -> Any:
-        sent.append((kind, msg))
+        out.append((kind, msg))
         return real_send(self, kind, msg, answered)
 
     monkeypatch.setattr(TrainerSession, "_send", spy)
+    return out
+
+
+def test_finishes_ride_on_task_requests_and_the_ledger_counts_every_record(
+    tmp_path: Path, sent: list[tuple[str, Any]]
+) -> None:
     path, records = _dataset(tmp_path, 300)
     with InProcessMaster(chunks_per_task=2, timeout_dur=60.0) as m:
         # Holding one task at a time, the trainer asks for the next one only after it took the
@@ -78,16 +84,8 @@ def test_finishes_ride_on_task_requests_and_the_ledger_counts_every_record(
 
 
 def test_a_trainer_that_prefetches_gets_its_tasks_several_to_a_message(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sent: list[tuple[str, Any]]
 ) -> None:
-    sent: list[Any] = []
-    real_send = TrainerSession._send
-
-    def spy(self: TrainerSession, kind: str, msg: Any, answered: bool) -> Any:
-        sent.append((kind, msg))
-        return real_send(self, kind, msg, answered)
-
-    monkeypatch.setattr(TrainerSession, "_send", spy)
     path, records = _dataset(tmp_path, 600)
     tasks = m_tasks(path, 1)
     with (
