@@ -16,6 +16,7 @@ test: $(STAMP)
 	sh scripts/ensure-etcd.sh
 	sh scripts/ensure-chromium.sh
 	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -46,6 +47,7 @@ fuzz: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
 	$(PY) -m mypy
 
 proto: $(STAMP)

@@ -155,9 +155,7 @@ def measure(
     per = [clients // procs_n + (1 if i < clients % procs_n else 0) for i in range(procs_n)]
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=target, args=(*extra, addr, n, warmup, seconds, q)) for n in per
-    ]
+    procs = [ctx.Process(target=target, args=(*extra, addr, n, warmup, seconds, q)) for n in per]
     for p in procs:
         p.start()
     results = [q.get(timeout=warmup + seconds + 120) for _ in procs]

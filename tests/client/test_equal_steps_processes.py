@@ -87,9 +87,7 @@ def trainers_then_dataset(
     """The trainers open their sessions first: a pass's trainers are the live sessions when
     its first task is handed out."""
     assert master.addr is not None
-    trainers = [
-        Trainer(master.addr, tmp_path / f"t{i}.out", "--step-time", step) for i in range(3)
-    ]
+    trainers = [Trainer(master.addr, tmp_path / f"t{i}.out", "--step-time", step) for i in range(3)]
     try:
         wait_for(lambda: status(master.addr or "")["sessions"] == 3, "three sessions")
     except Exception as exc:

@@ -228,7 +228,7 @@ def test_file_changed_after_indexing_fails_the_chunk(tmp_path: Path, pad: int) -
 @pytest.mark.parametrize(
     "content",
     [
-        b"{\"a\": 1}\n" * 100,  # JSON Lines
+        b'{"a": 1}\n' * 100,  # JSON Lines
         bytes(1024),  # a tar's end blocks
         b"\x01\x02",  # shorter than a header
     ],

@@ -25,17 +25,20 @@ def make_samples(n: int, *, long_every: int = 0, size: int = 3000) -> list[Sampl
     for i in range(n):
         stem = "k" * 150 if long_every and i % long_every == 0 else "s"
         key = f"shard/{stem}{i:06d}"
-        out.append({
-            "__key__": key,
-            "jpg": os.urandom((i * 131) % size),
-            "cls": b"%d" % (i % 10),
-            "seg.png": b"p" * (i % 7),
-        })
+        out.append(
+            {
+                "__key__": key,
+                "jpg": os.urandom((i * 131) % size),
+                "cls": b"%d" % (i % 10),
+                "seg.png": b"p" * (i % 7),
+            }
+        )
     return out
 
 
-def write_tar(path: Path, samples: Sequence[Sample], *, fmt: int = tarfile.GNU_FORMAT,
-              dirs: bool = False) -> str:
+def write_tar(
+    path: Path, samples: Sequence[Sample], *, fmt: int = tarfile.GNU_FORMAT, dirs: bool = False
+) -> str:
     with tarfile.open(path, "w", format=fmt) as tar:
         if dirs:
             info = tarfile.TarInfo("shard")
@@ -61,8 +64,9 @@ def read_all(path: str, index: FileIndex, fmt: WebDatasetFormat) -> list[Sample]
     return out
 
 
-@pytest.mark.parametrize("tar_format", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT,
-                                        tarfile.USTAR_FORMAT])
+@pytest.mark.parametrize(
+    "tar_format", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT]
+)
 def test_round_trip_over_many_chunks(tmp_path: Path, tar_format: int) -> None:
     long_every = 0 if tar_format == tarfile.USTAR_FORMAT else 7  # ustar has no long names
     samples = make_samples(400, long_every=long_every)
@@ -88,9 +92,7 @@ def test_empty_shards(tmp_path: Path) -> None:
     empty_tar = write_tar(tmp_path / "empty.tar", [])
     assert WebDatasetFormat().index(empty_tar, STORAGE).records == []
     (tmp_path / "zero.tar").write_bytes(b"")
-    assert WebDatasetFormat().index(str(tmp_path / "zero.tar"), STORAGE) == FileIndex(
-        [], [], [], 0
-    )
+    assert WebDatasetFormat().index(str(tmp_path / "zero.tar"), STORAGE) == FileIndex([], [], [], 0)
 
 
 def test_one_sample_and_a_big_sample(tmp_path: Path) -> None:
@@ -200,7 +202,7 @@ def test_count_mismatch_fails_the_chunk(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "content",
-    [b"{\"a\": 1}\n" * 100, b"\x1f\x8b\x08" + bytes(2000), b"short"],
+    [b'{"a": 1}\n' * 100, b"\x1f\x8b\x08" + bytes(2000), b"short"],
     ids=["jsonl", "gzip", "short"],
 )
 def test_content_that_is_not_tar_is_refused(tmp_path: Path, content: bytes) -> None:
@@ -319,13 +321,20 @@ def test_torch_dataset_yields_the_samples(tmp_path: Path) -> None:
         assert got == expected
 
 
-@pytest.mark.parametrize("tar_format", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT,
-                                        tarfile.USTAR_FORMAT])
+@pytest.mark.parametrize(
+    "tar_format", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT]
+)
 def test_header_walk_agrees_with_tarfile(tmp_path: Path, tar_format: int) -> None:
     from chunkmaster.formats.tarheaders import entries
 
-    names = ["top.txt", "d/", "d/e/" + "n" * 90 + ".bin", "d/" + "x" * 120 + ".json",
-             "d/caf\u00e9-\u00fc.txt", "d/" + "p" * 140 + "/q.cls"]
+    names = [
+        "top.txt",
+        "d/",
+        "d/e/" + "n" * 90 + ".bin",
+        "d/" + "x" * 120 + ".json",
+        "d/caf\u00e9-\u00fc.txt",
+        "d/" + "p" * 140 + "/q.cls",
+    ]
     if tar_format == tarfile.USTAR_FORMAT:  # no long names, ASCII only: a 155-byte prefix
         names = [n for n in names if len(n.rsplit("/", 1)[-1]) <= 100 and n.isascii()]
     path = tmp_path / "h.tar"
@@ -346,6 +355,8 @@ def test_header_walk_agrees_with_tarfile(tmp_path: Path, tar_format: int) -> Non
 
     with open(path, "rb") as f:
         size = path.stat().st_size
-        got = [(e.start, e.data, e.size, e.name.rstrip("/"), e.is_dir)
-               for e in entries(f, 0, size, True, error)]
+        got = [
+            (e.start, e.data, e.size, e.name.rstrip("/"), e.is_dir)
+            for e in entries(f, 0, size, True, error)
+        ]
     assert got == expected

@@ -38,13 +38,20 @@ def master_with_options(tmp: Path, s3: S3Server, *extra: str) -> MasterProcess:
     creds.write_text(json.dumps({"key": ACCESS_KEY, "secret": SECRET_KEY}))
     return MasterProcess(
         [
-            "--store", str(tmp / "state.db"),
-            "--data-root", "s3://data/train/",
-            "--data-root", "s3://missing-bucket/",
-            "--storage-options-file", str(creds),
-            "--storage-option", f"endpoint_url={s3.endpoint}",
-            "--storage-option", "client_kwargs.region_name=eu-west-1",
-            "--log-level", "debug",
+            "--store",
+            str(tmp / "state.db"),
+            "--data-root",
+            "s3://data/train/",
+            "--data-root",
+            "s3://missing-bucket/",
+            "--storage-options-file",
+            str(creds),
+            "--storage-option",
+            f"endpoint_url={s3.endpoint}",
+            "--storage-option",
+            "client_kwargs.region_name=eu-west-1",
+            "--log-level",
+            "debug",
             *extra,
         ]
     ).start()

@@ -88,14 +88,13 @@ def test_a_corrupted_object_fails_its_task_naming_the_url_and_chunk(
     bad = bytearray(Path(tmp_path / "part-1.rio").read_bytes())
     bad[-3] ^= 0xFF  # in the last chunk's payload: its CRC no longer matches
     s3.fs().pipe(urls[1].removeprefix("s3://"), bytes(bad))
-    m = master_with_options(
-        tmp_path, s3, "--chunk-per-task", "1", "--task-timeout-max", "0"
-    )
+    m = master_with_options(tmp_path, s3, "--chunk-per-task", "1", "--task-timeout-max", "0")
     for name, value in s3.env().items():
         monkeypatch.setenv(name, value)
     try:
-        (t,) = trainers(1, ["--addr", m.addr, "--dataset", "s3://data/train/part-*.rio",
-                            "--passes", "1"])
+        (t,) = trainers(
+            1, ["--addr", m.addr, "--dataset", "s3://data/train/part-*.rio", "--passes", "1"]
+        )
         t.drain()
         with MasterConnection(m.addr) as conn:
             st = conn.status()

@@ -364,9 +364,7 @@ def register(sub: Any) -> None:
         extra: dict[str, Any] = {} if s.const is None else {"nargs": "?", "const": s.const}
         if s.append:
             extra["action"] = "append"
-        p.add_argument(
-            *s.flags, dest=s.field, default=None, metavar=metavar, help=s.help, **extra
-        )
+        p.add_argument(*s.flags, dest=s.field, default=None, metavar=metavar, help=s.help, **extra)
     p.set_defaults(func=run)
 
 

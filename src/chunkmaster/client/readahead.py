@@ -48,6 +48,7 @@ def ranged_format(name: str) -> bool:
     except (ValueError, ImportError):
         return False
 
+
 log = logging.getLogger("chunkmaster.client")
 
 DEFAULT_CHUNKS = 8  # requests in flight

@@ -29,6 +29,7 @@ _EOF: Any = getattr(grpc.aio, "EOF")  # noqa: B009  (missing from grpc-stubs)
 
 log = logging.getLogger(__name__)
 
+
 class EtcdUnavailable(StoreError):
     """No etcd endpoint could be reached (or the connection broke mid-call)."""
 
@@ -186,9 +187,7 @@ class EtcdConnection:
             }
             metadata = None
             if self._user is not None:
-                req = aetcd_rpc.AuthenticateRequest(
-                    name=self._user, password=self.options.password
-                )
+                req = aetcd_rpc.AuthenticateRequest(name=self._user, password=self.options.password)
                 try:
                     resp = await stubs["auth"].Authenticate(req, timeout=self.timeout)
                 except grpc.aio.AioRpcError as exc:

@@ -43,9 +43,7 @@ class Election:
     `lost`: once set, stop serving; every later fenced write raises NotLeaderError.
     """
 
-    def __init__(
-        self, conn: EtcdConnection, keys: KeyLayout, ttl_sec: int, timeout: float
-    ) -> None:
+    def __init__(self, conn: EtcdConnection, keys: KeyLayout, ttl_sec: int, timeout: float) -> None:
         if ttl_sec < 1:
             raise ValueError("ttl_sec must be at least 1")
         self.conn = conn

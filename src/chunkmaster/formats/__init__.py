@@ -55,8 +55,11 @@ SUFFIXES: dict[str, str] = {
     ".txt": "text",
     ".txt.gz": "text",
     ".txt.zst": "text",
-    ".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfrecord.gz": "tfrecord",
-    ".tfrecords.gz": "tfrecord", ".tar": "webdataset",
+    ".tfrecord": "tfrecord",
+    ".tfrecords": "tfrecord",
+    ".tfrecord.gz": "tfrecord",
+    ".tfrecords.gz": "tfrecord",
+    ".tar": "webdataset",
 }
 
 _loaded: dict[str, Format] = {}

@@ -32,8 +32,9 @@ class FormatError(Exception):
     file's contents.
     """
 
-    def __init__(self, message: str, *, path: str, chunk: int | None = None,
-                 offset: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str, chunk: int | None = None, offset: int | None = None
+    ) -> None:
         where = path if chunk is None else f"{path}, chunk {chunk} at offset {offset}"
         super().__init__(f"{where}: {message}")
         self.path = path

@@ -46,6 +46,7 @@ def chunk_bytes_setting() -> int:
         raise ValueError(f"CHUNKMASTER_LINES_CHUNK_BYTES={text!r} is not a positive integer")
     return value
 
+
 _BLOCK = 4 << 20  # bytes read at a time while indexing
 
 

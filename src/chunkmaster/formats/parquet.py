@@ -142,9 +142,7 @@ class ParquetLoader:
                 names = set(self._file.schema_arrow.names)
                 missing = [c for c in self.columns if c not in names]
                 if missing:  # the trainer's request, not the data, is wrong: raised as is
-                    raise KeyError(
-                        f"columns {missing} are not in {path} (it has {sorted(names)})"
-                    )
+                    raise KeyError(f"columns {missing} are not in {path} (it has {sorted(names)})")
         return self._file
 
     def close(self) -> None:

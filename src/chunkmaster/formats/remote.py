@@ -121,8 +121,8 @@ class FsspecStorage:
 
     def _url(self, fs: Any, path: str) -> str:
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        return fs.unstrip_protocol(path) if protocol in ("file", "local") else (
-            f"{protocol}://{path}"
+        return (
+            fs.unstrip_protocol(path) if protocol in ("file", "local") else (f"{protocol}://{path}")
         )
 
     def scrub(self, text: str) -> str:
@@ -192,9 +192,9 @@ class FsspecStorage:
         kwargs: dict[str, Any] = {"block_size": self.block_size, "cache_type": "readahead"}
         try:
             try:
-                f: IO[bytes] = fs.open(p, "rb", **kwargs, **({} if known is None else {
-                    "size": known
-                }))
+                f: IO[bytes] = fs.open(
+                    p, "rb", **kwargs, **({} if known is None else {"size": known})
+                )
             except TypeError:  # a filesystem whose files take no size
                 f = fs.open(p, "rb", **kwargs)
         except Exception as exc:

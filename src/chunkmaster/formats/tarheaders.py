@@ -118,9 +118,7 @@ def entries(f: IO[bytes], start: int, end: int, whole: bool, error: Error) -> It
             raise error(f"member is not a regular file (tar type {kind!r})", first)
         text = pax.get("path")
         if text is None:
-            text = (long_name if long_name is not None else name).decode(
-                "utf-8", "surrogateescape"
-            )
+            text = (long_name if long_name is not None else name).decode("utf-8", "surrogateescape")
         is_dir = kind == _DIR or (kind == b"\x00" and text.endswith("/"))
         yield Entry(first, data, size, text, is_dir)
         pos = data + padded(size)

@@ -106,7 +106,9 @@ class TFRecordLoader:
             raise FormatError(
                 f"the file ends {chunk.length - len(data)} bytes before the chunk's end "
                 "(truncated since the dataset was set)",
-                path=chunk.path, chunk=0, offset=chunk.offset,
+                path=chunk.path,
+                chunk=0,
+                offset=chunk.offset,
             )
         return ListedChunk(check_frames(data, chunk.num_records, chunk.path, 0, chunk.offset))
 
@@ -124,26 +126,39 @@ def check_frames(data: bytes, count: int, path: str, chunk: int, base: int) -> l
     pos = 0
     for i in range(count):
         if pos + 12 > end:
-            raise _error(f"the chunk's record {i} of {count}: the chunk ends inside its header",
-                         path, chunk, base, base + pos)
+            raise _error(
+                f"the chunk's record {i} of {count}: the chunk ends inside its header",
+                path,
+                chunk,
+                base,
+                base + pos,
+            )
         length, length_crc = unpack(data, pos)
         if masked_crc(data[pos : pos + 8]) != length_crc:
-            raise _error(f"the chunk's record {i}: length checksum mismatch",
-                         path, chunk, base, base + pos)
+            raise _error(
+                f"the chunk's record {i}: length checksum mismatch", path, chunk, base, base + pos
+            )
         start = pos + 12
         stop = start + length
         if stop + 4 > end:
-            raise _error(f"the chunk's record {i} of {length} bytes runs past the chunk's end",
-                         path, chunk, base, base + pos)
+            raise _error(
+                f"the chunk's record {i} of {length} bytes runs past the chunk's end",
+                path,
+                chunk,
+                base,
+                base + pos,
+            )
         record = data[start:stop]
         if masked_crc(record) != u32(data, stop)[0]:
-            raise _error(f"the chunk's record {i}: data checksum mismatch",
-                         path, chunk, base, base + pos)
+            raise _error(
+                f"the chunk's record {i}: data checksum mismatch", path, chunk, base, base + pos
+            )
         append(record)
         pos = stop + 4
     if pos != end:
-        raise _error(f"{end - pos} bytes after the chunk's {count} records",
-                     path, chunk, base, base + pos)
+        raise _error(
+            f"{end - pos} bytes after the chunk's {count} records", path, chunk, base, base + pos
+        )
     return records
 
 
@@ -160,29 +175,48 @@ def read_frames(f: IO[bytes], chunk: Chunk) -> list[bytes]:
     for i in range(count):
         header = read(12)
         if len(header) < 12 or pos + 12 > end:
-            raise _error(f"the chunk's record {i} of {count}: the chunk ends inside its header",
-                         path, 0, base, base + pos)
+            raise _error(
+                f"the chunk's record {i} of {count}: the chunk ends inside its header",
+                path,
+                0,
+                base,
+                base + pos,
+            )
         length, length_crc = unpack(header)
         if masked_crc(header[:8]) != length_crc:
-            raise _error(f"the chunk's record {i}: length checksum mismatch",
-                         path, 0, base, base + pos)
+            raise _error(
+                f"the chunk's record {i}: length checksum mismatch", path, 0, base, base + pos
+            )
         stop = pos + 16 + length
         if stop > end:
-            raise _error(f"the chunk's record {i} of {length} bytes runs past the chunk's end",
-                         path, 0, base, base + pos)
+            raise _error(
+                f"the chunk's record {i} of {length} bytes runs past the chunk's end",
+                path,
+                0,
+                base,
+                base + pos,
+            )
         record = read(length)
         tail = read(4)
         if len(record) < length or len(tail) < 4:
-            raise _error(f"the file ends inside the chunk's record {i} (truncated since the "
-                         "dataset was set)", path, 0, base, base + pos)
+            raise _error(
+                f"the file ends inside the chunk's record {i} (truncated since the "
+                "dataset was set)",
+                path,
+                0,
+                base,
+                base + pos,
+            )
         if masked_crc(record) != u32(tail)[0]:
-            raise _error(f"the chunk's record {i}: data checksum mismatch",
-                         path, 0, base, base + pos)
+            raise _error(
+                f"the chunk's record {i}: data checksum mismatch", path, 0, base, base + pos
+            )
         append(record)
         pos = stop
     if pos != end:
-        raise _error(f"{end - pos} bytes after the chunk's {count} records",
-                     path, 0, base, base + pos)
+        raise _error(
+            f"{end - pos} bytes after the chunk's {count} records", path, 0, base, base + pos
+        )
     return records
 
 
@@ -210,23 +244,34 @@ def _walk(
             buf = f.read(_WINDOW)
             buf_at, at = pos, 0
             if len(buf) < 12:
-                raise _error(f"record {record}: the file ends inside its header",
-                             path, len(offsets), first, pos)
+                raise _error(
+                    f"record {record}: the file ends inside its header",
+                    path,
+                    len(offsets),
+                    first,
+                    pos,
+                )
         length, length_crc = unpack(buf, at)
         if masked_crc(buf[at : at + 8]) != length_crc:
             if record:
-                raise _error(f"record {record}: length checksum mismatch",
-                             path, len(offsets), first, pos)
+                raise _error(
+                    f"record {record}: length checksum mismatch", path, len(offsets), first, pos
+                )
             if buf[at : at + 2] == _GZIP_MAGIC:
-                raise FormatError("gzip-compressed, not TFRecord: name it *.tfrecord.gz",
-                                  path=path)
+                raise FormatError("gzip-compressed, not TFRecord: name it *.tfrecord.gz", path=path)
             raise FormatError(
                 "not a TFRecord file (its first length checksum does not match)", path=path
             )
         frame = length + 16
         if pos + frame > size:
-            raise _error(f"record {record} of {length} bytes runs {pos + frame - size} bytes "
-                         "past the end of the file", path, len(offsets), first, pos)
+            raise _error(
+                f"record {record} of {length} bytes runs {pos + frame - size} bytes "
+                "past the end of the file",
+                path,
+                len(offsets),
+                first,
+                pos,
+            )
         if n and (pos + frame - first > max_bytes or n >= max_records):
             offsets.append(first)
             counts.append(n)
@@ -267,14 +312,14 @@ def _gunzip(data: bytes, path: str, chunk: int | None) -> bytes:
             d = isal_zlib.decompressobj(31)
             parts.append(d.decompress(rest))
             if not d.eof:
-                raise FormatError("the gzip stream is truncated", path=path, chunk=chunk,
-                                  offset=0)
+                raise FormatError("the gzip stream is truncated", path=path, chunk=chunk, offset=0)
             rest = d.unused_data
     except FormatError:
         raise
     except Exception as e:  # isal's IsalError; its text is fixed, but name only its kind
-        raise FormatError(f"damaged gzip stream ({type(e).__name__})",
-                          path=path, chunk=chunk, offset=0) from None
+        raise FormatError(
+            f"damaged gzip stream ({type(e).__name__})", path=path, chunk=chunk, offset=0
+        ) from None
     return b"".join(parts)
 
 

@@ -119,7 +119,8 @@ class WebDatasetLoader:
             if len(data) < chunk.length:
                 raise where.error(
                     f"the file ends {chunk.length - len(data)} bytes before the chunk's end "
-                    "(truncated since the dataset was set)", chunk.offset + len(data)
+                    "(truncated since the dataset was set)",
+                    chunk.offset + len(data),
                 )
             records = _read_samples(io.BytesIO(data), 0, chunk.length, where, data)
         if len(records) != chunk.num_records:
@@ -146,8 +147,10 @@ def _read_samples(
             f.seek(m.data)
             record[m.ext] = got = f.read(m.size)
             if len(got) < m.size:
-                raise where.error("the file ends inside a member's data (truncated since the "
-                                  "dataset was set)", shift + m.data + len(got))
+                raise where.error(
+                    "the file ends inside a member's data (truncated since the dataset was set)",
+                    shift + m.data + len(got),
+                )
         records.append(record)
     return records
 
@@ -160,8 +163,9 @@ class _Where(NamedTuple):
     offset: int
 
     def error(self, what: str, at: int) -> FormatError:
-        return FormatError(f"{what} (at byte {at})", path=self.path, chunk=self.chunk,
-                           offset=self.offset)
+        return FormatError(
+            f"{what} (at byte {at})", path=self.path, chunk=self.chunk, offset=self.offset
+        )
 
 
 def _samples(members: Iterator[Member]) -> Iterator[list[Member]]:

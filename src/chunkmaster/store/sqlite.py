@@ -409,9 +409,12 @@ class SqliteStore:
             sid = witness.store_id if witness is not None else None
             return _Found("new", sid, None, 0, counter if witness is not None else -1)
         if app_id == 0:
-            legacy = _COLUMNS["meta"] <= tables.get("meta", set()) and ro.execute(
-                "SELECT 1 FROM meta WHERE key = 'format' AND value = ?", (_LEGACY_FORMAT,)
-            ).fetchone()
+            legacy = (
+                _COLUMNS["meta"] <= tables.get("meta", set())
+                and ro.execute(
+                    "SELECT 1 FROM meta WHERE key = 'format' AND value = ?", (_LEGACY_FORMAT,)
+                ).fetchone()
+            )
             if not legacy:
                 raise _Damage(
                     f"is an SQLite database of another program (tables {sorted(tables)}), "
