@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 from typing import Any
 
+import pytest
 from helpers.trainers import (
     completed_tasks,
     dataset_digest,
@@ -14,6 +15,8 @@ from helpers.trainers import (
     wait_until_holding,
 )
 
+from chunkmaster.cli.main import main
+from chunkmaster.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.digest import Digest
 
@@ -34,7 +37,9 @@ def test_four_trainers_ten_passes_digests_add_up(
     pattern, paths = _dataset(rio)
     expected = dataset_digest(paths)
     m = master_process("--chunk-per-task", "2", "--task-timeout-dur", "30s")
-    ts = trainers(4, ["--addr", m.addr, "--dataset", pattern, "--passes", "10"])
+    args = ["--addr", m.addr, "--dataset", pattern, "--passes", "10"]
+    # Two of them take their tasks several to a request (NextTask batches).
+    ts = trainers(2, args) + trainers(2, [*args, "--prefetch-tasks", "5"])
     for t in ts:
         assert t.drain() == 0, t.log()
     for p in range(10):
@@ -105,3 +110,13 @@ def test_master_killed_and_restarted_at_the_same_address(
     assert any("answers again" in t.log() for t in ts)  # they noticed, and said so
     with MasterConnection(m.addr) as c:
         assert c.status()["cur_pass"] == 3
+
+
+def test_a_negative_prefetch_is_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["read", "--addr", "127.0.0.1:1", "--passes", "1", "--prefetch-tasks", "-1"]) != 0
+    err = capsys.readouterr().err
+    assert "--prefetch-tasks must be 0 or more, not -1" in err
+    with pytest.raises(ValueError, match="prefetch_tasks must be 0 or more"):
+        Client("127.0.0.1:1", prefetch_tasks=-1)

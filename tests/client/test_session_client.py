@@ -4,6 +4,8 @@ restarted under the trainer (the session resumes) and one that forgot it (a new 
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -203,3 +205,33 @@ def test_goodbye_hands_back_tasks_held_but_not_read(tmp_path: Path) -> None:
             wait_for(lambda: m.status()["pending"] == 3, "the prefetched tasks")
         st = m.status()
         assert st["pending"] == 0 and st["sessions"] == 0
+
+
+def _in_request_iterator(frame: Any) -> bool:
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "requests" and code.co_filename.endswith("session.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_stream_that_ends_leaves_no_grpc_thread_inside_it(tmp_path: Path) -> None:
+    """gRPC sends a stream's requests from a daemon thread iterating ours; one left there at
+    interpreter exit can hang the process in the call's finalizer, so a stream that ends (here
+    the master goes away) ends the iteration too, without waiting for close()."""
+    path, records = _dataset(tmp_path, 100)
+
+    def stuck() -> list[str]:
+        frames = sys._current_frames()
+        return [t.name for t in threading.enumerate() if _in_request_iterator(frames.get(t.ident))]
+
+    with InProcessMaster(chunks_per_task=2, timeout_dur=60.0) as m:
+        c = Client(m.addr, name="left")
+        c.set_dataset([path])
+        assert Counter(c.records(0)) == Counter(records)
+        assert stuck(), "the session's stream is open: gRPC's sending thread is in it"
+    try:
+        wait_for(lambda: not stuck(), "gRPC's sending thread to leave the ended stream", 10)
+    finally:
+        c.close()

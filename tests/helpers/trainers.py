@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -51,7 +52,8 @@ class Trainer:
         self.passes: dict[int, dict[str, Any]] = {}
         self.read_errors: dict[int, list[dict[str, Any]]] = {}  # --continue-on-read-error
         self.log_path = log_dir / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # faulthandler: a trainer that hangs is stopped with SIGABRT, its threads' stacks in its log
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "chunkmaster", "read", "--json", "--task-lines", *args],
@@ -73,6 +75,7 @@ class Trainer:
         try:
             line = self.lines.get(timeout=timeout)
         except queue.Empty:
+            self.dump_stacks()
             pytest.fail(f"{self.name}: no output for {timeout}s; log:\n{self.log()}")
         if line is not None:
             p = int(line["pass"])
@@ -92,6 +95,12 @@ class Trainer:
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+    def dump_stacks(self) -> None:
+        """A hung trainer: SIGABRT makes faulthandler write every thread's stack to its log."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(10)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -79,7 +79,22 @@ def register(sub: Any) -> None:
         "quarantines it. Each pass line then also says how many read errors this trainer met "
         "and how many records the master quarantined in that pass",
     )
-    p.add_argument("--buffer-size", type=int, default=1024, help="records read ahead")
+    p.add_argument(
+        "--buffer-size",
+        type=int,
+        default=1024,
+        help="accepted for compatibility: no records are read ahead, only tasks "
+        "(--prefetch-tasks) and chunks' bytes from object stores (--read-ahead)",
+    )
+    p.add_argument(
+        "--prefetch-tasks",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tasks asked for ahead of the one being read (default 1); once half of the "
+        "1 + N slots are free they are filled with one request: raise it for tasks of a few "
+        "records each. The master's task timeout runs for every task held",
+    )
     p.add_argument(
         "--shuffle-buffer",
         type=int,
@@ -140,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--passes must be 0 or more")
     if args.shuffle_buffer < 0:
         raise CliError("--shuffle-buffer must be 0 (off) or more")
+    if args.prefetch_tasks < 0:
+        raise CliError(f"--prefetch-tasks must be 0 or more, not {args.prefetch_tasks}")
     if args.shuffle_buffer and args.task_lines:
         raise CliError("--task-lines and --shuffle-buffer do not go together (tasks get mixed)")
     out = sys.stdout
@@ -154,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             etcd_endpoints=args.endpoints,
             etcd_job=args.job,
             buffer_size=args.buffer_size,
+            prefetch_tasks=args.prefetch_tasks,
             retry_timeout=args.retry_timeout,
             on_task_done=done.append,
             storage_options=storage_options,

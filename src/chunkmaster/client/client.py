@@ -169,10 +169,12 @@ class Client:
             raise ValueError("give exactly one of addr and etcd_endpoints")
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be 0 (off) or more, not {shuffle_buffer}")
+        if prefetch_tasks < 0:
+            raise ValueError(f"prefetch_tasks must be 0 or more, not {prefetch_tasks}")
         self.shuffle_buffer = shuffle_buffer
         self.shuffle_seed = shuffle_seed
         self.buffer_size = max(1, buffer_size)
-        self.prefetch_tasks = max(0, prefetch_tasks)
+        self.prefetch_tasks = prefetch_tasks
         self.poll_wait = poll_wait
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{next(_worker_ids)}"
         self.name = name or self.worker

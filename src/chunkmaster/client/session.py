@@ -51,6 +51,10 @@ second, a report covers more than report_every records (REPORT_GAP seconds' wort
 MAX_BATCH = 64
 """The most tasks one NextTask asks for (the master's own cap is the same)."""
 
+DRAIN_WAIT = 1.0
+"""Seconds a stream's reader waits, once the call is over, for gRPC's sending thread to end
+(it does at once, the call being over)."""
+
 FINISH_FLUSH = 0.1
 """Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false);
 it goes at once if a task request is in flight already (the next waits for its answer)."""
@@ -127,7 +131,12 @@ class _Pending:
 
 
 class _Stream:
-    """One Session call: its outgoing queue, the call, the Hello it began with."""
+    """One Session call: its outgoing queue, the call, the Hello it began with.
+
+    gRPC sends the requests from a daemon thread of its own, iterating `requests()`. That
+    iterator must end with the stream (`end()`): a daemon thread still inside the call at
+    interpreter exit can hold the call's lock while frozen, and the call's finalizer then
+    waits for that lock for ever (the process never exits)."""
 
     def __init__(self, addr: str) -> None:
         self.addr = addr
@@ -136,10 +145,12 @@ class _Stream:
         self.hello_seq = 0
         self.hello = Reply("Hello")
         self.broken = threading.Event()
+        self.sender: threading.Thread | None = None  # gRPC's thread iterating requests()
         self.welcomed = False  # a stream that never got its Welcome fails quietly (the link logs)
         self.expired = False
 
     def requests(self) -> Iterator[pb.SessionRequest]:
+        self.sender = threading.current_thread()
         while True:
             req = self.queue.get()
             if req is None:
@@ -149,8 +160,16 @@ class _Stream:
     def send(self, req: pb.SessionRequest) -> None:
         self.queue.put(req)
 
-    def close(self) -> None:
+    def end(self, wait: float = 0.0) -> None:
+        """No more requests: gRPC's sending thread leaves requests() once at the end; wait up
+        to `wait` s for that thread to be gone."""
         self.queue.put(None)
+        sender = self.sender
+        if wait > 0 and sender is not None and sender is not threading.current_thread():
+            sender.join(wait)
+
+    def close(self) -> None:
+        self.end()
         if self.call is not None:
             self.call.cancel()
 
@@ -589,6 +608,9 @@ class TrainerSession:
                     TransportError(stream.addr, why) if isinstance(why, grpc.RpcError) else why,
                 )
             self._wake.set()
+            # What is queued goes again on the next stream (it is pending). close() joins
+            # this thread, so gRPC's sending thread is gone too when close() returns.
+            stream.end(wait=DRAIN_WAIT)
 
     def _on_response(self, stream: _Stream, resp: pb.SessionResponse) -> None:
         if resp.seq == stream.hello_seq and not stream.hello.done:
