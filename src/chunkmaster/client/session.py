@@ -40,16 +40,13 @@ from chunkmaster.core.errors import (
 )
 from chunkmaster.core.model import Position, Task
 from chunkmaster.rpc import master_pb2 as pb
-from chunkmaster.rpc.wire import error_from_name, error_from_rpc, task_from_pb
+from chunkmaster.rpc.wire import MAX_BATCH, error_from_name, error_from_rpc, task_from_pb
 
 log = logging.getLogger("chunkmaster.client")
 
 REPORT_GAP = 0.02
 """Seconds between two progress reports at least: above report_every / REPORT_GAP records per
 second, a report covers more than report_every records (REPORT_GAP seconds' worth)."""
-
-MAX_BATCH = 64
-"""The most tasks one NextTask asks for (the master's own cap is the same)."""
 
 DRAIN_WAIT = 1.0
 """Seconds a stream's reader waits, once the call is over, for gRPC's sending thread to end

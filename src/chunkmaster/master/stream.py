@@ -24,12 +24,11 @@ from chunkmaster.core.errors import (
 from chunkmaster.core.model import RETURNED_REASON, Position, TaskMeta
 from chunkmaster.master.service import Service, started
 from chunkmaster.rpc import master_pb2 as pb
-from chunkmaster.rpc.wire import status_code_of, task_to_pb
+from chunkmaster.rpc.wire import MAX_BATCH, status_code_of, task_to_pb
 
 log = logging.getLogger("chunkmaster.stream")
 
 MAX_WAIT = 300.0  # the longest a NextTask may wait for a task, in seconds
-MAX_BATCH = 64  # the most tasks one NextTask gets (a larger max_tasks gets this many)
 
 
 class Malformed:

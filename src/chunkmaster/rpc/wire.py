@@ -12,6 +12,9 @@ from chunkmaster.core.model import Chunk, Task, TaskMeta
 from chunkmaster.rpc import master_pb2 as pb
 
 ERROR_KEY = "chunkmaster-error"
+MAX_BATCH = 64
+"""The most tasks one NextTask gets (a larger max_tasks gets this many): a message's size stays
+bounded, whatever a client asks for."""
 
 _CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.PassBeforeError: grpc.StatusCode.OUT_OF_RANGE,
