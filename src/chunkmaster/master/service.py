@@ -276,9 +276,10 @@ class Service:
         over, a task come back, a dataset arrive meanwhile). A retry with the `request_id` of
         a call whose answer was lost gets the same task again.
         """
-        task, durable = await self._take(pass_id, wait, worker, request_id, session)
-        await durable
-        return task
+        tasks = await self.get_tasks(
+            pass_id, 1, wait=wait, worker=worker, request_id=request_id, session=session
+        )
+        return tasks[0]
 
     async def get_tasks(
         self,

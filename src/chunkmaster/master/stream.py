@@ -192,25 +192,17 @@ class SessionConversation:
         fin = started(finished)
 
         async def next_task() -> pb.SessionResponse:
-            if msg.max_tasks <= 1:
-                task = await self.service.get_task(
-                    msg.pass_id,
-                    wait=wait,
-                    worker=self.name,
-                    request_id=msg.request_id,
-                    session=session,
-                )
-                await fin
-                return pb.SessionResponse(seq=seq, task=task_to_pb(task))
             tasks = await self.service.get_tasks(
                 msg.pass_id,
-                min(msg.max_tasks, MAX_BATCH),
+                max(1, min(msg.max_tasks, MAX_BATCH)),
                 wait=wait,
                 worker=self.name,
                 request_id=msg.request_id,
                 session=session,
             )
             await fin
+            if msg.max_tasks <= 1:
+                return pb.SessionResponse(seq=seq, task=task_to_pb(tasks[0]))
             batch = pb.TaskBatch(tasks=[task_to_pb(t) for t in tasks])
             return pb.SessionResponse(seq=seq, tasks=batch)
 
