@@ -8,7 +8,12 @@ plus the records taken, known at any moment without any work per record. Only ru
 (the slow path) update anything here.
 
 Everything here is guarded by the client's lock. Positions always count from the task's first
-record, whatever the dispatch's start.
+record, whatever the dispatch's start. Tasks are known by (pass, task ID): a task finished in one
+pass and not yet committed stays owed to the next commit while the same task is read again in
+the next pass.
+
+Readers that are not the client's own runs (the DataLoader workers of `chunkmaster.torch`, which
+read chunks in other processes) say how far the trainer got with `advance`.
 """
 
 from __future__ import annotations
@@ -21,9 +26,17 @@ from typing import Any
 from chunkmaster.core.model import Position, Task
 
 
+TaskKey = tuple[int, int]
+"""(pass, task ID): a task of one pass."""
+
+
 def task_records(task: Task) -> int:
     """Where a task's dispatch ends: its chunks' records, or the end of a piece."""
     return task.num_records
+
+
+def key_of(task: Task) -> TaskKey:
+    return (task.pass_id, task.meta.id)
 
 
 @dataclass
@@ -62,8 +75,8 @@ class Progress:
     def __init__(self, report_every: int, *, keep_finished: bool = True) -> None:
         self.report_every = report_every
         self._keep_finished = keep_finished
-        self._held: dict[int, HeldTask] = {}
-        self._finished: dict[int, Position] = {}  # finished since the last commit, at their end
+        self._held: dict[TaskKey, HeldTask] = {}
+        self._finished: dict[TaskKey, Position] = {}  # finished since the last commit, at their end
         self._run: _Run | None = None
         self._consumed = 0  # records taken in runs that are over
         self._reported_at = 0  # `consumed` when progress was last sent
@@ -75,7 +88,7 @@ class Progress:
 
     def add(self, task: Task) -> None:
         """A task was handed to this trainer; nothing of it before `task.start` is read here."""
-        self._held[task.meta.id] = HeldTask(task, task_records(task), task.start, -1, -1)
+        self._held[key_of(task)] = HeldTask(task, task_records(task), task.start, -1, -1)
 
     def run_started(self, task: Task, first: int, length: int, ends: Iterator[Any]) -> bool:
         """The trainer takes records [first, first + length) of `task` through `ends`.
@@ -83,10 +96,10 @@ class Progress:
         True when `report_every` records were consumed since the last report: send one now.
         """
         self._close_run()
-        held = self._held.get(task.meta.id)
+        held = self._held.get(key_of(task))
         if held is None:  # not tracked (adopted late); track it from here
             self.add(task)
-            held = self._held[task.meta.id]
+            held = self._held[key_of(task)]
         held.done = first
         self._run = _Run(held, first, length, ends)
         return 0 < self.report_every <= self._consumed - self._reported_at
@@ -98,12 +111,12 @@ class Progress:
     def finished(self, task: Task) -> None:
         """The trainer takes the task's last record (its run is handed out whole)."""
         run = self._run
-        if run is not None and run.held.task.meta.id == task.meta.id:
+        if run is not None and key_of(run.held.task) == key_of(task):
             self._consumed += run.length
             self._run = None
         held = self._forget(task)
         if held is not None and self._keep_finished:
-            self._finished[task.meta.id] = held.at(held.total)
+            self._finished[key_of(task)] = held.at(held.total)
 
     def dropped(self, task: Task) -> None:
         """The task failed here (a chunk could not be read): it is no longer this trainer's."""
@@ -111,12 +124,24 @@ class Progress:
 
     def _forget(self, task: Task) -> HeldTask | None:
         run = self._run
-        if run is not None and run.held.task.meta.id == task.meta.id:
+        if run is not None and key_of(run.held.task) == key_of(task):
             self._close_run()
-        held = self._held.get(task.meta.id)
+        held = self._held.get(key_of(task))
         if held is not None and held.task.meta.epoch == task.meta.epoch:
-            return self._held.pop(task.meta.id)
+            return self._held.pop(key_of(task))
         return None
+
+    def advance(self, task: Task, records: int) -> bool:
+        """The trainer has taken records [0, records) of a held task (a reader outside the
+        client's runs says so). True when `report_every` records were taken since the last
+        report: send one now."""
+        held = self._held.get(key_of(task))
+        if held is None or held.task.meta.epoch != task.meta.epoch:
+            return False
+        if records > held.done:
+            self._consumed += records - held.done
+            held.done = records
+        return 0 < self.report_every <= self._consumed - self._reported_at
 
     def _close_run(self) -> None:
         run, self._run = self._run, None
@@ -174,14 +199,15 @@ class Progress:
     def committed(self, positions: list[Position]) -> None:
         """These positions were committed (or refused: they are not sent again)."""
         for pos in positions:
-            fin = self._finished.get(pos.task_id)
+            key = (pos.pass_id, pos.task_id)
+            fin = self._finished.get(key)
             if fin is not None and fin == pos:
-                del self._finished[pos.task_id]
+                del self._finished[key]
                 continue
-            held = self._held.get(pos.task_id)
+            held = self._held.get(key)
             if held is not None and held.task.meta.epoch == pos.epoch:
                 held.committed = max(held.committed, pos.records)
 
     @property
-    def held(self) -> dict[int, HeldTask]:
+    def held(self) -> dict[TaskKey, HeldTask]:
         return self._held
