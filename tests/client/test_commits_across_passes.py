@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from helpers.datasets import numbered_records
 from helpers.inproc import InProcessMaster
 
 from chunkmaster.client.client import Client
 from chunkmaster.client.errors import EndOfPass
+from chunkmaster.core.errors import PassOverError
 from chunkmaster.store.sqlite import SqliteStore
 
 RECORDS = 60  # one record a chunk, 6 chunks a task: 10 tasks
@@ -22,14 +24,14 @@ RECORDS = 60  # one record a chunk, 6 chunks a task: 10 tasks
 
 def test_a_commit_in_pass_1_also_commits_what_pass_0_consumed(tmp_path: Path) -> None:
     data = numbered_records(tmp_path / "d.rio", RECORDS)
-    with InProcessMaster(SqliteStore(str(tmp_path / "a.db")), chunks_per_task=6) as m:
-        with Client(m.addr, prefetch_tasks=0) as c:
-            c.set_dataset([data])
-            assert len(list(c.records(0))) == RECORDS  # no commit in pass 0
-            c.start_get_records(1)
-            taken = {c.next_record() for _ in range(25)}  # tasks 0..3 done again, 4 begun
-            c.commit()
-            blob = c.data_checkpoint()
+    store = SqliteStore(str(tmp_path / "a.db"))
+    with InProcessMaster(store, chunks_per_task=6) as m, Client(m.addr, prefetch_tasks=0) as c:
+        c.set_dataset([data])
+        assert len(list(c.records(0))) == RECORDS  # no commit in pass 0
+        c.start_get_records(1)
+        taken = {c.next_record() for _ in range(25)}  # tasks 0..3 done again, 4 begun
+        c.commit()
+        blob = c.data_checkpoint()
     with InProcessMaster(SqliteStore(str(tmp_path / "b.db")), chunks_per_task=6) as m:
         assert m.service is not None
         service = m.service
@@ -46,3 +48,22 @@ def test_a_commit_in_pass_1_also_commits_what_pass_0_consumed(tmp_path: Path) ->
                     break
     everything = {b"%06d" % i for i in range(RECORDS)}
     assert sorted(rest) == sorted(everything - taken)
+
+
+def test_asking_for_a_pass_that_is_over_names_the_current_pass(tmp_path: Path) -> None:
+    """Issue 18, 3: records(p) of a pass that was over before this trainer took part in it is
+    an error naming the master's pass, not an empty pass. A trainer that read the pass before
+    and finds this one over (the others were faster) gets an empty pass, with a warning."""
+    data = numbered_records(tmp_path / "d.rio", 12)
+    with InProcessMaster(chunks_per_task=6) as m:
+        with Client(m.addr) as fast:
+            fast.set_dataset([data])
+            for p in range(4):
+                assert len(list(fast.records(p))) == 12
+        with Client(m.addr) as late:
+            with pytest.raises(PassOverError, match=r"pass 3 is over; the master is in pass 4"):
+                list(late.records(3))
+            assert len(list(late.records(4))) == 12  # the current pass: read as usual
+            with Client(m.addr) as other:
+                assert len(list(other.records(5))) == 12  # pass 5, while `late` is elsewhere
+            assert list(late.records(5)) == []  # `late` read pass 4: pass 5 is simply over

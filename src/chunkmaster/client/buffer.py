@@ -92,6 +92,10 @@ class PassBuffer:
         self._loaders: dict[str, ChunkLoader] = {}  # format -> this pass's loader of it
         self._tasks: deque[Task] = deque()
         self.held: dict[int, Task] = {}  # taken from the master, neither finished nor failed
+        self.got_task = False  # a task of the pass came: the trainer took part in it
+        #: The trainer read the pass before this one to its end: finding this one over before
+        #: any task came means the others were faster, not that it asked for a finished pass.
+        self.joined = False
         self.end: BaseException | None = None  # raised once the tasks are used up
         self._task: Task | None = None  # being read
         self._next_chunk = 0  # the next chunk of `_task` to load
@@ -120,6 +124,7 @@ class PassBuffer:
         if self.cancel.cancelled:
             raise Cancelled()  # abandoned meanwhile
         self.held[task.meta.id] = task
+        self.got_task = True
         self._progress.add(task)
         self._tasks.append(task)
         if self._ahead is not None:

@@ -53,6 +53,7 @@ from chunkmaster.client.connection import (
     MasterConnection,
     TransportError,
 )
+from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.fetcher import TaskFetcher, TaskSource, UnaryTasks
 from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
@@ -67,6 +68,7 @@ from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Position, Task
 from chunkmaster.formats.base import Storage
 from chunkmaster.formats.storage import storage_for
+from chunkmaster.rpc import master_pb2 as pb
 
 if TYPE_CHECKING:
     from chunkmaster.etcd.discovery import MasterLocator
@@ -129,6 +131,13 @@ class Client:
     commit() needs it. `session=False` speaks the unary calls only (tasks then come back by
     the master's timeout only).
 
+    `world_size` and `rank`: this trainer is rank `rank` of `world_size` (DDP's ranks); by
+    default from the WORLD_SIZE and RANK variables when both are set (torchrun sets them), else
+    not said; `world_size=0` says nothing. With equal steps the master shares each pass among
+    exactly those ranks, once all are there (docs/equal-steps.md). Declare it on the one
+    client of each rank that reads: a second client of the same rank (one for `status()`, say)
+    should be `session=False`.
+
     `shuffle_buffer` (records; 0, the default, is off): records() hands the records out in a
     random order drawn from a buffer of that many, across the tasks this trainer holds
     (docs/shuffle.md). The draw is seeded by (`shuffle_seed`, pass, `name`); without
@@ -164,9 +173,12 @@ class Client:
         read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
         shuffle_buffer: int = 0,
         shuffle_seed: int | None = None,
+        world_size: int | None = None,
+        rank: int | None = None,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
+        self.world_size, self.rank = declared_world(world_size, rank)
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be 0 (off) or more, not {shuffle_buffer}")
         if prefetch_tasks < 0:
@@ -217,6 +229,9 @@ class Client:
         self._next: Callable[[], Any] = _EMPTY_ITER.__next__
         self._fetchers: list[threading.Thread] = []
         self._closed = False
+        #: The last pass this client read to its end. A trainer that starts late may find pass
+        #: 0 over (the others were quicker to start): that is not asking for a finished pass.
+        self._last_ended = -1
         if report_every < 0 or not report_interval > 0:
             raise ValueError(
                 f"report_every ({report_every}) must be >= 0 and report_interval "
@@ -236,12 +251,32 @@ class Client:
                 report_interval=report_interval,
                 progress=self._report_positions,
                 on_unclaimed=self._adopt,
+                world_size=self.world_size,
+                rank=self.rank,
+                data_wait=self._data_wait,
             )
             self._reports = self._source = self._session
         else:
             self._reporter = Reporter(self._link, self.worker)
             self._reports = self._reporter
             self._source = UnaryTasks(self._link, self.worker)
+
+    #: The training loop's wait for data, measured by a reader that knows its batches (the
+    #: torch loader); each keep-alive reports it.
+    wait_meter: WaitMeter | None = None
+
+    def _data_wait(self) -> pb.DataWait | None:
+        meter = self.wait_meter
+        f = None if meter is None else meter.figures()
+        if f is None:
+            return None
+        return pb.DataWait(
+            p50_seconds=f.p50,
+            p99_seconds=f.p99,
+            share=f.share,
+            batches=f.batches,
+            window_seconds=f.window,
+        )
 
     def _wake(self) -> None:
         """A chunk fetched ahead arrived: the trainer's thread may be waiting for it."""
@@ -285,6 +320,15 @@ class Client:
     def status(self) -> dict[str, object]:
         """The master's status (pass, queues, failed tasks with their reasons)."""
         return self._call("status", lambda c: c.status())
+
+    def restore(self, checkpoint: bytes, key: str) -> bool:
+        """Take the running job back to a data checkpoint, for a training job restarted from
+        the model checkpoint saved beside it: every session ends (this one opens a new one),
+        the passes go on from the checkpoint's position. `key` names the restart: every rank
+        of one restart may ask with the same key, and only the first call restores (True).
+        Raises CheckpointRefusedError naming the problem (another dataset, a damaged blob)."""
+        applied, _ = self._call("restore", lambda c: c.restore(checkpoint, key))
+        return applied
 
     def data_checkpoint(self) -> bytes:
         """The job's data position at the last commits (save it beside the model checkpoint;
@@ -401,6 +445,7 @@ class Client:
                 storage=self._storage,
                 readahead=self._readahead,
             )
+            ps.joined = self._last_ended == pass_id - 1
             self._pass = ps
             fetcher = TaskFetcher(
                 self._source,
@@ -478,12 +523,18 @@ class Client:
             if ps.end is not None:
                 self._check_open()
                 if isinstance(ps.end, EndOfPass):
+                    self._ended(ps)
                     raise EndOfPass(ps.pass_id)
                 raise ps.end
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"no record of pass {ps.pass_id} within {timeout}s")
             self._cond.wait(remaining)
+
+    def _ended(self, ps: PassBuffer) -> None:
+        """The trainer read pass `ps` to its end (lock held)."""
+        if not ps.cancel.cancelled:
+            self._last_ended = max(self._last_ended, ps.pass_id)
 
     def _notify_done(self, done: list[Task]) -> None:
         if self._on_task_done is not None:
@@ -555,6 +606,7 @@ class Client:
                         if ps.end is not None:
                             if not isinstance(ps.end, EndOfPass):
                                 raise ps.end
+                            self._ended(ps)
                             ended = True
                         elif not buf and not buf.deferred:
                             self._cond.wait()
@@ -639,6 +691,7 @@ class Client:
                 return run.records
             if ps.end is not None:
                 if isinstance(ps.end, EndOfPass):
+                    self._ended(ps)
                     return None
                 raise ps.end
             self._cond.wait()
@@ -690,6 +743,36 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def declared_world(world_size: int | None, rank: int | None) -> tuple[int, int]:
+    """(world size, rank) a trainer declares: as given, else from WORLD_SIZE and RANK when
+    both are set; (0, 0) declares nothing. Raises ValueError naming a bad value."""
+    if world_size is None:
+        env_world, env_rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
+        if env_world is None or env_rank is None:
+            if rank is not None:
+                raise ValueError("rank needs world_size (or the WORLD_SIZE variable)")
+            return 0, 0
+        try:
+            world_size = int(env_world)
+            rank = int(env_rank) if rank is None else rank
+        except ValueError:
+            raise ValueError(
+                f"WORLD_SIZE={env_world!r} and RANK={env_rank!r} must be whole numbers"
+            ) from None
+    if world_size == 0:
+        return 0, 0
+    if rank is None:
+        env_rank = os.environ.get("RANK")
+        if env_rank is None or not env_rank.strip().isdigit():
+            raise ValueError(f"world_size={world_size} needs rank (or the RANK variable)")
+        rank = int(env_rank)
+    if not 0 < world_size <= 1 << 20:
+        raise ValueError(f"world size {world_size} must be 1 to {1 << 20}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} must be in 0..{world_size - 1} (world size {world_size})")
+    return world_size, rank
 
 
 def _make_locator(

@@ -225,6 +225,14 @@ class MasterConnection:
         reply = self._call("DataCheckpoint", pb.DataCheckpointRequest(), self.timeout)
         return bytes(reply.checkpoint)
 
+    def restore(self, checkpoint: bytes, key: str) -> tuple[bool, int]:
+        """Take the running job back to `checkpoint` (once per `key`): whether this call did
+        it, and the job's pass after it."""
+        reply = self._call(
+            "Restore", pb.RestoreRequest(checkpoint=checkpoint, key=key), self.timeout
+        )
+        return bool(reply.applied), int(reply.pass_id)
+
     def close(self) -> None:
         self._channel.close()
 

@@ -30,6 +30,7 @@ from chunkmaster.core.errors import (
     NotReadyError,
     PassAfterError,
     PassBeforeError,
+    PassOverError,
 )
 from chunkmaster.core.model import Task
 
@@ -150,8 +151,24 @@ class TaskFetcher:
                     request_id,
                     buf.cancel,
                 )
-            except PassBeforeError:
-                buf.finish(EndOfPass(buf.pass_id))
+            except PassBeforeError as exc:
+                if buf.got_task or buf.joined:
+                    if not buf.got_task:
+                        log.warning(
+                            "pass %d ended before this trainer got any of it (the others read "
+                            "it all): %s",
+                            buf.pass_id,
+                            exc,
+                        )
+                    buf.finish(EndOfPass(buf.pass_id))
+                else:  # never part of it: asking for a finished pass is the trainer's mistake
+                    buf.finish(
+                        PassOverError(
+                            f"pass {buf.pass_id} was over before this trainer read any of it: "
+                            f"{exc}; ask for the master's current pass "
+                            "(client.status()['cur_pass'])"
+                        )
+                    )
                 return
             except (AllTaskFailedError, JobStoppedError) as exc:
                 buf.finish(exc)  # raised to the trainer once the tasks it holds are read

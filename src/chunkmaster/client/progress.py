@@ -25,7 +25,6 @@ from typing import Any
 
 from chunkmaster.core.model import Position, Task
 
-
 TaskKey = tuple[int, int]
 """(pass, task ID): a task of one pass."""
 

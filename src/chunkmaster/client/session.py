@@ -188,9 +188,15 @@ class TrainerSession:
         report_interval: float,
         progress: Callable[[], list[Position]],
         on_unclaimed: Callable[[Task], None],
+        world_size: int = 0,
+        rank: int = 0,
+        data_wait: Callable[[], pb.DataWait | None] | None = None,
     ) -> None:
         self._link = link
         self.name = name
+        self._world_size = world_size
+        self._rank = rank
+        self._data_wait = data_wait
         self._report_every = report_every
         self._report_interval = report_interval
         self._progress = progress
@@ -488,6 +494,8 @@ class TrainerSession:
                     host=socket.gethostname(),
                     pid=os.getpid(),
                     report_every=self._report_every,
+                    world_size=self._world_size,
+                    rank=self._rank,
                 ),
             )
             resuming = self._session_id
@@ -560,13 +568,15 @@ class TrainerSession:
             if due or now >= next_keep_alive:
                 self._report_due = False
                 progress = [position_to_pb(p) for p in self._progress()]
+                wait = None if self._data_wait is None else self._data_wait()
                 with self._lock:
                     if not self._closing:
                         # A finish waits no longer than a progress report: a finished task is
                         # gone from the positions, and a trainer that dies before it was sent
                         # would have it delivered again from its last reported position.
                         self._flush_finishes()
-                        self._send("keep_alive", pb.KeepAlive(progress=progress), False)
+                        keep_alive = pb.KeepAlive(progress=progress, data_wait=wait)
+                        self._send("keep_alive", keep_alive, False)
                 self._reported = now
                 next_keep_alive = now + period
 

@@ -54,7 +54,10 @@ CONTAINER_MAGIC = b"CMB1"
 SNAPSHOT_VERSION = 3
 #: A snapshot of a job with a shuffle seed: an older build must refuse it, not drop the seed.
 SNAPSHOT_VERSION_SHUFFLED = 4
-READABLE_VERSIONS = (2, SNAPSHOT_VERSION, SNAPSHOT_VERSION_SHUFFLED)
+#: 5: sessions' ranks and world sizes, the last restore's key. Written for every snapshot: an
+#: older build refuses it rather than drop them. A version 2 to 4 snapshot reads with none.
+SNAPSHOT_VERSION_RANKS = 5
+READABLE_VERSIONS = (2, SNAPSHOT_VERSION, SNAPSHOT_VERSION_SHUFFLED, SNAPSHOT_VERSION_RANKS)
 _LEN = struct.Struct("<I")
 
 
@@ -165,16 +168,18 @@ def encode_event(ev: Event) -> bytes:
             return b"Z" + _dumps([mode])
         case Resume(not_before=nb):
             return b"R" + _dumps([nb])
-        case OpenSession(session=sid, name=n, host=h, pid=pid, report_every=every):
-            return b"O" + _dumps([sid, n, h, pid, every])
+        case OpenSession(
+            session=sid, name=n, host=h, pid=pid, report_every=every, world_size=w, rank=r
+        ):
+            return b"O" + _dumps([sid, n, h, pid, every, w, r] if w else [sid, n, h, pid, every])
         case EndSession(session=sid, reason=r, positions=ps):
             return b"E" + _dumps([sid, r, _positions(ps)])
         case Progress(positions=ps):
             return b"P" + _dumps(_positions(ps))
         case Commit(positions=ps):
             return b"K" + _dumps(_positions(ps))
-        case Restore(floor=f, commits=cs, source=src):
-            return b"B" + _dumps([f, [list(c) for c in cs], src])
+        case Restore(floor=f, commits=cs, source=src, key=key):
+            return b"B" + _dumps([f, [list(c) for c in cs], src, *([key] if key else [])])
         case SetErrorBudget(budget=b):
             return b"Q" + _dumps(_budget(b))
         case SetDataset(dataset=ds):
@@ -201,7 +206,8 @@ def decode_event(data: bytes) -> Event:
                 str(v[3]) if len(v) > 3 else "",
             )
         if tag == b"O":
-            return OpenSession(str(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4]))
+            ranked = (int(v[5]), int(v[6])) if len(v) > 5 else (0, 0)
+            return OpenSession(str(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4]), *ranked)
         if tag == b"E":
             return EndSession(str(v[0]), str(v[1]), _positions_from(v[2]))
         if tag == b"P":
@@ -210,7 +216,10 @@ def decode_event(data: bytes) -> Event:
             return Commit(_positions_from(v))
         if tag == b"B":
             return Restore(
-                int(v[0]), tuple((int(p), int(t), int(r)) for p, t, r in v[1]), str(v[2])
+                int(v[0]),
+                tuple((int(p), int(t), int(r)) for p, t, r in v[1]),
+                str(v[2]),
+                str(v[3]) if len(v) > 3 else "",
             )
         if tag == b"F":
             return Finish(int(v[0]), int(v[1]), int(v[2]))
@@ -233,9 +242,7 @@ def decode_event(data: bytes) -> Event:
 
 def encode_snapshot(state: MasterState) -> bytes:
     header: dict[str, Any] = {
-        "version": SNAPSHOT_VERSION
-        if state.dataset is None or state.dataset.shuffle_seed is None
-        else SNAPSHOT_VERSION_SHUFFLED,
+        "version": SNAPSHOT_VERSION_RANKS,
         "cur_pass": state.cur_pass,
         "failure_max": state.failure_max,
         "failed_policy": state.failed_policy.value,
@@ -244,13 +251,14 @@ def encode_snapshot(state: MasterState) -> bytes:
             for t, p in state.pending.items()
         ],
         "sessions": [
-            [sid, s.name, s.host, s.pid, s.report_every, s.consumed]
+            [sid, s.name, s.host, s.pid, s.report_every, s.consumed, s.world_size, s.rank]
             for sid, s in state.sessions.items()
         ],
         "progress": list(state.progress.items()),
         "commits": [[p, list(c.items())] for p, c in state.commits.items()],
         "commit_floor": state.commit_floor,
         "restored_from": state.restored_from,
+        "restore_key": state.restore_key,
         "pass_done": list(state.pass_done.items()),
         "ledger": [
             [
@@ -306,7 +314,9 @@ def decode_snapshot(data: bytes) -> MasterState:
         if header["dataset"] is not None:
             st.dataset = _dataset_from(header["dataset"], blobs)
         seeded = st.dataset is not None and st.dataset.shuffle_seed is not None
-        if seeded != (header["version"] == SNAPSHOT_VERSION_SHUFFLED):
+        if header["version"] < SNAPSHOT_VERSION_RANKS and seeded != (
+            header["version"] == SNAPSHOT_VERSION_SHUFFLED
+        ):
             raise CodecError("a snapshot's version and its dataset's shuffle seed disagree")
         st.cur_pass = int(header["cur_pass"])
         st.failure_max = int(header["failure_max"])
@@ -320,8 +330,8 @@ def decode_snapshot(data: bytes) -> MasterState:
             for t, e, d, w, r, sid, start in header["pending"]
         }
         st.sessions = {
-            str(sid): Session(str(n), str(h), int(pid), int(every), int(consumed))
-            for sid, n, h, pid, every, consumed in header["sessions"]
+            str(sid): Session(str(n), str(h), int(pid), int(every), int(consumed), *map(int, more))
+            for sid, n, h, pid, every, consumed, *more in header["sessions"]
         }
         st.progress = {int(t): int(r) for t, r in header["progress"]}
         for p, commits in header["commits"]:
@@ -333,6 +343,7 @@ def decode_snapshot(data: bytes) -> MasterState:
                     st.full_commits[int(p)] = full
         st.commit_floor = int(header["commit_floor"])
         st.restored_from = str(header["restored_from"])
+        st.restore_key = str(header.get("restore_key", ""))
         st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
         st.ledger = {
             int(p): PassLedger(

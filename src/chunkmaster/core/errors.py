@@ -18,6 +18,13 @@ class PassBeforeError(MasterError):
     message = "pass number smaller than master"
 
 
+class PassOverError(PassBeforeError):
+    """Raised by the client, not the master: a trainer asked for the records of a pass that was
+    over before it took part in it (the text names the master's current pass)."""
+
+    message = "that pass is over"
+
+
 class PassAfterError(MasterError):
     """The trainer asked for a pass the master has not started yet."""
 
@@ -97,3 +104,10 @@ class JobStoppedError(MasterError):
     The text names the tasks, their files and chunks, and why they failed."""
 
     message = "job stopped: the error budget for quarantined tasks was exceeded"
+
+
+class RanksMissingError(MasterError):
+    """Equal steps with a declared world size: some ranks never opened a session within the
+    master's --rank-wait, so the pass cannot be shared among them. The text names them."""
+
+    message = "ranks missing"

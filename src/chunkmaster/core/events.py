@@ -102,6 +102,8 @@ class OpenSession:
     host: str
     pid: int
     report_every: int = 0
+    world_size: int = 0  # the job's trainers, as the trainer declared them (0: not said)
+    rank: int = 0  # its rank in 0 .. world_size - 1 (meaningless without a world size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +133,15 @@ class Commit:
 
 @dataclass(frozen=True, slots=True)
 class Restore:
-    """Start from a data checkpoint, on a state with its dataset and nothing else: pass
-    `floor` with `commits` ((pass, task, records committed), pass >= floor) already made."""
+    """Go to a data checkpoint's position: pass `floor` with `commits` ((pass, task, records
+    committed), pass >= floor) already made. On a running job every session ends and the
+    queues start again from there (a training job restarted from its model checkpoint); task
+    epochs keep growing, so no report about an earlier dispatch can apply to a later one."""
 
     floor: int
     commits: tuple[tuple[int, int, int], ...]
     source: str = ""  # the checkpoint's identity: restoring the same one again is a no-op
+    key: str = ""  # the restart that asked for it: one restore per key (every rank may ask)
 
 
 Event = (

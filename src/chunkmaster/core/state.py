@@ -76,6 +76,8 @@ class Session:
     pid: int
     report_every: int = 0
     consumed: int = 0  # records it reported consumed, all passes
+    world_size: int = 0  # the job's trainers as this one declared them (0: not said)
+    rank: int = 0
 
 
 @dataclass(slots=True)
@@ -123,6 +125,7 @@ class MasterState:
     pass_done: dict[int, int] = field(default_factory=dict)  # ended pass -> tasks done in it
     ledger: dict[int, PassLedger] = field(default_factory=dict)  # the last LEDGER_PASSES passes
     restored_from: str = ""  # the data checkpoint this state was started from, if any
+    restore_key: str = ""  # the restart that asked for the last restore (one per key)
     error_budget: ErrorBudget = field(default_factory=ErrorBudget)  # quarantine.py
     stopped: JobStop | None = None  # the error budget was exceeded: no more tasks
     steps: steps.StepsState = field(default_factory=steps.StepsState)  # equal steps
@@ -198,7 +201,10 @@ def check_get_task(state: MasterState, pass_id: int, session: str = "") -> Avail
         return Availability.NOT_READY
     quarantine.check_running(state)
     if pass_id < state.cur_pass:
-        raise PassBeforeError()
+        raise PassBeforeError(
+            f"{PassBeforeError.message} (pass {pass_id} is over; the master is in pass "
+            f"{state.cur_pass})"
+        )
     if pass_id > state.cur_pass:
         raise PassAfterError()
     if state.todo:
@@ -269,8 +275,10 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             for p in state.pending.values():
                 p.deadline = max(p.deadline, nb)
             return True
-        case OpenSession(session=sid, name=name, host=host, pid=pid, report_every=every):
-            state.sessions[sid] = Session(name, host, pid, every)
+        case OpenSession(
+            session=sid, name=name, host=host, pid=pid, report_every=every, world_size=w, rank=r
+        ):
+            state.sessions[sid] = Session(name, host, pid, every, 0, w, r)
             return True
         case EndSession():
             return _end_session(state, event)
@@ -281,8 +289,7 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             _close_committed_passes(state)
             return applied
         case Restore():
-            _restore(state, event)
-            return True
+            return _restore(state, event)
         case SetErrorBudget(budget=budget):
             return quarantine.set_budget(state, budget)
     raise InvalidEvent(f"unknown event {event!r}")
@@ -481,19 +488,49 @@ def _close_committed_passes(state: MasterState) -> None:
         state.commit_floor = f + 1
 
 
-def _restore(state: MasterState, ev: Restore) -> None:
-    if state.dataset is None or state.pending or state.done or state.cur_pass:
-        raise InvalidEvent("a data checkpoint restores only onto a fresh state with a dataset")
+def restore_repeated(state: MasterState, key: str) -> bool:
+    """Whether the restart `key` restored the job already (its other ranks ask too)."""
+    return bool(key) and key == state.restore_key
+
+
+def _restore(state: MasterState, ev: Restore) -> bool:
+    """Start over from a data checkpoint's position. Every session ends (the shell ends their
+    streams and leases), every queue is made again from the position; epochs, failure history
+    and the dataset stay. False when this restart's key restored the job already."""
+    if state.dataset is None:
+        raise InvalidEvent("a data checkpoint restores onto a state with its dataset")
+    if restore_repeated(state, ev.key):
+        return False
+    keep_failed = state.failed if state.failed_policy is FailedPolicy.KEEP else []
+    kept = set(keep_failed)
+    state.sessions.clear()
+    state.pending.clear()
+    state.requests.clear()
+    state.progress = {}
+    state.done = []
+    state.failed = list(keep_failed)
+    state.num_failures = {t: n for t, n in state.num_failures.items() if t in kept}
+    state.commits = {}
+    state.full_commits = {}
+    state.pass_done = {}
+    state.saver = None
+    state.stopped = None
+    state.ledger = {p: led for p, led in state.ledger.items() if p < ev.floor}
+    steps.restart(state)
     state.cur_pass = state.commit_floor = ev.floor
     state.restored_from = ev.source
+    state.restore_key = ev.key
     for pass_id, task_id, records in ev.commits:
         state.commits.setdefault(pass_id, {})[task_id] = records
         if records == state.task_records(task_id, pass_id):
             state.full_commits[pass_id] = state.full_commits.get(pass_id, 0) + 1
         state.pass_ledger(pass_id).committed += records
-    state.todo = state.pass_queue()
+    state.todo = state.pass_queue(
+        None if not kept else (t for t in range(state.num_tasks) if t not in kept)
+    )
     _start_pass(state)
     _maybe_roll_over(state)
+    return True
 
 
 def _start_pass(state: MasterState) -> None:

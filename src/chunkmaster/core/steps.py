@@ -149,10 +149,43 @@ def _held(state: MasterState, session: str) -> int:
     return sum(remaining(state, t) for t, p in state.pending.items() if p.session == session)
 
 
+def world(state: MasterState) -> tuple[int, dict[int, str]]:
+    """The job's declared world: its size (0: no trainer declared one) and, for each rank
+    present, its newest live session. The newest trainer to declare a world size sets it (a job
+    restarted with another number of ranks); sessions of another world size are not in it."""
+    size = 0
+    for s in state.sessions.values():
+        if s.world_size:
+            size = s.world_size  # sessions are in the order they opened: the newest wins
+    ranks: dict[int, str] = {}
+    if size:
+        for sid, s in state.sessions.items():
+            if s.world_size == size and 0 <= s.rank < size:
+                ranks[s.rank] = sid
+    return size, ranks
+
+
+def world_size(state: MasterState) -> int:
+    """The job's declared number of trainers (0: none declared)."""
+    return world(state)[0]
+
+
+def missing_ranks(state: MasterState) -> list[int]:
+    """The ranks of the declared world with no live session (none without a world size)."""
+    size, ranks = world(state)
+    return [r for r in range(size) if r not in ranks]
+
+
+def _trainers(state: MasterState) -> list[str]:
+    """A pass's trainers: one session per rank of the declared world, else every session."""
+    size, ranks = world(state)
+    return [ranks[r] for r in sorted(ranks)] if size else list(state.sessions)
+
+
 def _fix(state: MasterState) -> None:
-    """The pass's trainers are the live sessions, each credited with what it holds."""
+    """The pass's trainers, each credited with what it holds."""
     st = state.steps
-    st.members = {sid: _held(state, sid) for sid in state.sessions}
+    st.members = {sid: _held(state, sid) for sid in _trainers(state)}
     st.unassigned = sum(remaining(state, u) for u in state.todo)
     st.queued_pads = sum(
         remaining(state, u) for u in state.todo if u in st.pieces and st.pieces[u].pad
@@ -244,10 +277,15 @@ def _drop_todo(state: MasterState) -> None:
 
 
 def may_take(state: MasterState, session: str) -> bool:
-    """Whether `session` may get a task of this pass now (Todo is not empty)."""
+    """Whether `session` may get a task of this pass now (Todo is not empty). Before the
+    pass's trainers are fixed: once every rank of a declared world is here, and only for
+    those ranks' sessions."""
     st = state.steps
     if not st.fixed:
-        return session in state.sessions
+        size, ranks = world(state)
+        if not size:
+            return session in state.sessions
+        return len(ranks) == size and session in ranks.values()
     got = st.members.get(session)
     return got is not None and got < st.target
 
@@ -351,6 +389,19 @@ def _piece_closed(state: MasterState, piece: Piece) -> None:
         st.lost.discard(piece.task)  # it is in Failed already
     else:
         state.done.append(piece.task)
+
+
+def restart(state: MasterState) -> None:
+    """A restore: the pass starts again, fixed at its first dispatch; pieces are forgotten
+    (their IDs are never used again) and so are commits waiting for the pieces before them."""
+    st = state.steps
+    st.members = {}
+    st.target = st.unassigned = st.queued_pads = 0
+    st.outstanding = {}
+    st.lost = set()
+    st.pad_task = st.pad_at = 0
+    st.pieces = {}
+    st.ahead = {}
 
 
 def new_pass(state: MasterState) -> None:

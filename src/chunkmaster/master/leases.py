@@ -22,11 +22,24 @@ log = logging.getLogger("chunkmaster.sessions")
 RATE_WINDOW = 30.0  # seconds of (time, records consumed) samples behind a session's rate
 
 
+@dataclass(frozen=True, slots=True)
+class DataWait:
+    """How long a trainer's training loop waited for data over its last `window` seconds of
+    wall time, as the trainer measured and reported it."""
+
+    p50: float  # seconds
+    p99: float
+    share: float  # of the window's wall time
+    batches: int
+    window: float
+
+
 @dataclass
 class Lease:
     expires: float  # time.monotonic()
     heard: float  # time.monotonic() of the last message
     samples: deque[tuple[float, int]] = field(default_factory=deque)
+    data_wait: DataWait | None = None  # the trainer's last report of it
 
     def rate(self) -> float:
         """Records per second over the last RATE_WINDOW seconds of progress samples."""

@@ -11,7 +11,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from chunkmaster.core.errors import InvalidArgumentError, MasterError
+from chunkmaster.core.checkpoint import CheckpointError
+from chunkmaster.core.errors import CheckpointRefusedError, InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.auth import TokenInterceptor, peer_identity
 from chunkmaster.master.datasets import check_data_roots, in_daemon_thread
@@ -69,6 +70,7 @@ _METHODS: dict[str, tuple[Any, Any]] = {
     "RequestSaveModel": (pb.SaveModelRequest, pb.SaveModelResponse),
     "Status": (pb.StatusRequest, pb.StatusResponse),
     "DataCheckpoint": (pb.DataCheckpointRequest, pb.DataCheckpointResponse),
+    "Restore": (pb.RestoreRequest, pb.RestoreResponse),
 }
 
 
@@ -163,6 +165,20 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def DataCheckpoint(self, request: Any, context: Any) -> Any:
         blob = await _answer(context, self.service.data_checkpoint)
         return pb.DataCheckpointResponse(checkpoint=blob)
+
+    async def Restore(self, request: Any, context: Any) -> Any:
+        key = request.key
+
+        async def restore() -> bool:
+            if not key:
+                raise InvalidArgumentError("invalid argument: a restore needs the restart's key")
+            try:
+                return await self.service.restore(request.checkpoint, key=key)
+            except CheckpointError as exc:
+                raise CheckpointRefusedError(f"restore refused: {exc}") from None
+
+        applied = await _answer(context, restore)
+        return pb.RestoreResponse(applied=applied, pass_id=self.service.ledger.state.cur_pass)
 
     async def Session(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         conversation = SessionConversation(

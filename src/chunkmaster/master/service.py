@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, S
 from typing import Any, TypeVar
 
 from chunkmaster.core import checkpoint
+from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import (
     CheckpointRefusedError,
     InvalidArgumentError,
@@ -25,6 +26,7 @@ from chunkmaster.core.errors import (
     NoMoreAvailableError,
     NotReadyError,
     PassAfterError,
+    RanksMissingError,
     SessionExpiredError,
     TrainerIdEmptyError,
     UnavailableError,
@@ -63,12 +65,13 @@ from chunkmaster.core.state import (
     committed_position,
     fail_ignored,
     finish_ignored,
+    restore_repeated,
     save_allowed,
 )
-from chunkmaster.core.steps import StepsMode
+from chunkmaster.core.steps import StepsMode, missing_ranks, world_size
 from chunkmaster.logs import about
 from chunkmaster.master.datasets import INDEX_TIMEOUT, in_daemon_thread, load_dataset
-from chunkmaster.master.leases import LeaseKeeper
+from chunkmaster.master.leases import DataWait, LeaseKeeper
 from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.timeouts import TimeoutScheduler
 from chunkmaster.store.base import Store
@@ -78,6 +81,8 @@ T = TypeVar("T")
 
 STATUS_LIST_LIMIT = 100
 TRAINER_TTL = 10.0  # seconds a silent trainer keeps its session
+RANK_WAIT = 300.0  # seconds a pass with equal steps waits for every rank of a declared world
+MAX_WORLD = 1 << 20  # the most ranks a trainer may declare
 MAX_INT = 2**63 - 1
 
 
@@ -102,6 +107,7 @@ class Service:
         dataset_format: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         shuffle_seed: int | None = None,
+        rank_wait: float = RANK_WAIT,
     ) -> None:
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
@@ -109,6 +115,11 @@ class Service:
             raise ValueError(f"failure_max must be 0 or more, not {failure_max}")
         if not trainer_ttl > 0:
             raise ValueError(f"trainer_ttl must be positive, not {trainer_ttl}")
+        if not rank_wait > 0:
+            raise ValueError(f"rank_wait must be positive, not {rank_wait}")
+        self.rank_wait = float(rank_wait)
+        #: (pass, time.monotonic()) since when the pass waits for ranks missing from its world
+        self._ranks_waiting: tuple[int, float] | None = None
         self.store = store
         self.job = job
         self.index_timeout = index_timeout
@@ -347,10 +358,40 @@ class Service:
                     return task, durable
                 await durable
                 continue  # equal steps: nothing for this trainer in this pass; ask again
+            if avail is Availability.WAIT:
+                self._check_ranks()
             if not await self._wait_change(until):
                 if avail is Availability.NOT_READY:
                     raise NotReadyError()
                 raise NoMoreAvailableError()
+
+    def _check_ranks(self) -> None:
+        """Equal steps in a declared world share a pass among its ranks only once every rank
+        has a session: after `rank_wait` seconds without some, refuse naming them."""
+        st = self.ledger.state
+        missing = missing_ranks(st) if st.steps.on and not st.steps.fixed else []
+        if not missing:
+            self._ranks_waiting = None
+            return
+        now = time.monotonic()
+        if self._ranks_waiting is None or self._ranks_waiting[0] != st.cur_pass:
+            self._ranks_waiting = (st.cur_pass, now)
+            log.info(
+                "pass %d waits for rank(s) %s to open a session before sharing its records "
+                "(equal steps); at most %.0fs",
+                st.cur_pass,
+                _ranks_text(missing),
+                self.rank_wait,
+            )
+            return
+        waited = now - self._ranks_waiting[1]
+        if waited >= self.rank_wait:
+            world = max(s.world_size for s in st.sessions.values())
+            raise RanksMissingError(
+                f"pass {st.cur_pass} cannot start: rank(s) {_ranks_text(missing)} of world size "
+                f"{world} have no trainer after {waited:.0f}s (--rank-wait {self.rank_wait:g}s); "
+                "start them, or check each trainer's WORLD_SIZE and RANK"
+            )
 
     def _submit_dispatch(
         self, worker: str, request_id: str, session: str = ""
@@ -438,23 +479,39 @@ class Service:
     # awaitable for durability, so a report is never overtaken by a later message.
 
     async def open_session(
-        self, session_id: str, name: str, host: str, pid: int, report_every: int
+        self,
+        session_id: str,
+        name: str,
+        host: str,
+        pid: int,
+        report_every: int,
+        world_size: int = 0,
+        rank: int = 0,
     ) -> str:
-        """Resume `session_id` with a fresh lease, or open a new session (empty id)."""
+        """Resume `session_id` with a fresh lease, or open a new session (empty id) for a
+        trainer that may say its `rank` among `world_size` trainers (0: not said)."""
         self._check_started()
         _check(0 <= pid <= MAX_INT, f"pid {pid} is out of range")
         _check(0 <= report_every <= MAX_INT, f"report_every {report_every} is out of range")
+        _check(0 <= world_size <= MAX_WORLD, f"world size {world_size} is out of range")
+        _check(
+            world_size == 0 or 0 <= rank < world_size,
+            f"rank {rank} is not in 0..{world_size - 1} (world size {world_size})",
+        )
         if session_id:
             self.touch(session_id)
             return session_id
         sid = uuid.uuid4().hex
-        await self.ledger.commit(OpenSession(sid, name, host, pid, report_every))
+        await self.ledger.commit(
+            OpenSession(sid, name, host, pid, report_every, world_size, rank if world_size else 0)
+        )
         self.leases.renew(sid)
         log.info(
-            "trainer %s (%s, pid %d) opened session %s",
+            "trainer %s (%s, pid %d%s) opened session %s",
             name,
             host,
             pid,
+            f", rank {rank} of {world_size}" if world_size else "",
             sid,
             extra=about(trainer=name, session=sid),
         )
@@ -466,6 +523,14 @@ class Service:
         if s is None:
             raise SessionExpiredError()
         self.leases.renew(session, s.consumed)
+
+    def report_data_wait(self, session: str, wait: DataWait) -> None:
+        """Keep a trainer's latest figures of its training loop's wait for data (status and
+        the metrics show them per trainer; nothing durable)."""
+        lease = self.leases.get(session)
+        values = (wait.p50, wait.p99, wait.share, wait.window)
+        if lease is not None and all(math.isfinite(v) and v >= 0 for v in values):
+            lease.data_wait = wait
 
     def report_progress(self, session: str, positions: Iterable[Position]) -> None:
         """Record how far the session's trainer got; nobody waits for it to be durable."""
@@ -596,13 +661,21 @@ class Service:
         )
         return checkpoint.encode(cp)
 
-    async def restore(self, blob: bytes, *, replace: bool = False) -> bool:
-        """Start from a data checkpoint: index its dataset again, check it is unchanged, and
-        continue from its position. False if this state was already started from it.
-        Raises CheckpointError (a bad blob, changed files, a store that holds a job)."""
+    async def restore(self, blob: bytes, *, replace: bool = False, key: str = "") -> bool:
+        """Go to a data checkpoint's position. Raises CheckpointError (a bad blob, changed
+        files, a store that holds a job) naming the problem.
+
+        Without `key` (`chunkmaster master --restore`): on an empty store, or over the job it
+        holds with `replace`, index the checkpoint's dataset again, check it is unchanged, and
+        start from its position; False if this state was started from it already. With `key`
+        (the Restore RPC: a training job restarted from its model checkpoint): on the running
+        job, whose dataset must be the checkpoint's; every session ends. False if this key
+        restored the job already (each rank of one restart asks)."""
         self._check_started()
         cp = checkpoint.decode(blob)
         source = hashlib.blake2b(blob, digest_size=16).hexdigest()
+        if key:
+            return await self._restore_running(cp, source, key)
         st = self.ledger.state
         if st.restored_from == source:
             log.info("the state was started from this data checkpoint already; going on")
@@ -624,13 +697,10 @@ class Service:
         )
         dataset = dataset.with_shuffle(self.shuffle_seed)
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
-        commits = tuple(
-            (p.pass_id, t, r)
-            for p in cp.passes
-            for totals in (dataset.task_records_for(p.pass_id),)
-            for t, r in sorted([(t, totals[t]) for t in p.full] + list(p.partial.items()))
-        )
-        events: list[Event] = [SetDataset(dataset), Restore(cp.floor, commits, source)]
+        events: list[Event] = [
+            SetDataset(dataset),
+            Restore(cp.floor, _commits_of(cp, dataset), source),
+        ]
         if st.dataset is None:
             for ev in events:
                 await self.ledger.commit(ev)
@@ -647,6 +717,37 @@ class Service:
             st.cur_pass,
             len(st.todo),
             len(st.done),
+        )
+        return True
+
+    async def _restore_running(self, cp: checkpoint.DataCheckpoint, source: str, key: str) -> bool:
+        st = self.ledger.state
+        if restore_repeated(st, key):
+            log.info("restore %r was made already (another rank of the same restart)", key)
+            return False
+        ds = st.dataset
+        if ds is None:
+            raise checkpoint.CheckpointError(
+                "the master has no dataset yet: start it with --restore FILE to begin a job "
+                "from a data checkpoint"
+            )
+        checkpoint.check_restorable(cp, ds, ds.file_sizes)
+        ended = len(st.sessions)
+        if not self.ledger.available:
+            raise self.ledger.unavailable()
+        await self.ledger.commit(Restore(cp.floor, _commits_of(cp, ds), source, key))
+        st = self.ledger.state
+        self.leases.reset(st.sessions)
+        self._rearm_timeouts()
+        log.warning(
+            "restored the running job to the data checkpoint of %s (restart %r): pass %d, %d "
+            "task(s) to do, %d done; %d session(s) ended",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cp.created)),
+            key,
+            st.cur_pass,
+            len(st.todo),
+            len(st.done),
+            ended,
         )
         return True
 
@@ -714,6 +815,9 @@ class Service:
                     "lease_expires_in": None
                     if lease is None
                     else round(lease.expires - now_mono, 3),
+                    "rank": sess.rank if sess.world_size else None,
+                    "world_size": sess.world_size or None,
+                    "data_wait": None if lease is None else _data_wait_view(lease.data_wait),
                 }
             )
         passes = sorted(st.ledger)[-2:]
@@ -783,6 +887,8 @@ class Service:
             "commit_floor": st.commit_floor,
             "equal_steps": {
                 "mode": st.steps.mode.value,
+                "world_size": world_size(st) or None,
+                "missing_ranks": missing_ranks(st)[:STATUS_LIST_LIMIT],
                 "target": st.steps.target,
                 "records": dict(list(st.steps.members.items())[:STATUS_LIST_LIMIT]),
             },
@@ -821,8 +927,37 @@ class Service:
 MAX_SAVE_BLOCK = 24 * 3600.0
 
 
+def _data_wait_view(wait: DataWait | None) -> dict[str, Any] | None:
+    if wait is None:
+        return None
+    return {
+        "p50_ms": round(wait.p50 * 1000, 2),
+        "p99_ms": round(wait.p99 * 1000, 2),
+        "share": round(min(1.0, wait.share), 4),
+        "batches": wait.batches,
+        "window_s": round(wait.window, 1),
+    }
+
+
+def _ranks_text(ranks: Sequence[int], most: int = 16) -> str:
+    shown = ", ".join(map(str, ranks[:most]))
+    return shown + (f" and {len(ranks) - most} more" if len(ranks) > most else "")
+
+
 def _seed_text(seed: int | None) -> str:
     return "none" if seed is None else str(seed)
+
+
+def _commits_of(
+    cp: checkpoint.DataCheckpoint, dataset: Dataset
+) -> tuple[tuple[int, int, int], ...]:
+    """(pass, task, records committed) of a checkpoint, in the order Restore applies them."""
+    return tuple(
+        (p.pass_id, t, r)
+        for p in cp.passes
+        for totals in (dataset.task_records_for(p.pass_id),)
+        for t, r in sorted([(t, totals[t]) for t in p.full] + list(p.partial.items()))
+    )
 
 
 def _check_position(pos: Position) -> None:

@@ -22,6 +22,7 @@ from chunkmaster.core.errors import (
     SessionExpiredError,
 )
 from chunkmaster.core.model import RETURNED_REASON, Position, TaskMeta
+from chunkmaster.master.leases import DataWait
 from chunkmaster.master.service import Service, started
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc.wire import MAX_BATCH, status_code_of, task_to_pb
@@ -140,6 +141,14 @@ class SessionConversation:
                 self._next(req.next, seq)
             elif kind == "keep_alive":
                 self.service.report_progress(self.session, _positions(req.keep_alive.progress))
+                if req.keep_alive.HasField("data_wait"):
+                    w = req.keep_alive.data_wait
+                    self.service.report_data_wait(
+                        self.session,
+                        DataWait(
+                            w.p50_seconds, w.p99_seconds, w.share, w.batches, w.window_seconds
+                        ),
+                    )
             elif kind == "failed":
                 meta = TaskMeta(req.failed.meta.id, req.failed.meta.epoch)
                 self._answer(seq, self.service.submit_failure(meta, req.failed.reason))
@@ -161,7 +170,13 @@ class SessionConversation:
         if owners is not None and identity is not None and hello.session_id:
             owners.check(hello.session_id, identity)
         sid = await self.service.open_session(
-            hello.session_id, hello.name, hello.host, hello.pid, hello.report_every
+            hello.session_id,
+            hello.name,
+            hello.host,
+            hello.pid,
+            hello.report_every,
+            hello.world_size,
+            hello.rank,
         )
         if owners is not None and identity is not None:
             owners.claim(sid, identity, self.service.ledger.state.sessions.__contains__)

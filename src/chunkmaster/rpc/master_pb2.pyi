@@ -149,18 +149,22 @@ class SessionRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., next: _Optional[_Union[NextTask, _Mapping]] = ..., failed: _Optional[_Union[TaskFailedRequest, _Mapping]] = ..., keep_alive: _Optional[_Union[KeepAlive, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("session_id", "name", "host", "pid", "report_every")
+    __slots__ = ("session_id", "name", "host", "pid", "report_every", "world_size", "rank")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     REPORT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     name: str
     host: str
     pid: int
     report_every: int
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., report_every: _Optional[int] = ...) -> None: ...
+    world_size: int
+    rank: int
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., report_every: _Optional[int] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class NextTask(_message.Message):
     __slots__ = ("finished", "want_task", "pass_id", "wait_seconds", "request_id", "max_tasks")
@@ -179,10 +183,26 @@ class NextTask(_message.Message):
     def __init__(self, finished: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ..., want_task: _Optional[bool] = ..., pass_id: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., request_id: _Optional[str] = ..., max_tasks: _Optional[int] = ...) -> None: ...
 
 class KeepAlive(_message.Message):
-    __slots__ = ("progress",)
+    __slots__ = ("progress", "data_wait")
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_WAIT_FIELD_NUMBER: _ClassVar[int]
     progress: _containers.RepeatedCompositeFieldContainer[TaskPosition]
-    def __init__(self, progress: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ...) -> None: ...
+    data_wait: DataWait
+    def __init__(self, progress: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ..., data_wait: _Optional[_Union[DataWait, _Mapping]] = ...) -> None: ...
+
+class DataWait(_message.Message):
+    __slots__ = ("p50_seconds", "p99_seconds", "share", "batches", "window_seconds")
+    P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    P99_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    p50_seconds: float
+    p99_seconds: float
+    share: float
+    batches: int
+    window_seconds: float
+    def __init__(self, p50_seconds: _Optional[float] = ..., p99_seconds: _Optional[float] = ..., share: _Optional[float] = ..., batches: _Optional[int] = ..., window_seconds: _Optional[float] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("positions",)
@@ -243,6 +263,22 @@ class Ack(_message.Message):
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     applied: int
     def __init__(self, applied: _Optional[int] = ...) -> None: ...
+
+class RestoreRequest(_message.Message):
+    __slots__ = ("checkpoint", "key")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: bytes
+    key: str
+    def __init__(self, checkpoint: _Optional[bytes] = ..., key: _Optional[str] = ...) -> None: ...
+
+class RestoreResponse(_message.Message):
+    __slots__ = ("applied", "pass_id")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    PASS_ID_FIELD_NUMBER: _ClassVar[int]
+    applied: bool
+    pass_id: int
+    def __init__(self, applied: _Optional[bool] = ..., pass_id: _Optional[int] = ...) -> None: ...
 
 class DataCheckpointRequest(_message.Message):
     __slots__ = ()

@@ -74,6 +74,11 @@ class MasterStub:
                 request_serializer=chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointRequest.SerializeToString,
                 response_deserializer=chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointResponse.FromString,
                 _registered_method=True)
+        self.Restore = channel.unary_unary(
+                '/chunkmaster.v1.Master/Restore',
+                request_serializer=chunkmaster_dot_rpc_dot_master__pb2.RestoreRequest.SerializeToString,
+                response_deserializer=chunkmaster_dot_rpc_dot_master__pb2.RestoreResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -133,6 +138,15 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Restore(self, request, context):
+        """Take the running job back to a data checkpoint (a restarted training job resuming from
+        its model checkpoint): every session ends, the queues start again from the checkpoint's
+        position. A repeat with the same key changes nothing (every rank of a restart may ask).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -175,6 +189,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.DataCheckpoint,
                     request_deserializer=chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointRequest.FromString,
                     response_serializer=chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointResponse.SerializeToString,
+            ),
+            'Restore': grpc.unary_unary_rpc_method_handler(
+                    servicer.Restore,
+                    request_deserializer=chunkmaster_dot_rpc_dot_master__pb2.RestoreRequest.FromString,
+                    response_serializer=chunkmaster_dot_rpc_dot_master__pb2.RestoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -393,6 +412,33 @@ class Master:
             '/chunkmaster.v1.Master/DataCheckpoint',
             chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointRequest.SerializeToString,
             chunkmaster_dot_rpc_dot_master__pb2.DataCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Restore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chunkmaster.v1.Master/Restore',
+            chunkmaster_dot_rpc_dot_master__pb2.RestoreRequest.SerializeToString,
+            chunkmaster_dot_rpc_dot_master__pb2.RestoreResponse.FromString,
             options,
             channel_credentials,
             insecure,
