@@ -67,3 +67,19 @@ def test_asking_for_a_pass_that_is_over_names_the_current_pass(tmp_path: Path) -
             with Client(m.addr) as other:
                 assert len(list(other.records(5))) == 12  # pass 5, while `late` is elsewhere
             assert list(late.records(5)) == []  # `late` read pass 4: pass 5 is simply over
+
+
+def test_a_pass_left_early_hands_its_tasks_back_at_once(tmp_path: Path) -> None:
+    """Leaving a pass hands the tasks it held back at their exact positions (a Return), so
+    another trainer (or this one, asking again) reads the rest at once, not after the task
+    timeout (20 minutes here)."""
+    data = numbered_records(tmp_path / "d.rio", 60)
+    with InProcessMaster(chunks_per_task=6) as m, Client(m.addr, prefetch_tasks=3) as first:
+        first.set_dataset([data])
+        first.start_get_records(0)
+        got = [first.next_record() for _ in range(9)]  # task 0 whole, 3 records of task 1
+        first.start_get_records(1)  # leaves pass 0 while holding tasks: they go back now
+        with Client(m.addr) as second:
+            rest = list(second.records(0))
+        assert sorted(got + rest) == [b"%06d" % i for i in range(60)]
+        assert m.status()["cur_pass"] == 1

@@ -57,13 +57,7 @@ def register(sub: Any) -> None:
         help="dataset file patterns to set (omit when another trainer sets them)",
     )
     p.add_argument("--passes", type=int, required=True, help="number of passes to read")
-    p.add_argument(
-        "--first-pass",
-        type=int,
-        default=None,
-        help="pass number to start at (default: the master's current pass, so a trainer "
-        "started again goes on where the job is; a pass that is over is an error)",
-    )
+    p.add_argument("--first-pass", type=int, default=0, help="pass number to start at")
     p.add_argument("--json", action="store_true", help="one JSON object per line per pass")
     p.add_argument(
         "--task-lines",
@@ -192,11 +186,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             if args.dataset:
                 client.set_dataset(args.dataset)
-            first = args.first_pass
-            if first is None:
-                cur = client.status().get("cur_pass")
-                first = cur if isinstance(cur, int) else 0
-            for p in range(first, first + args.passes):
+            for p in range(args.first_pass, args.first_pass + args.passes):
                 errors: list[TaskReadError] = []
                 total = _read_pass(client, p, args, done, out, errors)
                 line: dict[str, Any] = {"pass": p, "records": total.count, "digest": total.hex()}

@@ -289,17 +289,15 @@ class PassBuffer:
         self.cancel.cancel()
         if self.end is None:
             back = (
-                "the session hands them back when the client closes, or"
+                "handed back at their positions"
                 if self._returns_tasks
-                else "the master hands them out again"
+                else "the master hands them out again after its timeout"
             )
             log.info(
                 "pass %d abandoned (%s)%s",
                 self.pass_id,
                 why,
-                f"; tasks {sorted(self.held)} not reported finished, {back} after its timeout"
-                if self.held
-                else "",
+                f"; tasks {sorted(self.held)} not reported finished, {back}" if self.held else "",
             )
             self.end = EndOfPass(self.pass_id)
         self._progress.stop_reading()

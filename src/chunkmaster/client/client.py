@@ -23,7 +23,8 @@ Guarantees (the original's defects in brackets):
   its error budget (too many records quarantined) as JobStoppedError, naming the tasks,
   files and reasons.
 * A new pass, or close(), cancels the previous fetcher and drops its tasks: passes never
-  mix [D19]. The abandoned tasks are not reported; they come back after the master's timeout.
+  mix [D19]. The abandoned tasks are not reported finished: a session hands them back at their
+  exact positions at once; without one they come back after the master's timeout.
 * Records are what the dataset's format makes them (docs/formats.md): bytes for RecordIO and
   TFRecord (any content, empty allowed [D9]), dicts for JSON Lines objects and Parquet rows,
   str for text lines. Parquet also gives whole Arrow record batches (`batches()`).
@@ -388,9 +389,13 @@ class Client:
             if ps is not None and ps.pass_id == task.pass_id and not ps.cancel.cancelled:
                 ps.add_task_locked(task)
                 return
-            self._progress.add(task)
+            if self._session is not None and not self._closed:
+                meta = task.meta
+                self._session.hand_back([Position(meta.id, meta.epoch, task.pass_id, task.start)])
+            else:
+                self._progress.add(task)  # the Goodbye hands it back
         log.info(
-            "task %d (epoch %d) of pass %d came after its pass was left; the session hands it back",
+            "task %d (epoch %d) of pass %d came after its pass was left; handed back",
             task.meta.id,
             task.meta.epoch,
             task.pass_id,
@@ -462,10 +467,13 @@ class Client:
         return ps
 
     def _abandon(self, ps: PassBuffer, why: str) -> None:
-        """Cancel a pass's fetcher and drop its buffer. Called with the lock held."""
+        """Cancel a pass's fetcher and drop its buffer; with a session, hand the pass's held
+        tasks back at their exact positions now (closing, the Goodbye does). Lock held."""
         ps.abandon(why)
         self._it = _EMPTY_ITER
         self._next = _EMPTY_ITER.__next__
+        if self._session is not None and not self._closed:
+            self._session.hand_back(self._progress.release(ps.pass_id))
         self._cond.notify_all()
 
     if _GIL:

@@ -178,6 +178,16 @@ class Progress:
         self._reported_at = self.consumed
         return out
 
+    def release(self, pass_id: int) -> list[Position]:
+        """Forget the held tasks of `pass_id` (handed back): their exact positions."""
+        if self._run is not None and self._run.held.task.pass_id == pass_id:
+            self._close_run()
+        out = []
+        for key in [k for k in self._held if k[0] == pass_id]:
+            held = self._held.pop(key)
+            out.append(held.at(self.position(held)))
+        return out
+
     def held_positions(self) -> list[Position]:
         """Every held task at its exact position (a Goodbye hands them back there)."""
         return [held.at(self.position(held)) for held in self._held.values()]

@@ -293,6 +293,18 @@ class TrainerSession:
         with self._lock:
             self._send("failed", msg, answered=True)
 
+    def hand_back(self, positions: Sequence[Position]) -> None:
+        """Hand held tasks back at `positions` (their pass is no longer read here): at once,
+        for any trainer, not at the end of the session or after a timeout. Sent again after a
+        reconnect until answered (a repeat changes nothing)."""
+        if not positions:
+            return
+        with self._lock:
+            if self._closing:
+                return  # the Goodbye hands them back
+            msg = pb.Return(positions=[position_to_pb(p) for p in positions])
+            self._send("returned", msg, answered=True)
+
     def commit(self, positions: Sequence[Position]) -> Reply:
         """Send a Commit (after the finishes queued before it); its Reply comes once durable."""
         with self._lock:

@@ -30,6 +30,7 @@ from chunkmaster.core.events import (
     Progress,
     Restore,
     Resume,
+    ReturnTasks,
     SetDataset,
     SetErrorBudget,
 )
@@ -174,6 +175,8 @@ def encode_event(ev: Event) -> bytes:
             return b"O" + _dumps([sid, n, h, pid, every, w, r] if w else [sid, n, h, pid, every])
         case EndSession(session=sid, reason=r, positions=ps):
             return b"E" + _dumps([sid, r, _positions(ps)])
+        case ReturnTasks(session=sid, positions=ps):
+            return b"U" + _dumps([sid, _positions(ps)])
         case Progress(positions=ps):
             return b"P" + _dumps(_positions(ps))
         case Commit(positions=ps):
@@ -210,6 +213,8 @@ def decode_event(data: bytes) -> Event:
             return OpenSession(str(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4]), *ranked)
         if tag == b"E":
             return EndSession(str(v[0]), str(v[1]), _positions_from(v[2]))
+        if tag == b"U":
+            return ReturnTasks(str(v[0]), _positions_from(v[1]))
         if tag == b"P":
             return Progress(_positions_from(v))
         if tag == b"K":

@@ -118,6 +118,15 @@ class EndSession:
 
 
 @dataclass(frozen=True, slots=True)
+class ReturnTasks:
+    """A session hands tasks it holds back (it stopped reading their pass): each goes to the
+    front of Todo at its position, as at the end of a session, counted against nothing."""
+
+    session: str
+    positions: tuple[Position, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     """How far trainers consumed the tasks they hold (stale or foreign positions are ignored)."""
 
@@ -155,6 +164,7 @@ Event = (
     | Resume
     | OpenSession
     | EndSession
+    | ReturnTasks
     | Progress
     | Commit
     | Restore

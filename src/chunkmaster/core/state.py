@@ -35,6 +35,7 @@ from chunkmaster.core.events import (
     Progress,
     Restore,
     Resume,
+    ReturnTasks,
     SetDataset,
     SetErrorBudget,
 )
@@ -282,6 +283,8 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             return True
         case EndSession():
             return _end_session(state, event)
+        case ReturnTasks():
+            return _return_tasks(state, event)
         case Progress(positions=positions):
             return sum(_progress(state, pos) for pos in positions)
         case Commit(positions=positions):
@@ -434,6 +437,23 @@ def _end_session(state: MasterState, ev: EndSession) -> int:
         steps.session_ended(state, ev.session)
         _maybe_roll_over(state)  # what is left may have been dropped
     return len(held)
+
+
+def _return_tasks(state: MasterState, ev: ReturnTasks) -> int:
+    """Hand back the session's tasks named, first in line at their positions."""
+    back = []
+    for pos in ev.positions:
+        p = state.pending.get(pos.task_id)
+        if p is None or p.session != ev.session or p.epoch != pos.epoch:
+            continue  # not this session's dispatch (any more): nothing to hand back
+        _progress(state, pos)
+        back.append(pos.task_id)
+    for task_id in reversed(back):
+        _leave_pending(state, task_id)
+        state.todo.appendleft(task_id)
+        if state.steps.on:
+            steps.handed_back(state, task_id, ev.session)
+    return len(back)
 
 
 def commit_refused(state: MasterState, pos: Position) -> str | None:

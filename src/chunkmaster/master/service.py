@@ -45,6 +45,7 @@ from chunkmaster.core.events import (
     Progress,
     Restore,
     Resume,
+    ReturnTasks,
     SetDataset,
     SetErrorBudget,
 )
@@ -587,6 +588,18 @@ class Service:
         applied, durable = self.ledger.submit(Commit(ps))
         assert isinstance(applied, int)
         return _after(durable, applied)
+
+    def submit_return(self, session: str, positions: Iterable[Position]) -> Awaitable[int]:
+        """Hand the session's tasks named back at their positions; awaitable: how many."""
+        self._check_started()
+        ps = self._own(session, positions)
+        if not ps:
+            return _after(None, 0)
+        if not self.ledger.available:
+            raise self.ledger.unavailable()
+        back, durable = self.ledger.submit(ReturnTasks(session, ps))
+        assert isinstance(back, int)
+        return _after(durable, back)
 
     async def end_session(
         self, session: str, reason: str, positions: Iterable[Position] = ()

@@ -152,6 +152,9 @@ class SessionConversation:
             elif kind == "failed":
                 meta = TaskMeta(req.failed.meta.id, req.failed.meta.epoch)
                 self._answer(seq, self.service.submit_failure(meta, req.failed.reason))
+            elif kind == "returned":
+                positions = _positions(req.returned.positions)
+                self._answer(seq, self.service.submit_return(self.session, positions))
             elif kind == "commit":
                 self._answer(seq, self.service.submit_commit(_positions(req.commit.positions)))
             elif kind == "goodbye":

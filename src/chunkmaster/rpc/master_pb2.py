@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63hunkmaster/rpc/master.proto\x12\x0e\x63hunkmaster.v1\"J\n\x05\x43hunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_records\x18\x03 \x01(\r\x12\x0e\n\x06length\x18\x04 \x01(\x04\"%\n\x08TaskMeta\x12\n\n\x02id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"\x92\x01\n\x04Task\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12%\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x15.chunkmaster.v1.Chunk\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\x12\r\n\x05start\x18\x04 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x04\x12\x0e\n\x06\x66ormat\x18\x08 \x01(\t\"\"\n\x11SetDatasetRequest\x12\r\n\x05globs\x18\x01 \x03(\t\"\x14\n\x12SetDatasetResponse\"[\n\x0eGetTaskRequest\x12\x0f\n\x07pass_id\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"5\n\x0fGetTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chunkmaster.v1.Task\"F\n\x13TaskFinishedRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\"K\n\x11TaskFailedRequest\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12TaskReportResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\"=\n\x10SaveModelRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\x12\x15\n\rblock_seconds\x18\x02 \x01(\x01\"%\n\x11SaveModelResponse\x12\x10\n\x08\x61pproved\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t\"P\n\x0cTaskPosition\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\x12\x0f\n\x07records\x18\x04 \x01(\x04\"\xb3\x02\n\x0eSessionRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12&\n\x05hello\x18\x02 \x01(\x0b\x32\x15.chunkmaster.v1.HelloH\x00\x12(\n\x04next\x18\x03 \x01(\x0b\x32\x18.chunkmaster.v1.NextTaskH\x00\x12\x33\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32!.chunkmaster.v1.TaskFailedRequestH\x00\x12/\n\nkeep_alive\x18\x05 \x01(\x0b\x32\x19.chunkmaster.v1.KeepAliveH\x00\x12(\n\x06\x63ommit\x18\x06 \x01(\x0b\x32\x16.chunkmaster.v1.CommitH\x00\x12*\n\x07goodbye\x18\x07 \x01(\x0b\x32\x17.chunkmaster.v1.GoodbyeH\x00\x42\x06\n\x04\x62ody\"|\n\x05Hello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x03\x12\x14\n\x0creport_every\x18\x05 \x01(\x04\x12\x12\n\nworld_size\x18\x06 \x01(\r\x12\x0c\n\x04rank\x18\x07 \x01(\r\"\x9b\x01\n\x08NextTask\x12.\n\x08\x66inished\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\x12\x11\n\twant_task\x18\x02 \x01(\x08\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\tmax_tasks\x18\x06 \x01(\r\"h\n\tKeepAlive\x12.\n\x08progress\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\x12+\n\tdata_wait\x18\x02 \x01(\x0b\x32\x18.chunkmaster.v1.DataWait\"l\n\x08\x44\x61taWait\x12\x13\n\x0bp50_seconds\x18\x01 \x01(\x01\x12\x13\n\x0bp99_seconds\x18\x02 \x01(\x01\x12\r\n\x05share\x18\x03 \x01(\x01\x12\x0f\n\x07\x62\x61tches\x18\x04 \x01(\x04\x12\x16\n\x0ewindow_seconds\x18\x05 \x01(\x01\"9\n\x06\x43ommit\x12/\n\tpositions\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\"9\n\x07Goodbye\x12.\n\x08progress\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\"\xf7\x01\n\x0fSessionResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\x07welcome\x18\x02 \x01(\x0b\x32\x17.chunkmaster.v1.WelcomeH\x00\x12$\n\x04task\x18\x03 \x01(\x0b\x32\x14.chunkmaster.v1.TaskH\x00\x12-\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1c.chunkmaster.v1.SessionErrorH\x00\x12\"\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x13.chunkmaster.v1.AckH\x00\x12*\n\x05tasks\x18\x06 \x01(\x0b\x32\x19.chunkmaster.v1.TaskBatchH\x00\x42\x06\n\x04\x62ody\"0\n\tTaskBatch\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.chunkmaster.v1.Task\"N\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\x12\x1a\n\x12keep_alive_seconds\x18\x03 \x01(\x01\"<\n\x0cSessionError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x16\n\x03\x41\x63k\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x03\"1\n\x0eRestoreRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\x0c\x12\x0b\n\x03key\x18\x02 \x01(\t\"3\n\x0fRestoreResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07pass_id\x18\x02 \x01(\x03\"\x17\n\x15\x44\x61taCheckpointRequest\",\n\x16\x44\x61taCheckpointResponse\x12\x12\n\ncheckpoint\x18\x01 \x01(\x0c\x32\xf6\x05\n\x06Master\x12S\n\nSetDataset\x12!.chunkmaster.v1.SetDatasetRequest\x1a\".chunkmaster.v1.SetDatasetResponse\x12J\n\x07GetTask\x12\x1e.chunkmaster.v1.GetTaskRequest\x1a\x1f.chunkmaster.v1.GetTaskResponse\x12W\n\x0cTaskFinished\x12#.chunkmaster.v1.TaskFinishedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12S\n\nTaskFailed\x12!.chunkmaster.v1.TaskFailedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12W\n\x10RequestSaveModel\x12 .chunkmaster.v1.SaveModelRequest\x1a!.chunkmaster.v1.SaveModelResponse\x12G\n\x06Status\x12\x1d.chunkmaster.v1.StatusRequest\x1a\x1e.chunkmaster.v1.StatusResponse\x12N\n\x07Session\x12\x1e.chunkmaster.v1.SessionRequest\x1a\x1f.chunkmaster.v1.SessionResponse(\x01\x30\x01\x12_\n\x0e\x44\x61taCheckpoint\x12%.chunkmaster.v1.DataCheckpointRequest\x1a&.chunkmaster.v1.DataCheckpointResponse\x12J\n\x07Restore\x12\x1e.chunkmaster.v1.RestoreRequest\x1a\x1f.chunkmaster.v1.RestoreResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63hunkmaster/rpc/master.proto\x12\x0e\x63hunkmaster.v1\"J\n\x05\x43hunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_records\x18\x03 \x01(\r\x12\x0e\n\x06length\x18\x04 \x01(\x04\"%\n\x08TaskMeta\x12\n\n\x02id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"\x92\x01\n\x04Task\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12%\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x15.chunkmaster.v1.Chunk\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\x12\r\n\x05start\x18\x04 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x04\x12\x0e\n\x06\x66ormat\x18\x08 \x01(\t\"\"\n\x11SetDatasetRequest\x12\r\n\x05globs\x18\x01 \x03(\t\"\x14\n\x12SetDatasetResponse\"[\n\x0eGetTaskRequest\x12\x0f\n\x07pass_id\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"5\n\x0fGetTaskResponse\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.chunkmaster.v1.Task\"F\n\x13TaskFinishedRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\"K\n\x11TaskFailedRequest\x12&\n\x04meta\x18\x01 \x01(\x0b\x32\x18.chunkmaster.v1.TaskMeta\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12TaskReportResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\"=\n\x10SaveModelRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\x12\x15\n\rblock_seconds\x18\x02 \x01(\x01\"%\n\x11SaveModelResponse\x12\x10\n\x08\x61pproved\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\x1e\n\x0eStatusResponse\x12\x0c\n\x04json\x18\x01 \x01(\t\"P\n\x0cTaskPosition\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\x12\x0f\n\x07records\x18\x04 \x01(\x04\"\xdf\x02\n\x0eSessionRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12&\n\x05hello\x18\x02 \x01(\x0b\x32\x15.chunkmaster.v1.HelloH\x00\x12(\n\x04next\x18\x03 \x01(\x0b\x32\x18.chunkmaster.v1.NextTaskH\x00\x12\x33\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32!.chunkmaster.v1.TaskFailedRequestH\x00\x12/\n\nkeep_alive\x18\x05 \x01(\x0b\x32\x19.chunkmaster.v1.KeepAliveH\x00\x12(\n\x06\x63ommit\x18\x06 \x01(\x0b\x32\x16.chunkmaster.v1.CommitH\x00\x12*\n\x07goodbye\x18\x07 \x01(\x0b\x32\x17.chunkmaster.v1.GoodbyeH\x00\x12*\n\x08returned\x18\x08 \x01(\x0b\x32\x16.chunkmaster.v1.ReturnH\x00\x42\x06\n\x04\x62ody\"|\n\x05Hello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x03\x12\x14\n\x0creport_every\x18\x05 \x01(\x04\x12\x12\n\nworld_size\x18\x06 \x01(\r\x12\x0c\n\x04rank\x18\x07 \x01(\r\"\x9b\x01\n\x08NextTask\x12.\n\x08\x66inished\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\x12\x11\n\twant_task\x18\x02 \x01(\x08\x12\x0f\n\x07pass_id\x18\x03 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\tmax_tasks\x18\x06 \x01(\r\"h\n\tKeepAlive\x12.\n\x08progress\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\x12+\n\tdata_wait\x18\x02 \x01(\x0b\x32\x18.chunkmaster.v1.DataWait\"l\n\x08\x44\x61taWait\x12\x13\n\x0bp50_seconds\x18\x01 \x01(\x01\x12\x13\n\x0bp99_seconds\x18\x02 \x01(\x01\x12\r\n\x05share\x18\x03 \x01(\x01\x12\x0f\n\x07\x62\x61tches\x18\x04 \x01(\x04\x12\x16\n\x0ewindow_seconds\x18\x05 \x01(\x01\"9\n\x06\x43ommit\x12/\n\tpositions\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\"9\n\x06Return\x12/\n\tpositions\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\"9\n\x07Goodbye\x12.\n\x08progress\x18\x01 \x03(\x0b\x32\x1c.chunkmaster.v1.TaskPosition\"\xf7\x01\n\x0fSessionResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\x07welcome\x18\x02 \x01(\x0b\x32\x17.chunkmaster.v1.WelcomeH\x00\x12$\n\x04task\x18\x03 \x01(\x0b\x32\x14.chunkmaster.v1.TaskH\x00\x12-\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1c.chunkmaster.v1.SessionErrorH\x00\x12\"\n\x03\x61\x63k\x18\x05 \x01(\x0b\x32\x13.chunkmaster.v1.AckH\x00\x12*\n\x05tasks\x18\x06 \x01(\x0b\x32\x19.chunkmaster.v1.TaskBatchH\x00\x42\x06\n\x04\x62ody\"0\n\tTaskBatch\x12#\n\x05tasks\x18\x01 \x03(\x0b\x32\x14.chunkmaster.v1.Task\"N\n\x07Welcome\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\x12\x1a\n\x12keep_alive_seconds\x18\x03 \x01(\x01\"<\n\x0cSessionError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x16\n\x03\x41\x63k\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x03\"1\n\x0eRestoreRequest\x12\x12\n\ncheckpoint\x18\x01 \x01(\x0c\x12\x0b\n\x03key\x18\x02 \x01(\t\"3\n\x0fRestoreResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07pass_id\x18\x02 \x01(\x03\"\x17\n\x15\x44\x61taCheckpointRequest\",\n\x16\x44\x61taCheckpointResponse\x12\x12\n\ncheckpoint\x18\x01 \x01(\x0c\x32\xf6\x05\n\x06Master\x12S\n\nSetDataset\x12!.chunkmaster.v1.SetDatasetRequest\x1a\".chunkmaster.v1.SetDatasetResponse\x12J\n\x07GetTask\x12\x1e.chunkmaster.v1.GetTaskRequest\x1a\x1f.chunkmaster.v1.GetTaskResponse\x12W\n\x0cTaskFinished\x12#.chunkmaster.v1.TaskFinishedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12S\n\nTaskFailed\x12!.chunkmaster.v1.TaskFailedRequest\x1a\".chunkmaster.v1.TaskReportResponse\x12W\n\x10RequestSaveModel\x12 .chunkmaster.v1.SaveModelRequest\x1a!.chunkmaster.v1.SaveModelResponse\x12G\n\x06Status\x12\x1d.chunkmaster.v1.StatusRequest\x1a\x1e.chunkmaster.v1.StatusResponse\x12N\n\x07Session\x12\x1e.chunkmaster.v1.SessionRequest\x1a\x1f.chunkmaster.v1.SessionResponse(\x01\x30\x01\x12_\n\x0e\x44\x61taCheckpoint\x12%.chunkmaster.v1.DataCheckpointRequest\x1a&.chunkmaster.v1.DataCheckpointResponse\x12J\n\x07Restore\x12\x1e.chunkmaster.v1.RestoreRequest\x1a\x1f.chunkmaster.v1.RestoreResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -62,37 +62,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASKPOSITION']._serialized_start=857
   _globals['_TASKPOSITION']._serialized_end=937
   _globals['_SESSIONREQUEST']._serialized_start=940
-  _globals['_SESSIONREQUEST']._serialized_end=1247
-  _globals['_HELLO']._serialized_start=1249
-  _globals['_HELLO']._serialized_end=1373
-  _globals['_NEXTTASK']._serialized_start=1376
-  _globals['_NEXTTASK']._serialized_end=1531
-  _globals['_KEEPALIVE']._serialized_start=1533
-  _globals['_KEEPALIVE']._serialized_end=1637
-  _globals['_DATAWAIT']._serialized_start=1639
-  _globals['_DATAWAIT']._serialized_end=1747
-  _globals['_COMMIT']._serialized_start=1749
-  _globals['_COMMIT']._serialized_end=1806
-  _globals['_GOODBYE']._serialized_start=1808
-  _globals['_GOODBYE']._serialized_end=1865
-  _globals['_SESSIONRESPONSE']._serialized_start=1868
-  _globals['_SESSIONRESPONSE']._serialized_end=2115
-  _globals['_TASKBATCH']._serialized_start=2117
-  _globals['_TASKBATCH']._serialized_end=2165
-  _globals['_WELCOME']._serialized_start=2167
-  _globals['_WELCOME']._serialized_end=2245
-  _globals['_SESSIONERROR']._serialized_start=2247
-  _globals['_SESSIONERROR']._serialized_end=2307
-  _globals['_ACK']._serialized_start=2309
-  _globals['_ACK']._serialized_end=2331
-  _globals['_RESTOREREQUEST']._serialized_start=2333
-  _globals['_RESTOREREQUEST']._serialized_end=2382
-  _globals['_RESTORERESPONSE']._serialized_start=2384
-  _globals['_RESTORERESPONSE']._serialized_end=2435
-  _globals['_DATACHECKPOINTREQUEST']._serialized_start=2437
-  _globals['_DATACHECKPOINTREQUEST']._serialized_end=2460
-  _globals['_DATACHECKPOINTRESPONSE']._serialized_start=2462
-  _globals['_DATACHECKPOINTRESPONSE']._serialized_end=2506
-  _globals['_MASTER']._serialized_start=2509
-  _globals['_MASTER']._serialized_end=3267
+  _globals['_SESSIONREQUEST']._serialized_end=1291
+  _globals['_HELLO']._serialized_start=1293
+  _globals['_HELLO']._serialized_end=1417
+  _globals['_NEXTTASK']._serialized_start=1420
+  _globals['_NEXTTASK']._serialized_end=1575
+  _globals['_KEEPALIVE']._serialized_start=1577
+  _globals['_KEEPALIVE']._serialized_end=1681
+  _globals['_DATAWAIT']._serialized_start=1683
+  _globals['_DATAWAIT']._serialized_end=1791
+  _globals['_COMMIT']._serialized_start=1793
+  _globals['_COMMIT']._serialized_end=1850
+  _globals['_RETURN']._serialized_start=1852
+  _globals['_RETURN']._serialized_end=1909
+  _globals['_GOODBYE']._serialized_start=1911
+  _globals['_GOODBYE']._serialized_end=1968
+  _globals['_SESSIONRESPONSE']._serialized_start=1971
+  _globals['_SESSIONRESPONSE']._serialized_end=2218
+  _globals['_TASKBATCH']._serialized_start=2220
+  _globals['_TASKBATCH']._serialized_end=2268
+  _globals['_WELCOME']._serialized_start=2270
+  _globals['_WELCOME']._serialized_end=2348
+  _globals['_SESSIONERROR']._serialized_start=2350
+  _globals['_SESSIONERROR']._serialized_end=2410
+  _globals['_ACK']._serialized_start=2412
+  _globals['_ACK']._serialized_end=2434
+  _globals['_RESTOREREQUEST']._serialized_start=2436
+  _globals['_RESTOREREQUEST']._serialized_end=2485
+  _globals['_RESTORERESPONSE']._serialized_start=2487
+  _globals['_RESTORERESPONSE']._serialized_end=2538
+  _globals['_DATACHECKPOINTREQUEST']._serialized_start=2540
+  _globals['_DATACHECKPOINTREQUEST']._serialized_end=2563
+  _globals['_DATACHECKPOINTRESPONSE']._serialized_start=2565
+  _globals['_DATACHECKPOINTRESPONSE']._serialized_end=2609
+  _globals['_MASTER']._serialized_start=2612
+  _globals['_MASTER']._serialized_end=3370
 # @@protoc_insertion_point(module_scope)

@@ -131,7 +131,7 @@ class TaskPosition(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., epoch: _Optional[int] = ..., pass_id: _Optional[int] = ..., records: _Optional[int] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("seq", "hello", "next", "failed", "keep_alive", "commit", "goodbye")
+    __slots__ = ("seq", "hello", "next", "failed", "keep_alive", "commit", "goodbye", "returned")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     NEXT_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class SessionRequest(_message.Message):
     KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    RETURNED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     hello: Hello
     next: NextTask
@@ -146,7 +147,8 @@ class SessionRequest(_message.Message):
     keep_alive: KeepAlive
     commit: Commit
     goodbye: Goodbye
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., next: _Optional[_Union[NextTask, _Mapping]] = ..., failed: _Optional[_Union[TaskFailedRequest, _Mapping]] = ..., keep_alive: _Optional[_Union[KeepAlive, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+    returned: Return
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., next: _Optional[_Union[NextTask, _Mapping]] = ..., failed: _Optional[_Union[TaskFailedRequest, _Mapping]] = ..., keep_alive: _Optional[_Union[KeepAlive, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., returned: _Optional[_Union[Return, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("session_id", "name", "host", "pid", "report_every", "world_size", "rank")
@@ -205,6 +207,12 @@ class DataWait(_message.Message):
     def __init__(self, p50_seconds: _Optional[float] = ..., p99_seconds: _Optional[float] = ..., share: _Optional[float] = ..., batches: _Optional[int] = ..., window_seconds: _Optional[float] = ...) -> None: ...
 
 class Commit(_message.Message):
+    __slots__ = ("positions",)
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedCompositeFieldContainer[TaskPosition]
+    def __init__(self, positions: _Optional[_Iterable[_Union[TaskPosition, _Mapping]]] = ...) -> None: ...
+
+class Return(_message.Message):
     __slots__ = ("positions",)
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     positions: _containers.RepeatedCompositeFieldContainer[TaskPosition]
