@@ -207,6 +207,14 @@ SETTINGS = (
         "tasks it holds go back to the queue (Go-style duration or seconds; default 10s)",
     ),
     Setting(
+        "rank_wait",
+        ("--rank-wait",),
+        _env("RANK_WAIT"),
+        "with --equal-steps and trainers that declare a world size (WORLD_SIZE, RANK): how "
+        "long a pass waits for every rank before refusing with the missing ones named "
+        "(default 5m)",
+    ),
+    Setting(
         "index_timeout",
         ("--index-timeout",),
         _env("INDEX_TIMEOUT"),

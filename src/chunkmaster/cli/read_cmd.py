@@ -87,6 +87,16 @@ def register(sub: Any) -> None:
         "(--prefetch-tasks) and chunks' bytes from object stores (--read-ahead)",
     )
     p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="this trainer is one of N ranks (with --rank); default: the WORLD_SIZE and RANK "
+        "variables when set. With --equal-steps on the master, each pass is shared among "
+        "exactly the N ranks, once all are there",
+    )
+    p.add_argument("--rank", type=int, default=None, help="this trainer's rank, 0 to N-1")
+    p.add_argument(
         "--prefetch-tasks",
         type=int,
         default=1,
@@ -178,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
             read_ahead=args.read_ahead,
             shuffle_buffer=args.shuffle_buffer,
             shuffle_seed=args.shuffle_seed,
+            world_size=args.world_size,
+            rank=args.rank,
             **security_kwargs(args),
         )
     except (RuntimeError, ValueError) as exc:

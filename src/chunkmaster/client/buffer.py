@@ -32,11 +32,11 @@ from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.readahead import ReadAhead
+from chunkmaster.client.reading import READ_ERRORS, chunk_loader, start_point
 from chunkmaster.client.reporter import Reports
 from chunkmaster.core.model import Task
-from chunkmaster.formats import ChunkLoader, FormatError, Loaded, Storage, get_format
+from chunkmaster.formats import ChunkLoader, Loaded, Storage
 from chunkmaster.formats.storage import storage_for
-from chunkmaster.recordio.errors import RecordIOError
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -206,7 +206,7 @@ class PassBuffer:
                 loader = self._loaders.get(task.format) or self._loader(task.format, chunk.path)
                 data = None if ahead is None else ahead.take(task, self._next_chunk - 1)
                 loaded = loader.load(chunk, self._storage(chunk.path), data)
-            except (RecordIOError, FormatError, OSError) as exc:
+            except READ_ERRORS as exc:
                 if self._ahead is not None:
                     self._ahead.drop(task)
                 self._task = None
@@ -223,36 +223,13 @@ class PassBuffer:
 
     def _loader(self, name: str, path: str) -> ChunkLoader:
         """This pass's loader of format `name`, made on its first chunk (`path`)."""
-        try:
-            fmt = get_format(name)
-        except (ValueError, ImportError) as exc:
-            raise FormatError(f"this trainer cannot read the format: {exc}", path=path) from None
-        columnar = getattr(fmt, "columnar", False)
-        if (self._columns is not None or self._batches) and not columnar:
-            raise TypeError(  # the trainer's mistake: not the task's failure
-                f"columns and record batches need a columnar dataset (Parquet); this one is {name}"
-            )
-        loader: ChunkLoader = (
-            fmt.loader(columns=self._columns)  # type: ignore[call-arg]
-            if columnar
-            else fmt.loader()
-        )
+        loader = chunk_loader(name, path, self._columns, self._batches)
         self._loaders[name] = loader
         return loader
 
     def _skip_to_start(self, task: Task) -> None:
         """Skip the chunks wholly before `task.start` (unread); drop the rest in the next."""
-        skip = task.start
-        i = 0
-        first = 0
-        chunks = task.chunks
-        while i < len(chunks) and skip >= chunks[i].num_records:
-            skip -= chunks[i].num_records
-            first += chunks[i].num_records
-            i += 1
-        self._next_chunk = i
-        self._chunk_first = first
-        self._skip = skip if i < len(chunks) else 0
+        self._next_chunk, self._chunk_first, self._skip = start_point(task)
         self._loaded = None
 
     def _run(

@@ -56,6 +56,7 @@ from chunkmaster.client.connection import (
 )
 from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadError
+from chunkmaster.client.feed import PassFeed
 from chunkmaster.client.fetcher import TaskFetcher, TaskSource, UnaryTasks
 from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
 from chunkmaster.client.progress import Progress
@@ -465,6 +466,36 @@ class Client:
             self._cond.notify_all()
         fetcher.start()  # the old fetcher stops by itself (close() waits for it)
         return ps
+
+    def feed(self, pass_id: int, stock: int, joined: bool) -> PassFeed:
+        """A pass's tasks for readers outside this client (client/feed.py), `stock` of them
+        fetched ahead; `joined`: the caller read the pass before to its end. Needs a session.
+        An unfinished pass of this client's own (`records()`) is abandoned first."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("a feed needs a session: create the Client with session=True")
+        with self._lock:
+            self._check_open()
+            old = self._pass
+            if old is not None:
+                self._abandon(old, f"a feed of pass {pass_id} started")
+                self._pass = None
+            feed = PassFeed(
+                pass_id,
+                self._cond,
+                session,
+                session,
+                self._progress,
+                self._token,
+                stock=stock,
+                poll_wait=self.poll_wait,
+                joined=joined,
+                worker=self.worker,
+            )
+            self._fetchers = [t for t in self._fetchers if t.is_alive()]
+            self._fetchers.append(feed.thread)
+        feed.start()
+        return feed
 
     def _abandon(self, ps: PassBuffer, why: str) -> None:
         """Cancel a pass's fetcher and drop its buffer; with a session, hand the pass's held

@@ -31,6 +31,7 @@ from chunkmaster.core.errors import (
     PassAfterError,
     PassBeforeError,
     PassOverError,
+    RanksMissingError,
 )
 from chunkmaster.core.model import Task
 
@@ -152,35 +153,19 @@ class TaskFetcher:
                     buf.cancel,
                 )
             except PassBeforeError as exc:
-                if buf.got_task or buf.joined:
-                    if not buf.got_task:
-                        log.warning(
-                            "pass %d ended before this trainer got any of it (the others read "
-                            "it all): %s",
-                            buf.pass_id,
-                            exc,
-                        )
-                    buf.finish(EndOfPass(buf.pass_id))
-                else:  # never part of it: asking for a finished pass is the trainer's mistake
-                    buf.finish(
-                        PassOverError(
-                            f"pass {buf.pass_id} was over before this trainer read any of it: "
-                            f"{exc}; ask for the master's current pass "
-                            "(client.status()['cur_pass'])"
-                        )
-                    )
+                buf.finish(pass_end(buf.pass_id, exc, buf.got_task, buf.joined))
                 return
-            except (AllTaskFailedError, JobStoppedError) as exc:
+            except (AllTaskFailedError, JobStoppedError, RanksMissingError) as exc:
                 buf.finish(exc)  # raised to the trainer once the tasks it holds are read
                 return
             except (NoMoreAvailableError, NotReadyError, PassAfterError) as exc:
                 now = time.monotonic()
                 if waiting is not type(exc):
                     waiting, since, last_log, polls = type(exc), now, now, 0
-                    _log_wait(buf.pass_id, exc, 0.0, logging.INFO)
+                    log_wait(buf.pass_id, exc, 0.0, logging.INFO)
                 elif now - last_log >= WAIT_LOG_EVERY:
                     last_log = now
-                    _log_wait(buf.pass_id, exc, now - since, logging.WARNING)
+                    log_wait(buf.pass_id, exc, now - since, logging.WARNING)
                 if isinstance(exc, PassAfterError):  # answered at once: poll, gently
                     buf.cancel.sleep(min(PASS_POLL_MAX, 0.02 * 2**polls))
                     polls += 1
@@ -196,7 +181,25 @@ class TaskFetcher:
                     raise
 
 
-def _log_wait(pass_id: int, exc: Exception, waited: float, level: int) -> None:
+def pass_end(pass_id: int, exc: PassBeforeError, got_task: bool, joined: bool) -> BaseException:
+    """What a trainer gets when the master says `pass_id` is over: its end, if the trainer took
+    part in it (got a task of it, or read the pass before it to its end: the others were
+    faster); else PassOverError, naming the master's pass (it asked for a pass already over)."""
+    if got_task or joined:
+        if not got_task:
+            log.warning(
+                "pass %d ended before this trainer got any of it (the others read it all): %s",
+                pass_id,
+                exc,
+            )
+        return EndOfPass(pass_id)
+    return PassOverError(
+        f"pass {pass_id} was over before this trainer read any of it: {exc}; ask for the "
+        "master's current pass (client.status()['cur_pass'])"
+    )
+
+
+def log_wait(pass_id: int, exc: Exception, waited: float, level: int) -> None:
     if isinstance(exc, NoMoreAvailableError):
         what = "no task free; waiting for the other trainers' tasks to finish or come back"
     elif isinstance(exc, PassAfterError):

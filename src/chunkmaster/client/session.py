@@ -287,10 +287,14 @@ class TrainerSession:
                 self._arm_flush()
         self._wake.set()
 
-    def failed(self, task: Task, reason: str) -> None:
+    def failed(self, task: Task, reason: str, at: Position | None = None) -> None:
+        """Report `task` failed; `at`, the records of it consumed before the failure, goes
+        first (as progress) so that the master hands the task out again from there."""
         meta = task.meta
         msg = pb.TaskFailedRequest(meta=pb.TaskMeta(id=meta.id, epoch=meta.epoch), reason=reason)
         with self._lock:
+            if at is not None:
+                self._send("keep_alive", pb.KeepAlive(progress=[position_to_pb(at)]), False)
             self._send("failed", msg, answered=True)
 
     def hand_back(self, positions: Sequence[Position]) -> None:

@@ -148,6 +148,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "task_timeout": parse_duration,
     "task_timeout_max": _integer,
     "trainer_ttl": parse_duration,
+    "rank_wait": parse_duration,
     "index_timeout": parse_duration,
     "restore": _optional,
     "restore_replace": _flag,
@@ -191,6 +192,8 @@ class MasterConfig:
     task_timeout_max: int = 3
     #: Seconds a silent trainer keeps its session (and the tasks it holds).
     trainer_ttl: float = 10.0
+    #: Seconds a pass with equal steps waits for every rank of a declared world size.
+    rank_wait: float = 300.0
     #: Seconds one file's chunk index may take to read before SetDataset fails naming it.
     index_timeout: float = 120.0
     #: A data checkpoint file to start from (`chunkmaster checkpoint save`).
@@ -250,6 +253,8 @@ class MasterConfig:
             raise ConfigError(("task_timeout",), "must be positive")
         if not 0 < self.trainer_ttl < float("inf"):
             raise ConfigError(("trainer_ttl",), "must be a positive duration")
+        if not 0 < self.rank_wait < float("inf"):
+            raise ConfigError(("rank_wait",), "must be a positive duration")
         if not 0 < self.index_timeout < float("inf"):
             raise ConfigError(("index_timeout",), "must be a positive duration")
         if self.restore_replace and self.restore is None:

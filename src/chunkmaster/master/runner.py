@@ -154,6 +154,7 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
         error_budget=config.max_failed_records,
         equal_steps=config.equal_steps,
         trainer_ttl=config.trainer_ttl,
+        rank_wait=config.rank_wait,
         index_timeout=config.index_timeout,
         dataset_format=config.format,
         job=config.job or "default",

@@ -1,0 +1,237 @@
+"""One pass's tasks for readers outside the client's thread: the DataLoader workers of
+`chunkmaster.torch`, which read chunks in processes of their own.
+
+The client's own passes (buffer.py) read each chunk in the trainer's thread. Here the feed's
+thread fetches tasks over the trainer's session into a small stock, readers take them one at a
+time (`take`), and the trainer's thread says how far the training loop has *taken* each task's
+records (`taken`): that, not what a reader has read ahead, is what progress reports, finishes
+and commits count.
+
+When the master has no task free for this trainer (every task of the pass is handed out, or it
+has its equal-steps quota) the feed is *dry*: `take` answers None at once, so readers stop
+instead of waiting for the pass to end (a reader that waits would hold up a DataLoader that
+takes its workers' batches in order, and with it the records that end the pass). The feed
+keeps asking the master meanwhile; `wait_ready` says when a task came back or the pass ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import replace
+
+from chunkmaster.client.fetcher import (
+    PASS_POLL_MAX,
+    WAIT_LOG_EVERY,
+    TaskSource,
+    log_wait,
+    pass_end,
+)
+from chunkmaster.client.link import Cancelled, CancelToken
+from chunkmaster.client.progress import Progress
+from chunkmaster.client.session import TrainerSession
+from chunkmaster.core.errors import (
+    AllTaskFailedError,
+    JobStoppedError,
+    NoMoreAvailableError,
+    NotReadyError,
+    PassAfterError,
+    PassBeforeError,
+    RanksMissingError,
+)
+from chunkmaster.core.model import Position, Task
+
+log = logging.getLogger("chunkmaster.client")
+
+
+class PassFeed:
+    """Tasks of one pass for outside readers; `stock` tasks are fetched ahead of them.
+
+    Everything is guarded by the client's lock (`cond`). `joined`: the trainer read the pass
+    before this one to its end (see buffer.PassBuffer.joined).
+    """
+
+    def __init__(
+        self,
+        pass_id: int,
+        cond: threading.Condition,
+        source: TaskSource,
+        session: TrainerSession,
+        progress: Progress,
+        parent: CancelToken,
+        *,
+        stock: int,
+        poll_wait: float,
+        joined: bool,
+        worker: str,
+    ) -> None:
+        self.pass_id = pass_id
+        self.cancel = CancelToken(parent)
+        self._cond = cond
+        self._source = source
+        self._session = session
+        self._progress = progress
+        self._size = max(1, stock)
+        self._poll_wait = poll_wait
+        self._joined = joined
+        self._stock: deque[Task] = deque()
+        self.dry = False
+        self.end: BaseException | None = None
+        self.got_task = False
+        self._thread = threading.Thread(
+            target=self._loop, name=f"chunkmaster-feed-{worker}-pass{pass_id}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    # ---- readers ------------------------------------------------------------------------
+
+    def take(self) -> Task | None:
+        """A task for a reader, waiting while one is on its way; None when none is coming now
+        (the feed is dry, the pass is over or cannot go on, or the feed was abandoned)."""
+        with self._cond:
+            while not self._stock and not self.dry and self.end is None:
+                if self.cancel.cancelled:
+                    return None
+                self._cond.wait()
+            if not self._stock:
+                return None
+            task = self._stock.popleft()
+            self._cond.notify_all()  # room in the stock
+            return task
+
+    def wait_ready(self) -> bool:
+        """Wait for a task to be at hand (True) or for the pass's end (False: `end` says
+        how it ended)."""
+        with self._cond:
+            while not self._stock and self.end is None and not self.cancel.cancelled:
+                self._cond.wait()
+            return bool(self._stock)
+
+    def restock(self, task: Task, records: int) -> None:
+        """A task a reader got but did not read to its end (its reader went away) goes back to
+        the stock, to be read from record `records` on."""
+        with self._cond:
+            self._stock.appendleft(replace(task, start=max(records, task.start)))
+            self._cond.notify_all()
+
+    # ---- the trainer's thread: how far the training loop took each task --------------------
+
+    def taken(self, task: Task, records: int) -> None:
+        """The training loop took records [0, records) of `task`; at its end it is finished."""
+        with self._cond:
+            due = self._progress.advance(task, records)
+            if records >= task.num_records:
+                self._progress.finished(task)
+                self._session.finished(task)
+            elif due:
+                self._session.report_now()
+
+    def failed(self, task: Task, records: int, reason: str) -> None:
+        """A chunk of `task` could not be read: the training loop took [0, records) of it.
+        The master learns that position, then the failure (it hands the task out again from
+        there, or quarantines it)."""
+        with self._cond:
+            self._progress.advance(task, records)
+            self._progress.dropped(task)
+            meta = task.meta
+            at = Position(meta.id, meta.epoch, task.pass_id, records)
+        self._session.failed(task, reason, at)
+
+    def abandon(self) -> None:
+        """Stop fetching; hand every task of the pass this trainer holds back to the master at
+        the position the training loop took it to."""
+        self.cancel.cancel()
+        with self._cond:
+            self._stock.clear()
+            back = self._progress.release(self.pass_id)
+            self._cond.notify_all()
+        self._session.hand_back(back)
+
+    # ---- the feed's thread --------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            self._fetch()
+        except Cancelled:
+            pass
+        except BaseException as exc:  # a bug or a fatal answer: the trainer must see it
+            if not self.cancel.cancelled:
+                log.exception("feed of pass %d failed", self.pass_id)
+            self._finish(exc)
+
+    def _finish(self, end: BaseException) -> None:
+        with self._cond:
+            if self.end is None:
+                self.end = end
+            self._cond.notify_all()
+
+    def _fetch(self) -> None:
+        waiting: type[Exception] | None = None
+        since = last_log = time.monotonic()
+        polls = 0
+        while True:
+            with self._cond:
+                while len(self._stock) >= self._size and not self.cancel.cancelled:
+                    self._cond.wait()
+                want = min(self._size - len(self._stock), self._source.max_batch)
+                # Not dry yet: ask without waiting, to learn at once that nothing is free.
+                wait = self._poll_wait if self.dry else 0.0
+            self.cancel.check()
+            try:
+                tasks = self._source.next_tasks(
+                    self.pass_id, max(1, want), wait, uuid.uuid4().hex, self.cancel
+                )
+            except PassBeforeError as exc:
+                self._finish(pass_end(self.pass_id, exc, self.got_task, self._joined))
+                return
+            except (AllTaskFailedError, JobStoppedError, RanksMissingError) as exc:
+                self._finish(exc)
+                return
+            except NoMoreAvailableError as exc:
+                with self._cond:
+                    if not self.dry:
+                        self.dry = True
+                        self._cond.notify_all()
+                now = time.monotonic()
+                if waiting is not type(exc):
+                    waiting, since, last_log = type(exc), now, now
+                elif now - last_log >= WAIT_LOG_EVERY:
+                    last_log = now
+                    log_wait(self.pass_id, exc, now - since, logging.WARNING)
+                continue
+            except (NotReadyError, PassAfterError) as exc:
+                now = time.monotonic()
+                if waiting is not type(exc):
+                    waiting, since, last_log, polls = type(exc), now, now, 0
+                    log_wait(self.pass_id, exc, 0.0, logging.INFO)
+                elif now - last_log >= WAIT_LOG_EVERY:
+                    last_log = now
+                    log_wait(self.pass_id, exc, now - since, logging.WARNING)
+                if isinstance(exc, PassAfterError):  # answered at once: poll, gently
+                    self.cancel.sleep(min(PASS_POLL_MAX, 0.02 * 2**polls))
+                    polls += 1
+                continue
+            waiting = None
+            with self._cond:
+                for task in tasks:
+                    self._progress.add(task)
+                if self.cancel.cancelled:  # abandoned meanwhile: hand them straight back
+                    back = self._progress.release(self.pass_id)
+                else:
+                    back = []
+                    self._stock.extend(tasks)
+                    self.got_task = True
+                    self.dry = False
+                    self._cond.notify_all()
+            if back:
+                self._session.hand_back(back)
+                raise Cancelled()

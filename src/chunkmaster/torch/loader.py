@@ -1,0 +1,369 @@
+"""`Loader`: a PyTorch DataLoader over a chunkmaster job, with commits and a state_dict.
+
+One `Loader` per rank. Its main process holds the rank's one session with the master (the
+trainer that equal steps count, whatever its number of workers); its DataLoader workers read
+the tasks the main process hands them (channel.py, readers.py). Each iteration of the loader
+is one pass: every record of the pass once over all ranks. `commit()` after an optimizer step
+commits exactly the batches the training loop has taken; `state_dict()` commits and returns
+the job's data checkpoint, to save beside the model checkpoint; `load_state_dict()` on a
+restarted job takes the master back to it (docs/torch.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from torch.utils.data import DataLoader, default_collate
+
+from chunkmaster.client.client import Client
+from chunkmaster.client.datawait import WaitMeter
+from chunkmaster.client.errors import EndOfPass
+from chunkmaster.client.feed import PassFeed
+from chunkmaster.core.model import Task
+from chunkmaster.torch.batches import Batch, Loose, Merger, ReadFailure, pinned
+from chunkmaster.torch.channel import Dispatcher, LocalEnd, Round, TaskKey
+from chunkmaster.torch.readers import Readers
+
+log = logging.getLogger("chunkmaster.torch")
+
+STATE_VERSION = 1
+READ_ERRORS_KEPT = 100  # read failure reasons a loader remembers (the master has them all)
+
+
+def _keep(item: Any) -> Any:
+    """The DataLoader's collate_fn: workers send whole items (batches.py)."""
+    return item
+
+
+class Loader:
+    """Batches of a chunkmaster job's records, one pass per iteration (see the module's text).
+
+    The master: `addr` ("host:port") or `etcd_endpoints`; other `Client` options (token,
+    tls_ca, tls_cert, tls_key, name, world_size, rank, storage_options, ...) as keyword
+    arguments. `dataset`: patterns to set on the master (the first trainer's call wins).
+
+    Records become samples through `transform` (in the workers), batches through `collate_fn`
+    (default: torch's default_collate) of `batch_size` samples (None: samples one by one).
+    `num_workers`, `persistent_workers`, `prefetch_factor`, `pin_memory`, `in_order`,
+    `multiprocessing_context`, `worker_init_fn` and `timeout` are the DataLoader's. `columns`:
+    read only these columns of a Parquet dataset.
+
+    A chunk that cannot be read is reported to the master (which hands its task out again, or
+    quarantines it after --task-timeout-max failures, and stops the job past its error budget)
+    and the pass goes on; `read_errors` counts them, and each is logged.
+    """
+
+    def __init__(
+        self,
+        addr: str | None = None,
+        *,
+        etcd_endpoints: Sequence[str] | str | None = None,
+        dataset: Sequence[str] | str | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        batch_size: int | None = 1,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        num_workers: int = 0,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        pin_memory: bool = False,
+        in_order: bool = True,
+        multiprocessing_context: Any = None,
+        worker_init_fn: Callable[[int], None] | None = None,
+        timeout: float = 0.0,
+        columns: Sequence[str] | None = None,
+        restore_key: str | None = None,
+        **client_options: Any,
+    ) -> None:
+        if (addr is None) == (etcd_endpoints is None):
+            raise ValueError("give exactly one of addr and etcd_endpoints")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be 1 or more (or None), not {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be 0 or more, not {num_workers}")
+        if client_options.get("session") is False:
+            raise ValueError("a Loader needs a session (commits, progress, equal steps)")
+        if "drop_last" in client_options:
+            raise ValueError(
+                "drop_last is not supported: every record of a pass is delivered once; for "
+                "equal batches on every rank start the master with --equal-steps"
+            )
+        self._client_args: dict[str, Any] = dict(client_options)
+        self._client_args.update(addr=addr, etcd_endpoints=etcd_endpoints)
+        self.dataset = [dataset] if isinstance(dataset, str) else dataset
+        self.batch_size = batch_size
+        self._collate = collate_fn if collate_fn is not None else default_collate
+        self.num_workers = num_workers
+        self._pin = pin_memory
+        self.restore_key = restore_key
+        self.pass_id: int | None = None  # the pass the next iteration reads (None: the master's)
+        self.read_errors = 0
+        self.read_error_reasons: list[str] = []
+        self.meter = WaitMeter()
+        self._completed = -1  # the last pass this loader read to its end
+        self._client: Client | None = None
+        self._restore: bytes | None = None
+        self._rounds = 0
+        self._readers = Readers(
+            transform=transform,
+            batch_size=batch_size,
+            collate=self._collate,
+            columns=columns,
+            storage_options=client_options.get("storage_options") or {},
+        )
+        self._dispatcher: Dispatcher | None = None
+        context = multiprocessing_context
+        if num_workers:
+            if context is None or isinstance(context, str):
+                context = multiprocessing.get_context(context)
+            self._dispatcher = Dispatcher(context, num_workers)
+            self._readers.ends = self._dispatcher.ends()
+        self._loader = DataLoader(
+            self._readers,
+            batch_size=None,
+            collate_fn=_keep,
+            num_workers=num_workers,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
+            in_order=in_order,
+            multiprocessing_context=context if num_workers else None,
+            worker_init_fn=worker_init_fn,
+            timeout=timeout,
+        )
+
+    # ---- the job ----------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        """This rank's client (its session), made on first use."""
+        if self._client is None:
+            blob, self._restore = self._restore, None
+            if blob is not None:
+                self._restore_job(blob)
+            self._client = Client(**self._client_args)
+            self._client.wait_meter = self.meter
+            if self.dataset is not None:
+                self._client.set_dataset(self.dataset)
+        return self._client
+
+    def set_pass(self, pass_id: int) -> None:
+        """Read `pass_id` in the next iteration (by default: the pass after the last one read
+        to its end, or the master's current pass for the first)."""
+        self.pass_id = pass_id
+
+    def commit(self, timeout: float | None = None) -> None:
+        """Make durable on the master exactly the batches the training loop has taken (call it
+        after the optimizer step that used them). Raises as `Client.commit` does."""
+        self.client.commit(timeout)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Commit, then the job's data checkpoint (all ranks' commits so far): save it beside
+        the model checkpoint. In DDP: every rank commits, a barrier, then one rank saves."""
+        client = self.client
+        client.commit()
+        return {
+            "chunkmaster": STATE_VERSION,
+            "pass": self.pass_id,
+            "checkpoint": client.data_checkpoint(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from `state_dict()`'s value: the master goes back to its data checkpoint
+        before this loader reads (every rank of one restart may call it: the master restores
+        once per restart; under torchrun the restart is told by its variables, else give
+        every rank the same `restore_key`)."""
+        if not isinstance(state, Mapping) or state.get("chunkmaster") != STATE_VERSION:
+            raise ValueError(
+                "not a chunkmaster.torch.Loader state (a state_dict() value of this version)"
+            )
+        blob = state.get("checkpoint")
+        if not isinstance(blob, bytes | bytearray):
+            raise ValueError("the loader state holds no data checkpoint")
+        self.pass_id = None  # the master's pass after the restore
+        self._completed = -1
+        if self._client is None:
+            self._restore = bytes(blob)
+        else:
+            self._restore_job(bytes(blob))
+
+    def _restore_job(self, blob: bytes) -> None:
+        key = self.restore_key or _restart_key(blob)
+        args = dict(self._client_args, session=False)
+        for name in ("world_size", "rank", "name", "shuffle_buffer", "prefetch_tasks"):
+            args.pop(name, None)
+        with Client(**args) as plain:
+            applied = plain.restore(blob, key)
+        log.info(
+            "the job %s its data checkpoint (restart %s)",
+            "went back to" if applied else "was already back at",
+            key,
+        )
+
+    # ---- passes ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        client = self.client
+        pass_id = self.pass_id
+        if pass_id is None:
+            cur = client.status().get("cur_pass")
+            pass_id = cur if isinstance(cur, int) else 0
+        stock = self.num_workers + 1
+        feed = client.feed(pass_id, stock=max(2, stock), joined=self._completed == pass_id - 1)
+        return self._run(feed)
+
+    def _run(self, feed: PassFeed) -> Iterator[Any]:
+        p = feed.pass_id
+        self.pass_id = p
+        merger = Merger(self.batch_size, self._collate)
+        tasks: dict[TaskKey, Task] = {}
+        received: dict[TaskKey, int] = {}  # position the main process received (>= taken)
+        failing: dict[TaskKey, tuple[int, str]] = {}  # read failures behind merged samples
+        done: set[TaskKey] = set()
+        completed = False
+        self.meter.restart()
+        round_ = Round(-1)
+
+        def task_of(key: TaskKey) -> Task:
+            task = round_.given.get(key) or tasks.get(key)
+            if task is None:
+                raise RuntimeError(f"a worker sent records of task {key}, never handed out")
+            return task
+
+        def take(marks: tuple[tuple[TaskKey, int], ...]) -> None:
+            for key, end in marks:
+                task = task_of(key)
+                received[key] = max(received.get(key, 0), end)
+                feed.taken(task, end)
+                if end >= task.num_records:
+                    done.add(key)
+            for key in [k for k in failing if not merger.holds(k)]:
+                self._failed(feed, task_of(key), *failing.pop(key))
+                done.add(key)
+
+        try:
+            while True:
+                started = time.monotonic()
+                if not feed.wait_ready():
+                    end = feed.end
+                    if end is None or isinstance(end, EndOfPass):
+                        break
+                    raise end
+                waited = time.monotonic() - started
+                round_ = Round(self._rounds)
+                self._rounds += 1
+                if self._dispatcher is not None:
+                    self._dispatcher.begin(
+                        round_, feed.take, lambda task: feed.restock(task, task.start)
+                    )
+                else:
+                    self._readers.local = LocalEnd(round_, feed.take)
+                try:
+                    batches = iter(self._loader)
+                    while True:
+                        started = time.monotonic()
+                        try:
+                            item = next(batches)
+                        except StopIteration:
+                            break
+                        waited += time.monotonic() - started
+                        if isinstance(item, Batch):
+                            take(item.marks)
+                            self.meter.waited(waited)
+                            waited = 0.0
+                            yield item.data
+                        elif isinstance(item, Loose):
+                            merger.add(item)
+                            for key, first, count in item.spans:
+                                received[key] = max(received.get(key, 0), first + count)
+                            while merger.full:
+                                batch = merger.pop()
+                                assert batch is not None
+                                take(batch.marks)
+                                self.meter.waited(waited)
+                                waited = 0.0
+                                yield self._pinned(batch.data)
+                        elif isinstance(item, ReadFailure):
+                            received[item.key] = item.records
+                            if merger.holds(item.key):
+                                failing[item.key] = (item.records, item.reason)
+                            else:
+                                self._failed(feed, task_of(item.key), item.records, item.reason)
+                                done.add(item.key)
+                finally:
+                    if self._dispatcher is not None:
+                        self._dispatcher.end(round_)
+                    else:
+                        self._readers.local = None
+                    tasks.update(round_.given)
+                # The round is over: what is left of the workers' batches goes now (a pass's
+                # last batch), and a task no worker read to its end goes back to the stock.
+                while (batch := merger.pop()) is not None:
+                    take(batch.marks)
+                    self.meter.waited(waited)
+                    waited = 0.0
+                    yield self._pinned(batch.data)
+                for key, task in round_.given.items():
+                    if key not in done:
+                        feed.restock(task, received.get(key, task.start))
+            completed = True
+            self._completed = p
+            self.pass_id = p + 1
+        finally:
+            if not completed:
+                feed.abandon()  # its tasks go back at the positions the loop took them to
+
+    def _failed(self, feed: PassFeed, task: Task, records: int, reason: str) -> None:
+        self.read_errors += 1
+        if len(self.read_error_reasons) < READ_ERRORS_KEPT:
+            self.read_error_reasons.append(reason)
+        log.error(
+            "task %d (epoch %d) of pass %d: %s; reported to the master, the pass goes on",
+            task.meta.id,
+            task.meta.epoch,
+            task.pass_id,
+            reason,
+        )
+        feed.failed(task, records, reason)
+
+    def _pinned(self, data: Any) -> Any:
+        if not self._pin:
+            return data
+        import torch
+
+        return pinned(data) if torch.cuda.is_available() else data
+
+    # ---- closing --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the workers and the session (held tasks go back to the master at once)."""
+        iterator = getattr(self._loader, "_iterator", None)
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+        if self._client is not None:
+            self._client.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _restart_key(blob: bytes) -> str:
+    """The identity of this restart: under torchrun the same on every rank of one restart
+    (its run ID and restart count); elsewhere a new one for each loader."""
+    run, count = os.environ.get("TORCHELASTIC_RUN_ID"), os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    digest = hashlib.blake2b(blob, digest_size=8).hexdigest()
+    if run and count is not None:
+        return f"torchelastic:{run}:{count}:{digest}"
+    return f"loader:{uuid.uuid4().hex}:{digest}"

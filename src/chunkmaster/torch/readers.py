@@ -1,0 +1,89 @@
+"""The dataset each DataLoader worker iterates: it asks the main process for tasks, reads them
+(client/reading.py: the format's loader, the worker's own file handles) and yields batches that
+say where they leave their tasks (batches.py).
+
+Picklable (settings and the channel's queues only), so it works with every multiprocessing
+start method. An iteration reads tasks until the main process says none is coming now, then
+sends what is left of its last batch: it never waits for the end of the pass, so an in-order
+DataLoader keeps taking every worker's batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from chunkmaster.client.errors import TaskReadError
+from chunkmaster.client.reading import TaskReader
+from chunkmaster.formats.storage import storage_for
+from chunkmaster.torch.batches import Batch, Batcher, Loose, ReadFailure
+from chunkmaster.torch.channel import LocalEnd, QueueEnd, WorkerEnds, key_of
+
+Item = Batch | Loose | ReadFailure
+
+
+class Readers(IterableDataset[Item]):
+    """Batches of the tasks the main process hands this worker (see the module's text)."""
+
+    def __init__(
+        self,
+        *,
+        transform: Callable[[Any], Any] | None,
+        batch_size: int | None,
+        collate: Callable[[list[Any]], Any],
+        columns: Sequence[str] | None,
+        storage_options: Mapping[str, Any],
+    ) -> None:
+        self.transform = transform
+        self.batch_size = batch_size
+        self.collate = collate
+        self.columns = None if columns is None else list(columns)
+        self.storage_options = dict(storage_options)
+        self.ends: WorkerEnds | None = None  # with workers: the channel's queues
+        self.local: LocalEnd | None = None  # without: the main process's own end (not pickled)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["local"] = None
+        return state
+
+    def __iter__(self) -> Iterator[Item]:
+        info = get_worker_info()
+        if info is None:
+            if self.local is None:
+                raise TypeError(
+                    "chunkmaster.torch.Readers is iterated by chunkmaster.torch.Loader only"
+                )
+            end: LocalEnd | QueueEnd = self.local
+        else:
+            if self.ends is None:
+                raise TypeError(
+                    "chunkmaster.torch.Readers is iterated by chunkmaster.torch.Loader only"
+                )
+            end = QueueEnd(self.ends, info.id)
+        options = self.storage_options
+        reader = TaskReader(lambda path: storage_for(path, options), self.columns)
+        batcher = Batcher(self.batch_size, self.collate)
+        end.open()
+        end.ask()
+        while True:
+            task = end.receive()
+            if task is None:
+                break
+            end.ask()  # the next task comes while this one is read
+            key = key_of(task)
+            at = task.start
+            try:
+                for first, records, count in reader.runs(task):
+                    yield from batcher.add(key, first, records, self.transform)
+                    at = first + count
+            except TaskReadError as exc:
+                rest = batcher.rest()
+                if rest is not None:
+                    yield rest
+                yield ReadFailure(key, at, exc.reason)
+        rest = batcher.rest()
+        if rest is not None:
+            yield rest
