@@ -51,7 +51,7 @@ def test_a_rank_that_never_comes_is_named(
     ts = [trainers(1, [*common, "--rank", str(r)], prefix=f"rank{r}-")[0] for r in (0, 1)]
     for t in ts:
         assert t.drain(timeout=120) == 1
-        # The first to give up names rank 2; the other may see its partner gone too.
+        # The first to give up names rank 2; the other may find its partner gone too.
         assert re.search(
             r"RanksMissingError: pass 0 cannot start: rank\(s\) (1, )?2 of world", t.log()
         )

@@ -26,7 +26,9 @@ from helpers.formats import write_parquet
 from helpers.inproc import InProcessMaster
 from helpers.torch_parts import ids_of, record_id, slow_record_id
 
+from chunkmaster.cli.status_cmd import render
 from chunkmaster.client.connection import MasterConnection
+from chunkmaster.master.metrics import StateCollector
 from chunkmaster.recordio import load_index
 from chunkmaster.store.sqlite import SqliteStore
 from chunkmaster.torch import Loader
@@ -273,6 +275,17 @@ def test_each_trainer_reports_how_long_its_training_loop_waits_for_data(tmp_path
             next(it)
         assert wait is not None and t["name"] == "starving"
         assert wait["share"] > 0.5 and wait["p50_ms"] > 0 and wait["p99_ms"] >= wait["p50_ms"]
+        assert m.service is not None
+        metrics = {
+            (metric.name, tuple(sorted(s.labels.items()))): s.value
+            for metric in StateCollector(m.service).collect()
+            for s in metric.samples
+        }
+        labels = (("session", t["session"]), ("trainer", "starving"))
+        assert metrics[("chunkmaster_trainer_data_wait_share", labels)] == wait["share"]
+        p99 = ("chunkmaster_trainer_data_wait_seconds", (("quantile", "0.99"), *labels))
+        assert metrics[p99] == wait["p99_ms"] / 1000
+        assert f"({100 * wait['share']:.0f}%)" in render(m.status())
 
 
 def test_a_loader_refuses_what_it_cannot_keep(tmp_path: Path) -> None:

@@ -71,6 +71,12 @@ def render(st: dict[str, Any]) -> str:
                 f"{steps['target']} records per trainer this pass; handed out so far: {got}"
                 if got
                 else "the pass's trainers are the sessions alive at its first task"
+                + (
+                    f" (world of {steps['world_size']}; waiting for rank(s) "
+                    f"{', '.join(map(str, steps['missing_ranks']))})"
+                    if steps.get("missing_ranks")
+                    else ""
+                )
             )
         )
     if "trainers" in st:
@@ -80,15 +86,22 @@ def render(st: dict[str, Any]) -> str:
         )
         if st["trainers"]:
             lines.append(
-                f"  {'name':24} {'host':16} {'pid':>7} {'held':>4} {'consumed':>10} "
-                f"{'rec/s':>9} {'heard':>7}"
+                f"  {'name':24} {'host':16} {'pid':>7} {'rank':>5} {'held':>4} {'consumed':>10} "
+                f"{'rec/s':>9} {'heard':>7}  data wait p50/p99 (share)"
             )
         for t in st["trainers"]:
             rate = "-" if t["records_per_second"] is None else f"{t['records_per_second']:.1f}"
             heard = "-" if t["last_heard_s"] is None else f"{t['last_heard_s']:.1f}s"
+            rank = "-" if t.get("rank") is None else str(t["rank"])
+            w = t.get("data_wait")
+            wait = (
+                "-"
+                if w is None
+                else f"{w['p50_ms']:.1f}/{w['p99_ms']:.1f} ms ({100 * w['share']:.0f}%)"
+            )
             lines.append(
-                f"  {t['name'][:24]:24} {t['host'][:16]:16} {t['pid']:>7} {t['tasks_held']:>4} "
-                f"{t['records_consumed']:>10} {rate:>9} {heard:>7}"
+                f"  {t['name'][:24]:24} {t['host'][:16]:16} {t['pid']:>7} {rank:>5} "
+                f"{t['tasks_held']:>4} {t['records_consumed']:>10} {rate:>9} {heard:>7}  {wait}"
             )
     lines.extend(_quarantine(st))
     if st["failed_tasks"]:

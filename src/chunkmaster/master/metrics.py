@@ -89,13 +89,32 @@ class StateCollector(Collector):
             "Records each trainer reported consumed, all passes.",
             labels=["trainer", "session"],
         )
+        wait = GaugeMetricFamily(
+            "chunkmaster_trainer_data_wait_seconds",
+            "How long each trainer's training loop waited for a batch over its last minute "
+            "(p50, p99), as its loader measured it.",
+            labels=["trainer", "session", "quantile"],
+        )
+        share = GaugeMetricFamily(
+            "chunkmaster_trainer_data_wait_share",
+            "The share of each trainer's wall time its training loop spent waiting for data "
+            "over its last minute (0 to 1): a rank that starves shows here.",
+            labels=["trainer", "session"],
+        )
         for t in st["trainers"]:
             labels = [t["name"], t["session"]]
             if t["records_per_second"] is not None:
                 rate.add_metric(labels, t["records_per_second"])
             consumed.add_metric(labels, t["records_consumed"])
+            w = t.get("data_wait")
+            if w is not None:
+                wait.add_metric([*labels, "0.5"], w["p50_ms"] / 1000)
+                wait.add_metric([*labels, "0.99"], w["p99_ms"] / 1000)
+                share.add_metric(labels, w["share"])
         yield rate
         yield consumed
+        yield wait
+        yield share
         records = GaugeMetricFamily(
             "chunkmaster_pass_records",
             "Records of a pass (the current and the previous one) by stage: handed out, "
