@@ -1,0 +1,255 @@
+"""A DataLoader over chunkmaster against the same DataLoader over the same local files, and what
+a commit after every step costs.
+
+    .venv/bin/python bench/torch_bench.py [--mb 64] [--repeat 5] [--workers 2] [--batch 64]
+
+**Reading.** Records of 1 KiB, in RecordIO (uncompressed chunks of 64 KiB) and in Parquet
+(row groups of 1,024 rows); each record becomes a uint8 tensor of its bytes, and batches of
+`--batch` are stacked by torch's default_collate, in `--workers` DataLoader workers. Two ways,
+interleaved run by run, medians of `--repeat`:
+
+* baseline: the fastest plain way to read the same files with a DataLoader: a map-style
+  dataset with `__getitems__`, which reads each batch's records with one decode of each chunk
+  (row group) it touches, a sequential sampler (no shuffle: the files are read in order, as
+  chunkmaster reads each task's chunks), `DataLoader(batch_size=B, num_workers=W)`;
+* chunkmaster: `chunkmaster.torch.Loader(batch_size=B, num_workers=W, persistent_workers=True)`
+  over a master on the embedded store (a full pass: tasks handed out, read by the workers,
+  finishes and progress reported).
+
+**Commits.** One Loader's training loop of `--step-ms` per step (a sleep: the accelerator's
+time), `--steps` steps, with `loader.commit()` after every step against without: p50 and p99 of
+the commit call, and the loop's time per step with commits against without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from chunkmaster.master.readiness import wait_ready
+from chunkmaster.recordio import Compressor, Writer, load_index, scan
+from chunkmaster.torch import Loader
+
+RECORD = 1024
+
+
+def as_tensor(record: Any) -> torch.Tensor:
+    data = record["data"] if isinstance(record, dict) else record
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def make_recordio(d: Path, mb: int) -> tuple[str, int]:
+    n = mb * (1 << 20) // RECORD
+    path = d / "data.rio"
+    payload = bytes(range(256)) * (RECORD // 256)
+    with Writer(str(path), max_chunk_size=64 << 10, compressor=Compressor.NONE) as w:
+        for i in range(n):
+            w.write(i.to_bytes(8, "big") + payload[8:])
+    path.read_bytes()
+    return str(path), n
+
+
+def make_parquet(d: Path, mb: int) -> tuple[str, int]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = mb * (1 << 20) // RECORD
+    payload = bytes(range(256)) * (RECORD // 256)
+    rows = [i.to_bytes(8, "big") + payload[8:] for i in range(n)]
+    path = d / "data.parquet"
+    pq.write_table(pa.table({"data": pa.array(rows, pa.binary())}), path, row_group_size=1024)
+    path.read_bytes()
+    return str(path), n
+
+
+class RecordIOFiles(Dataset[torch.Tensor]):
+    """Record i of a RecordIO file; each chunk is decoded once (the last one is kept)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.index = load_index(path)
+        self.firsts = [self.index.first_record(c) for c in range(self.index.num_chunks)]
+        self.n = self.index.num_records
+        self._chunk, self._records = -1, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for i in indices:
+            c = bisect.bisect_right(self.firsts, i) - 1
+            if c != self._chunk:
+                count = self.index.chunk_records[c]
+                self._records = list(scan(self.path, self.index, self.firsts[c], count))
+                self._chunk = c
+            out.append(as_tensor(self._records[i - self.firsts[c]]))
+        return out
+
+
+class ParquetFiles(Dataset[torch.Tensor]):
+    """Row i of a Parquet file; a batch reads each row group it touches once."""
+
+    def __init__(self, path: str) -> None:
+        import pyarrow.parquet as pq
+
+        self.path = path
+        meta = pq.ParquetFile(path).metadata
+        self.firsts, total = [], 0
+        for g in range(meta.num_row_groups):
+            self.firsts.append(total)
+            total += meta.row_group(g).num_rows
+        self.n = total
+        self._file: Any = None
+        self._group, self._column = -1, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        import pyarrow.parquet as pq
+
+        if self._file is None:
+            self._file = pq.ParquetFile(self.path)
+        out: list[torch.Tensor] = []
+        for i in indices:
+            g = bisect.bisect_right(self.firsts, i) - 1
+            if g != self._group:
+                table = self._file.read_row_group(g, columns=["data"])
+                self._column = table.column(0).to_pylist()
+                self._group = g
+            out.append(as_tensor(self._column[i - self.firsts[g]]))
+        return out
+
+
+def start_master(d: Path) -> tuple[subprocess.Popen[str], str]:
+    ready = d / "ready.json"
+    log = open(d / "master.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chunkmaster", "master", "--port", "0", "--store", str(d / "s.db"),
+         "--chunk-per-task", "8", "--ready-file", str(ready)],
+        stdout=subprocess.DEVNULL, stderr=log, text=True,
+    )  # fmt: skip
+    info = wait_ready(ready, proc, 60, (d / "master.log").read_text)
+    return proc, str(info["addr"])
+
+
+def time_pass(batches: Any) -> tuple[int, float]:
+    t = time.perf_counter()
+    n = sum(len(b) for b in batches)
+    return n, time.perf_counter() - t
+
+
+def bench_reading(d: Path, fmt: str, mb: int, repeat: int, workers: int, batch: int) -> None:
+    path, n = (make_recordio if fmt == "recordio" else make_parquet)(d, mb)
+    plain = DataLoader(
+        RecordIOFiles(path) if fmt == "recordio" else ParquetFiles(path),
+        batch_size=batch,
+        num_workers=workers,
+        persistent_workers=True,
+    )
+    proc, addr = start_master(d)
+    ours = Loader(
+        addr,
+        dataset=[path],
+        transform=as_tensor,
+        batch_size=batch,
+        num_workers=workers,
+        persistent_workers=True,
+    )
+    rates: dict[str, list[float]] = {"baseline": [], "chunkmaster": []}
+    try:
+        for _ in range(repeat + 1):  # the first round warms both up (workers, page cache)
+            for name, loader in (("baseline", plain), ("chunkmaster", ours)):
+                got, dt = time_pass(loader)
+                assert got == n, (name, got, n)
+                rates[name].append(got / dt)
+    finally:
+        ours.close()
+        proc.terminate()
+        proc.wait(30)
+    base = statistics.median(rates["baseline"][1:])
+    mine = statistics.median(rates["chunkmaster"][1:])
+    print(
+        f"{fmt:8} {n:>8} records  baseline {base:>10,.0f} rec/s  chunkmaster {mine:>10,.0f} "
+        f"rec/s  {mine / base:.2f}x",
+        flush=True,
+    )
+
+
+def bench_commits(d: Path, steps: int, step_ms: float) -> None:
+    path, _ = make_recordio(d, 48)
+    proc, addr = start_master(d)
+    try:
+        per_step: dict[bool, list[float]] = {False: [], True: []}
+        commits: list[float] = []
+        with Loader(addr, dataset=[path], batch_size=64, num_workers=2) as loader:
+            it = iter(loader)
+            for round_ in range(4):  # interleaved: with, without, with, without
+                commit = round_ % 2 == 0
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    next(it)
+                    time.sleep(step_ms / 1000)  # the accelerator's step
+                    if commit:
+                        c = time.perf_counter()
+                        loader.commit()
+                        commits.append(time.perf_counter() - c)
+                per_step[commit].append((time.perf_counter() - t0) / steps)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    commits.sort()
+    p50 = commits[len(commits) // 2] * 1000
+    p99 = commits[min(len(commits) - 1, len(commits) * 99 // 100)] * 1000
+    with_c = statistics.mean(per_step[True]) * 1000
+    without = statistics.mean(per_step[False]) * 1000
+    print(
+        f"commit every step at {1000 / step_ms:.0f} steps/s: commit p50 {p50:.2f} ms, p99 "
+        f"{p99:.2f} ms; step {with_c:.1f} ms with, {without:.1f} ms without "
+        f"({100 * (with_c / without - 1):+.1f}%)",
+        flush=True,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mb", type=int, default=64, help="MB of records per format")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--step-ms", type=float, default=100.0)
+    ap.add_argument("--only", choices=["reading", "commits"])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        if args.only in (None, "reading"):
+            for fmt in ("recordio", "parquet"):
+                sub = d / fmt
+                sub.mkdir()
+                bench_reading(sub, fmt, args.mb, args.repeat, args.workers, args.batch)
+        if args.only in (None, "commits"):
+            sub = d / "commits"
+            sub.mkdir()
+            bench_commits(sub, args.steps, args.step_ms)
+
+
+if __name__ == "__main__":
+    main()
