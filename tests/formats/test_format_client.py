@@ -123,8 +123,8 @@ def test_paddle_and_torch_readers_yield_non_bytes_records_as_they_are(tmp_path: 
         finally:
             reader.close()  # type: ignore[attr-defined]
         pytest.importorskip("torch")
-        from chunkmaster.torch import MasterDataset
+        from chunkmaster.torch import Loader
 
-        ds = MasterDataset(m.addr, transform=str.upper)
-        ds.set_pass(1)
-        assert sorted(ds) == sorted(x.upper() for x in lines)
+        with Loader(m.addr, transform=str.upper, batch_size=None) as loader:
+            loader.set_pass(1)
+            assert sorted(loader) == sorted(x.upper() for x in lines)

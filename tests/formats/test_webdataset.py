@@ -303,7 +303,7 @@ def test_torch_dataset_yields_the_samples(tmp_path: Path) -> None:
     from helpers.inproc import InProcessMaster
 
     from chunkmaster.digest import Digest
-    from chunkmaster.torch import MasterDataset, make_loader
+    from chunkmaster.torch import Loader
 
     samples = make_samples(120)
     for i in range(2):
@@ -312,12 +312,11 @@ def test_torch_dataset_yields_the_samples(tmp_path: Path) -> None:
     for s in samples:
         expected.add(s)
     with InProcessMaster(chunks_per_task=1) as m:
-        ds = MasterDataset(m.addr, dataset=str(tmp_path / "shard-*.tar"))
-        ds.set_pass(0)
         got = Digest()
-        for s in make_loader(ds, num_workers=0, batch_size=None):
-            assert set(s) == {"__key__", "jpg", "cls", "seg.png"}
-            got.add(s)
+        with Loader(m.addr, dataset=str(tmp_path / "shard-*.tar"), batch_size=None) as loader:
+            for s in loader:
+                assert set(s) == {"__key__", "jpg", "cls", "seg.png"}
+                got.add(s)
         assert got == expected
 
 
