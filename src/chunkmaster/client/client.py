@@ -306,8 +306,10 @@ class Client:
         tasks finished since at their end; returns once the master has made them durable.
         Raises the master's error: CheckpointRefusedError if one of those tasks was handed to
         another trainer meanwhile (its records past the last report will be delivered again;
-        the refused positions are not sent again). TimeoutError after `timeout` seconds (the
-        commit may still be applied; the next one sends the positions again).
+        the refused positions are not sent again). A master whose store refuses writes for
+        now (UnavailableError) gets the commit again, with backoff. TimeoutError after
+        `timeout` seconds (the commit may still be applied; the next one sends the positions
+        again).
         """
         session = self._session
         if session is None:
@@ -318,7 +320,7 @@ class Client:
         if not positions:
             return
         try:
-            session.commit(positions).result(timeout)
+            session.commit(positions, timeout)
         except Cancelled:
             raise ClientClosedError("client closed during commit") from None
         except CallCancelled:

@@ -192,14 +192,18 @@ class SessionConversation:
         fin = started(finished)
 
         async def next_task() -> pb.SessionResponse:
-            tasks = await self.service.get_tasks(
-                msg.pass_id,
-                max(1, min(msg.max_tasks, MAX_BATCH)),
-                wait=wait,
-                worker=self.name,
-                request_id=msg.request_id,
-                session=session,
-            )
+            try:
+                tasks = await self.service.get_tasks(
+                    msg.pass_id,
+                    max(1, min(msg.max_tasks, MAX_BATCH)),
+                    wait=wait,
+                    worker=self.name,
+                    request_id=msg.request_id,
+                    session=session,
+                )
+            except MasterError:
+                await fin  # finishes that were not made durable: that is the answer
+                raise
             await fin
             if msg.max_tasks <= 1:
                 return pb.SessionResponse(seq=seq, task=task_to_pb(tasks[0]))
