@@ -27,6 +27,13 @@ log = logging.getLogger("chunkmaster.server")
 SERVICE_NAME = "chunkmaster.v1.Master"
 R = TypeVar("R")
 
+#: Streams one connection may have open at once: a trainer needs its session and a few unary
+#: calls; more is a client gone wrong, and each stream costs the master memory.
+MAX_STREAMS_PER_CONNECTION = 100
+#: Seconds a new connection has to complete its handshake (TLS, and HTTP/2's preface) before
+#: the master drops it: a connection that says nothing holds a slot no longer than this.
+HANDSHAKE_TIMEOUT = 10.0
+
 
 async def _answer(
     context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[R]]
@@ -178,7 +185,9 @@ class MasterServer:
     `interceptors`: run before the token check (e.g. metrics, which then count refusals);
     `credentials`: serve over TLS (`chunkmaster.master.auth.server_credentials`); `token`:
     every Master call must carry it; `data_roots`: where datasets may lie
-    (`chunkmaster.master.datasets.check_data_roots`).
+    (`chunkmaster.master.datasets.check_data_roots`); `max_connections`: connections served
+    at once (gRPC accepts and closes those beyond at once, so a flood cannot take every file
+    descriptor: `runner.connection_limit`).
     """
 
     def __init__(
@@ -191,16 +200,22 @@ class MasterServer:
         credentials: grpc.ServerCredentials | None = None,
         token: str | None = None,
         data_roots: Sequence[str] = (),
+        max_connections: int | None = None,
     ) -> None:
         self.service = service
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        options: list[tuple[str, Any]] = [
+            ("grpc.so_reuseport", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT * 1000)),
+        ]
+        if max_connections is not None:
+            options.append(("grpc.max_allowed_incoming_connections", max_connections))
         self.server = grpc.aio.server(
             interceptors=[*interceptors, *([] if token is None else [TokenInterceptor(token)])],
-            options=[
-                ("grpc.so_reuseport", 0),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-            ],
+            options=options,
         )
         servicer = MasterServicer(service, data_roots)
         self.server.add_generic_rpc_handlers((_master_handler(servicer),))
