@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from chunkmaster.cli.common import add_security_flags, ask_master
+from chunkmaster.logs import printable
 
 
 def register(sub: Any) -> None:
@@ -103,7 +104,9 @@ def render(st: dict[str, Any]) -> str:
             lines.append(
                 f"  task {t['id']} [{t['queue']}] {t['total_failures']} failure(s): {reasons}"
             )
-    return "\n".join(lines)
+    # Names, reasons, patterns and paths come from trainers and file systems: shown escaped,
+    # one line each, unable to drive the terminal.
+    return "\n".join(printable(line) for line in lines)
 
 
 def _quarantine(st: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ from chunkmaster.master.service import Service
 from chunkmaster.master.stream import Malformed, SessionConversation, SessionOwners
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc
-from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb
+from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb, tidy_request
 
 log = logging.getLogger("chunkmaster.server")
 
@@ -48,11 +48,18 @@ async def _answer(
 
 
 def _lenient(cls: Any) -> Callable[[bytes], Any]:
+    """The request parsed, its free text cut to size (`wire.tidy_request`); Malformed for
+    bytes that do not parse or a string too long to take."""
+
     def parse(data: bytes) -> Any:
         try:
-            return cls.FromString(data)
+            msg = cls.FromString(data)
         except DecodeError:
             return Malformed(f"invalid argument: the request is not a valid {cls.__name__}")
+        problem = tidy_request(msg)
+        if problem is not None:
+            return Malformed(f"invalid argument: {problem}")
+        return msg
 
     return parse
 
@@ -165,7 +172,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.SaveModelResponse(approved=approved)
 
     async def Status(self, request: Any, context: Any) -> Any:
-        return pb.StatusResponse(json=json.dumps(self.service.status()))
+        # UTF-8 as is (not \\u escapes): what the status holds is bounded in bytes (wire.py)
+        return pb.StatusResponse(json=json.dumps(self.service.status(), ensure_ascii=False))
 
     async def DataCheckpoint(self, request: Any, context: Any) -> Any:
         blob = await _answer(context, self.service.data_checkpoint)
