@@ -215,3 +215,20 @@ def test_refused_calls_in_their_thousands_log_a_few_lines(tmp_path: Path) -> Non
         assert 1 <= len(refused) <= 30, f"{len(refused)} lines:\n" + "\n".join(added[:40])
     finally:
         master.kill()
+
+
+def test_the_master_raises_its_open_file_limit_to_the_hard_one() -> None:
+    """Services often start with a soft limit of 1024 under a far higher hard one."""
+
+    def soft_below_hard() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, 4 * OPEN_FILES))
+
+    master = MasterProcess(["--store", ":memory:"], preexec_fn=soft_below_hard).start()
+    try:
+        assert master.proc is not None
+        limits = Path(f"/proc/{master.proc.pid}/limits").read_text()
+        (line,) = [ln for ln in limits.splitlines() if ln.startswith("Max open files")]
+        assert line.split()[3:5] == [str(4 * OPEN_FILES)] * 2, line
+        assert f"(open-file limit {4 * OPEN_FILES})" in master.log()
+    finally:
+        master.kill()
