@@ -516,8 +516,12 @@ class Service:
             self.touch(session_id)
             return session_id
         sid = uuid.uuid4().hex
-        await self.ledger.commit(OpenSession(sid, name, host, pid, report_every))
+        # The lease from the moment the session is in the state: a trainer gone while the
+        # write is in flight cancels this call, and its session must still end (a failed
+        # write rebuilds the state, and the leases with it).
+        _, durable = self.ledger.submit(OpenSession(sid, name, host, pid, report_every))
         self.leases.renew(sid)
+        await durable
         log.info(
             "trainer %s (%s, pid %d) opened session %s",
             name,
