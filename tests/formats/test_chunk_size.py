@@ -159,6 +159,14 @@ def test_a_data_checkpoint_cut_at_another_chunk_size_is_refused_clearly(tmp_path
 
     blob = asyncio.run(checkpoint_at(1024))
     assert checkpoint.decode(blob).dataset.chunk_size == 1024
+    (tmp_path / "job.ckpt").write_bytes(blob)
+    shown = subprocess.run(
+        [sys.executable, "-m", "chunkmaster", "checkpoint", "show", str(tmp_path / "job.ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "1 jsonl files, " in shown.stdout and " chunks of up to 1KiB, " in shown.stdout
     with pytest.raises(checkpoint.CheckpointError) as err:
         asyncio.run(restore(blob, 2048))
     assert str(err.value) == (
