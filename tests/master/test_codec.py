@@ -225,3 +225,22 @@ def test_d6_bytes_per_operation_do_not_grow_with_the_dataset() -> None:
         entries = [Dispatch(1e9, "worker-1"), Finish(task.meta.id, task.meta.epoch, 0)]
         sizes.append([len(encode_event(e)) for e in entries])
     assert sizes[0] == sizes[1] and max(sizes[0]) < 64
+
+
+def test_a_datasets_chunk_size_is_kept_and_an_older_entry_has_none() -> None:
+    """The bound the master cut a dataset's chunks at survives the journal and a snapshot
+    (a data checkpoint's fingerprint needs it); an entry written before it reads as None."""
+    cut = Dataset.build(
+        ["/d/*.jsonl"], ["/d/a.jsonl"], [([0, 90], [3, 2])], 1, fmt="jsonl", chunk_size=96
+    )
+    back = decode_event(encode_event(SetDataset(cut)))
+    assert isinstance(back, SetDataset) and back.dataset.chunk_size == 96
+    state = MasterState()
+    apply(state, SetDataset(cut))
+    loaded = decode_snapshot(encode_snapshot(state)).dataset
+    assert loaded is not None and loaded.chunk_size == 96 and loaded.format == "jsonl"
+    older = Dataset.build(["/d/*.rio"], ["/d/a.rio"], [([0], [3])], 1)
+    data = encode_event(SetDataset(older))
+    assert b"chunk_size" not in data
+    back = decode_event(data)
+    assert isinstance(back, SetDataset) and back.dataset.chunk_size is None

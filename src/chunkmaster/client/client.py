@@ -258,10 +258,16 @@ class Client:
     def set_dataset(self, globs: Sequence[str] | str, timeout: float = DATASET_TIMEOUT) -> None:
         """Tell the master the dataset (the first trainer's call wins); errors are raised.
 
-        Waits until the master has indexed the files, retrying an unreachable master, for at
-        most `timeout` seconds; then raises TimeoutError (the master goes on indexing).
+        Relative paths are this trainer's: they are sent absolute, resolved in its working
+        directory. A master that serves another dataset refuses the call with
+        DatasetMismatchError naming both. Waits until the master has indexed the files,
+        retrying an unreachable master, for at most `timeout` seconds; then raises
+        TimeoutError (the master goes on indexing).
         """
         paths = [globs] if isinstance(globs, str) else list(globs)
+        paths = [
+            os.path.abspath(p) if isinstance(p, str) and p and "://" not in p else p for p in paths
+        ]
         deadline = time.monotonic() + timeout
 
         def call(conn: MasterConnection) -> None:

@@ -54,6 +54,9 @@ CONTAINER_MAGIC = b"CMB1"
 SNAPSHOT_VERSION = 3
 #: A snapshot of a job with a shuffle seed: an older build must refuse it, not drop the seed.
 SNAPSHOT_VERSION_SHUFFLED = 4
+#: A dataset's `chunk_size` (the bound its chunks were cut at) is an optional key, read as None
+#: when absent, and needs no new version: an older build that drops it hands out the same
+#: tasks; only the data checkpoints it writes lack the size (and read as cut at 4 MiB).
 READABLE_VERSIONS = (2, SNAPSHOT_VERSION, SNAPSHOT_VERSION_SHUFFLED)
 _LEN = struct.Struct("<I")
 
@@ -106,6 +109,8 @@ def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
         header["format"] = ds.format
     if ds.shuffle_seed is not None:
         header["seed"] = ds.shuffle_seed
+    if ds.chunk_size is not None:
+        header["chunk_size"] = ds.chunk_size
     blobs = {"cf": ds.chunk_file, "co": ds.chunk_offset, "cr": ds.chunk_records}
     if ds.file_sizes is not None:
         blobs["fs"] = ds.file_sizes
@@ -126,6 +131,7 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
         blobs.get("cl"),
         str(header.get("format", "recordio")),
         None if header.get("seed") is None else int(header["seed"]),
+        None if header.get("chunk_size") is None else int(header["chunk_size"]),
     )
 
 

@@ -20,6 +20,17 @@ from chunkmaster.core.shuffle import PassChunks, PassTaskRecords
 LIVE_PASSES = 4  # passes whose shuffled layout a dataset keeps at hand
 
 
+_SIZE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def size_text(n: int) -> str:
+    """A byte count as the master's --chunk-size reads it: "32KiB", "4MiB", "700B"."""
+    for unit, scale in _SIZE_UNITS:
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
 def effective_chunks_per_task(chunks_per_task: int) -> int:
     """The original treats 0 or less as 1."""
     return chunks_per_task if chunks_per_task > 0 else 1
@@ -42,6 +53,10 @@ class Dataset:
     chunk_length: array[int] | None = field(default=None)  # 'Q': bytes per chunk, if known
     format: str = "recordio"  # the files' format (chunkmaster.formats)
     shuffle_seed: int | None = None  # None: every pass cuts the same tasks, in file order
+    #: The bound on a chunk's bytes the master cut the files' chunks at (--chunk-size), for the
+    #: formats it cuts; None for the files' own chunks (RecordIO, Parquet), or not recorded
+    #: (a dataset set before chunk sizes were).
+    chunk_size: int | None = None
     _layouts: dict[int, tuple[PassChunks, PassTaskRecords]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -57,6 +72,7 @@ class Dataset:
         *,
         lengths: Iterable[Sequence[int]] | None = None,
         fmt: str = "recordio",
+        chunk_size: int | None = None,
     ) -> Dataset:
         """Assemble from per-file (chunk offsets, records per chunk), in file order, with the
         bytes each chunk spans (`lengths`, per file) if known."""
@@ -90,6 +106,7 @@ class Dataset:
             None if sizes is None else array("Q", sizes),
             chunk_length,
             fmt,
+            chunk_size=chunk_size,
         )
 
     @property

@@ -95,8 +95,17 @@ class Format(Protocol):
     suffixes: tuple[str, ...]  # file name endings that select it: (".parquet",)
     ranged: bool  # chunks are byte ranges a trainer may fetch ahead (not Parquet)
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
-        """Read the file's chunk index; FormatError when its content does not match."""
+    @property
+    def chunk_size(self) -> int | None:
+        """The default bound on a chunk's bytes when the master cuts the chunks itself (JSON
+        Lines, text, TFRecord, WebDataset), which the master's --chunk-size replaces; None when
+        the chunks are the file's own (RecordIO chunks, Parquet row groups)."""
+        ...
+
+    def index(self, path: str, storage: Storage, chunk_size: int | None = None) -> FileIndex:
+        """Read the file's chunk index, cutting chunks of at most `chunk_size` bytes where the
+        format cuts them (None: its own `chunk_size`); FormatError when its content does not
+        match."""
         ...
 
     def loader(self) -> ChunkLoader: ...

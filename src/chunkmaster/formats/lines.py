@@ -1,4 +1,4 @@
-"""JSON Lines and plain text: a chunk is a byte range of whole lines, at most `chunk_bytes` long.
+"""JSON Lines and plain text: a chunk is a byte range of whole lines, at most `chunk_size` long.
 
 The master finds the chunks in one pass over the file (its worker threads): it reads big
 blocks, cuts each chunk at the last newline before the bound (`bytes.rfind`) and counts its
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -28,24 +27,13 @@ from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError, Storage
 from chunkmaster.formats.listed import ListedChunk
 
-CHUNK_BYTES = 4 << 20
-"""Default bound on a chunk's bytes (a line longer than it is a chunk of its own); the master's
-environment variable CHUNKMASTER_LINES_CHUNK_BYTES sets another."""
-
-
-def chunk_bytes_setting() -> int:
-    """The bound in force: CHUNKMASTER_LINES_CHUNK_BYTES if set, else CHUNK_BYTES."""
-    text = os.environ.get("CHUNKMASTER_LINES_CHUNK_BYTES", "")
-    if not text:
-        return CHUNK_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"CHUNKMASTER_LINES_CHUNK_BYTES={text!r} is not a positive integer")
-    return value
-
+CHUNK_SIZE = 32 << 10
+"""Default bound on a chunk's bytes (a line longer than it is a chunk of its own; the master's
+--chunk-size sets another). Small enough that a 1 MB file makes 31 chunks, so several tasks at
+the default 10 chunks a task (trainers share even a small dataset); large enough that indexing
+and a trainer's per-chunk costs stay small (bench/formats_bench.py --chunk-sizes: JSON Lines
+reads as fast as at 4 MiB; text lines, a few microseconds of work each, pay for the dispatch
+of 100 times more tasks)."""
 
 _BLOCK = 4 << 20  # bytes read at a time while indexing
 
@@ -93,7 +81,7 @@ def _fill(f: IO[bytes], view: memoryview) -> int:
 
 
 def index_lines(
-    f: IO[bytes], chunk_bytes: int = CHUNK_BYTES
+    f: IO[bytes], chunk_size: int = CHUNK_SIZE
 ) -> tuple[list[int], list[int], list[int]]:
     """(offsets, records, lengths) of the chunks of a file of lines, read from its start.
 
@@ -103,7 +91,7 @@ def index_lines(
     offsets: list[int] = []
     records: list[int] = []
     lengths: list[int] = []
-    block = max(_BLOCK, chunk_bytes)
+    block = max(_BLOCK, chunk_size)
     buf = bytearray(2 * block)
     n = 0  # bytes of buf that hold the file, from `base` on
     base = 0  # file offset of buf[0]
@@ -122,8 +110,8 @@ def index_lines(
             got = _fill(f, view[n : n + block])
         n += got
         eof = got < block
-        while n - p >= chunk_bytes or (eof and p < n):
-            limit = p + chunk_bytes
+        while n - p >= chunk_size or (eof and p < n):
+            limit = p + chunk_size
             if eof and n <= limit:
                 end = n
             else:
@@ -201,14 +189,16 @@ class LinesFormat:
         name: str,
         suffixes: tuple[str, ...],
         parse: Callable[[list[str], bool, dict[str, Any]], list[Any]],
-        chunk_bytes: int | None = None,
+        chunk_size: int = CHUNK_SIZE,
     ) -> None:
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be at least 1")
         self.name = name
         self.suffixes = suffixes
         self.parse = parse
-        self.chunk_bytes = chunk_bytes  # None: chunk_bytes_setting() when indexing
+        self.chunk_size: int | None = chunk_size
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
+    def index(self, path: str, storage: Storage, chunk_size: int | None = None) -> FileIndex:
         how = _compression(path)
         size = storage.size(path)
         if how is not None:
@@ -216,7 +206,7 @@ class LinesFormat:
                 data = _decompress(f.read(), how, path)
             n = _count_lines(data)
             return FileIndex([0], [n], [size], size) if n else FileIndex([], [], [], size)
-        bound = self.chunk_bytes or chunk_bytes_setting()
+        bound = chunk_size or self.chunk_size or CHUNK_SIZE
         with storage.open(path) as f:
             offsets, records, lengths = index_lines(f, bound)
         if sum(lengths) != size:

@@ -194,8 +194,9 @@ class ParquetFormat:
     suffixes = (".parquet",)
     ranged = False
     columnar = True  # Client.batches() and column selection
+    chunk_size: int | None = None  # a chunk is a row group: the writer chose them
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
+    def index(self, path: str, storage: Storage, chunk_size: int | None = None) -> FileIndex:
         try:
             pf = open_parquet(path, storage)
         except FormatError:

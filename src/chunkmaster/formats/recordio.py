@@ -182,8 +182,9 @@ class RecordIOFormat:
     name = "recordio"
     suffixes = (".rio", ".recordio")
     ranged = True
+    chunk_size: int | None = None  # the writer chose the chunks
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
+    def index(self, path: str, storage: Storage, chunk_size: int | None = None) -> FileIndex:
         offsets: list[int] = []
         records: list[int] = []
         lengths: list[int] = []

@@ -27,6 +27,7 @@ __all__ = [
     "ConfigError",
     "MasterConfig",
     "parse_duration",
+    "parse_size",
 ]
 
 STORE_SYNC_MODES = ("full", "normal")
@@ -74,6 +75,30 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
     return sign * total
+
+
+_SIZE = re.compile(r"(\d+)\s*(b|k|kib|m|mib|g|gib)?", re.IGNORECASE)
+_SIZE_SCALE = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20}
+_SIZE_SCALE |= {"g": 1 << 30, "gib": 1 << 30}
+MAX_CHUNK_SIZE = 1 << 30
+"""The largest --chunk-size: a trainer holds a whole chunk in memory while it reads it."""
+
+
+def parse_size(text: str) -> int:
+    """A byte count: "65536", "64KiB", "64k", "4MiB", "1G" (K, M, G are powers of 1024)."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a size in bytes (examples: 32KiB, 4MiB, 65536)")
+    return int(m.group(1)) * _SIZE_SCALE[(m.group(2) or "").lower()]
+
+
+def _chunk_size(text: str) -> int | None:
+    if not text.strip():
+        return None
+    value = parse_size(text)
+    if not 1 <= value <= MAX_CHUNK_SIZE:
+        raise ValueError(f"{text!r} is not a chunk size from 1 byte to 1GiB")
+    return value
 
 
 def _integer(text: str) -> int:
@@ -152,6 +177,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "restore": _optional,
     "restore_replace": _flag,
     "chunks_per_task": _integer,
+    "chunk_size": _chunk_size,
     "format": _optional,
     "failed_policy": _policy,
     "max_failed_records": ErrorBudget.parse,
@@ -198,6 +224,9 @@ class MasterConfig:
     #: With `restore`: replace a store that already holds state.
     restore_replace: bool = False
     chunks_per_task: int = 10
+    #: The most bytes of a chunk the master cuts (JSON Lines, text, TFRecord, WebDataset);
+    #: None: each format's default (formats' `chunk_size`).
+    chunk_size: int | None = None
     #: The dataset files' format (chunkmaster.formats); None: by the files' name endings.
     format: str | None = None
     failed_policy: FailedPolicy = FailedPolicy.RETRY
@@ -262,6 +291,8 @@ class MasterConfig:
                     ("format",),
                     f"{self.format!r} is not a dataset format ({', '.join(sorted(FORMATS))})",
                 )
+        if self.chunk_size is not None and not 1 <= self.chunk_size <= MAX_CHUNK_SIZE:
+            raise ConfigError(("chunk_size",), f"{self.chunk_size} is not in 1..{MAX_CHUNK_SIZE}")
         if self.shuffle_seed is not None and not 0 <= self.shuffle_seed <= MAX_SEED:
             raise ConfigError(("shuffle_seed",), f"{self.shuffle_seed} is not in 0..2**64-1")
         if self.task_timeout_max < 0:

@@ -184,6 +184,7 @@ async def _serve(
     service = Service(
         store,
         chunks_per_task=config.chunks_per_task,
+        chunk_size=config.chunk_size,
         timeout_dur=config.task_timeout,
         failure_max=config.task_timeout_max,
         failed_policy=config.failed_policy,

@@ -29,6 +29,7 @@ _CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.NotReadyError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.NoDatasetError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.DatasetError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.DatasetMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.TrainerIdEmptyError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
