@@ -36,6 +36,7 @@ from chunkmaster.client.reporter import Reports
 from chunkmaster.core.model import Task
 from chunkmaster.formats import ChunkLoader, FormatError, Loaded, Storage, get_format
 from chunkmaster.formats.storage import storage_for
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.recordio.errors import RecordIOError
 
 log = logging.getLogger("chunkmaster.client")
@@ -58,7 +59,8 @@ class PassBuffer:
     Goodbye (else after the master's timeout). `report_now` is called (lock held) when enough
     records were consumed since the last progress report. `columns`: the columns to read
     (columnar formats only); `batches`: runs are whole record batches. `storage`: where a
-    chunk's file is read from, by its path.
+    chunk's file is read from, by its path. `max_inflated`: what one chunk may decompress to
+    (a chunk that would inflate to more fails as unreadable, chunkmaster.inflate).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class PassBuffer:
         batches: bool = False,
         storage: Callable[[str], Storage] = storage_for,
         readahead: ReadAhead | None = None,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
     ) -> None:
         self.pass_id = pass_id
         self.cancel = CancelToken(parent)
@@ -89,6 +92,7 @@ class PassBuffer:
         self._batches = batches
         self._storage = storage
         self._ahead = readahead  # fetches the byte ranges of the tasks' chunks ahead
+        self._max_inflated = max_inflated  # what one chunk may decompress to
         self._loaders: dict[str, ChunkLoader] = {}  # format -> this pass's loader of it
         self._tasks: deque[Task] = deque()
         self.held: dict[int, Task] = {}  # taken from the master, neither finished nor failed
@@ -227,10 +231,11 @@ class PassBuffer:
             raise TypeError(  # the trainer's mistake: not the task's failure
                 f"columns and record batches need a columnar dataset (Parquet); this one is {name}"
             )
+        limit = self._max_inflated
         loader: ChunkLoader = (
-            fmt.loader(columns=self._columns)  # type: ignore[call-arg]
+            fmt.loader(columns=self._columns, max_inflated=limit)  # type: ignore[call-arg]
             if columnar
-            else fmt.loader()
+            else fmt.loader(max_inflated=limit)
         )
         self._loaders[name] = loader
         return loader

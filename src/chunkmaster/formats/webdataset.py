@@ -31,6 +31,7 @@ from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError, Storage
 from chunkmaster.formats.listed import ListedChunk
 from chunkmaster.formats.tarheaders import entries, padded
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
 DEFAULT_MAX_BYTES: Final = int(os.environ.get("CHUNKMASTER_WEBDATASET_CHUNK_BYTES", 4 << 20))
 """Bound on a chunk's bytes (a sample larger than it is a chunk of its own)."""
@@ -67,7 +68,10 @@ class WebDatasetFormat:
         self.max_bytes = max_bytes
         self.max_samples = max_samples
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
+    def index(
+        self, path: str, storage: Storage, *, max_inflated: int = DEFAULT_MAX_INFLATED
+    ) -> FileIndex:
+        """The tar headers (shards are not compressed: nothing is inflated)."""
         size = storage.size(path)
         offsets: list[int] = []
         counts: list[int] = []
@@ -93,7 +97,7 @@ class WebDatasetFormat:
             lengths.append(end - first)
         return FileIndex(offsets, counts, lengths, size)
 
-    def loader(self) -> WebDatasetLoader:
+    def loader(self, *, max_inflated: int = DEFAULT_MAX_INFLATED) -> WebDatasetLoader:
         return WebDatasetLoader()
 
 

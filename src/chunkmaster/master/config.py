@@ -18,6 +18,7 @@ from chunkmaster.core.quarantine import ErrorBudget
 from chunkmaster.core.shuffle import MAX_SEED
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED, parse_size
 from chunkmaster.master.auth import is_loopback, read_token
 
 __all__ = [
@@ -149,6 +150,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "task_timeout_max": _integer,
     "trainer_ttl": parse_duration,
     "index_timeout": parse_duration,
+    "max_inflated_bytes": parse_size,
     "restore": _optional,
     "restore_replace": _flag,
     "chunks_per_task": _integer,
@@ -193,6 +195,8 @@ class MasterConfig:
     trainer_ttl: float = 10.0
     #: Seconds one file's chunk index may take to read before SetDataset fails naming it.
     index_timeout: float = 120.0
+    #: Bytes a compressed dataset file may inflate to when it is indexed (chunkmaster.inflate).
+    max_inflated_bytes: int = DEFAULT_MAX_INFLATED
     #: A data checkpoint file to start from (`chunkmaster checkpoint save`).
     restore: str | None = None
     #: With `restore`: replace a store that already holds state.
@@ -252,6 +256,8 @@ class MasterConfig:
             raise ConfigError(("trainer_ttl",), "must be a positive duration")
         if not 0 < self.index_timeout < float("inf"):
             raise ConfigError(("index_timeout",), "must be a positive duration")
+        if self.max_inflated_bytes < 1:
+            raise ConfigError(("max_inflated_bytes",), "must be at least 1 byte")
         if self.restore_replace and self.restore is None:
             raise ConfigError(("restore_replace",), "only means something with a restore file")
         if self.format is not None:

@@ -66,6 +66,7 @@ from chunkmaster.core.state import (
     save_allowed,
 )
 from chunkmaster.core.steps import StepsMode
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 from chunkmaster.logs import about
 from chunkmaster.master.datasets import INDEX_TIMEOUT, in_daemon_thread, load_dataset
 from chunkmaster.master.leases import LeaseKeeper
@@ -99,6 +100,7 @@ class Service:
         trainer_ttl: float = TRAINER_TTL,
         job: str = "default",
         index_timeout: float = INDEX_TIMEOUT,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
         dataset_format: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         shuffle_seed: int | None = None,
@@ -112,6 +114,7 @@ class Service:
         self.store = store
         self.job = job
         self.index_timeout = index_timeout
+        self.max_inflated = check_limit(max_inflated)  # what indexing may decompress a file to
         self.dataset_format = dataset_format  # None: each dataset's by its files' names
         self.storage_options = dict(storage_options or {})  # may hold credentials: never logged
         self.chunks_per_task = chunks_per_task
@@ -256,6 +259,7 @@ class Service:
             self.index_timeout,
             self.dataset_format,
             self.storage_options,
+            self.max_inflated,
         )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset.with_shuffle(self.shuffle_seed)))
@@ -621,6 +625,7 @@ class Service:
             self.index_timeout,
             cp.dataset.format,
             self.storage_options,
+            self.max_inflated,
         )
         dataset = dataset.with_shuffle(self.shuffle_seed)
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
