@@ -3,6 +3,8 @@
 - an inflation bomb (a RecordIO chunk of a few KB that inflates to 32 MiB, far beyond the
   trainers' limit) is reported failed by each trainer that meets it, naming the file, the chunk
   and the sizes; after the failure limit it is quarantined and the trainers finish the pass;
+- a task whose readers all die while reading it (trainers SIGKILLed, restarted) is charged for
+  each lost holder and quarantined after the limit, and the pass ends;
 - a gzip text file that inflates past the master's limit is refused at set_dataset with one line
   naming it, the master holding little memory, and the master serves on.
 """
@@ -10,6 +12,12 @@
 from __future__ import annotations
 
 import gzip
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +29,8 @@ from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import DatasetError
 from chunkmaster.digest import Digest
 from chunkmaster.recordio import Compressor, load_index
+
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _status(addr: str) -> dict[str, Any]:
@@ -71,6 +81,91 @@ def test_an_inflation_bomb_fails_its_readers_naming_it_and_is_quarantined(
     assert "InflatedTooLargeError" in q["reasons"][-1]["reason"]
     assert st["cur_pass"] == 1 and st["job_stopped"] is None
     assert {e["pass"]: e for e in st["ledger"]}[0]["quarantined"] == 32
+
+
+class _Restarted:
+    """Dying trainers, each restarted when it dies, until they end the pass themselves."""
+
+    def __init__(self, args: list[str], log_dir: Path) -> None:
+        self.args = args
+        self.log_dir = log_dir
+        self.exits: queue.Queue[tuple[subprocess.Popen[str], int]] = queue.Queue()
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self) -> None:
+        n = len(self.procs)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), *sys.path]))
+        with open(self.log_dir / f"dying{n}.log", "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "helpers.dying_trainer", *self.args],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=env,
+                cwd=TESTS,
+            )
+        self.procs.append(proc)
+        threading.Thread(target=lambda: self.exits.put((proc, proc.wait())), daemon=True).start()
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text()[-2000:] for p in sorted(self.log_dir.glob("dying*.log")))
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+def test_a_task_whose_holders_keep_dying_is_quarantined_and_the_pass_ends(
+    rio: Any, master_process: Any, tmp_path: Path
+) -> None:
+    records = {i: sample_records(60, f"f{i}-") for i in range(3)}
+    poison = b"POISON" + bytes(500)  # larger than the chunk bound: a chunk, a task, of its own
+    records[1] = [*records[1][:30], poison, *records[1][30:]]
+    paths = [
+        rio(f"part-{i:05d}.rio", records[i], max_chunk_size=400, compressor=Compressor.NONE)
+        for i in range(3)
+    ]
+    index = load_index(paths[1])
+    (k,) = [k for k in range(index.num_chunks) if index.first_record(k) == 30]
+    assert index.chunk_records[k] == 1
+    m = master_process(
+        "--chunk-per-task", "1", "--task-timeout-max", "2", "--trainer-ttl", "1s",
+        "--task-timeout-dur", "120s", "--failed-policy", "keep",
+    )  # fmt: skip
+    pattern = paths[0].replace("part-00000", "part-*")
+    fleet = _Restarted([m.addr, pattern, "POISON"], tmp_path)
+    deaths = 0
+    finished: list[dict[str, Any]] = []
+    try:
+        for _ in range(2):
+            fleet.start()
+        while len(finished) < 2:
+            try:
+                proc, rc = fleet.exits.get(timeout=120)
+            except queue.Empty:
+                pytest.fail(f"no trainer ended for 120s\n{fleet.logs()}\n{m.log()[-3000:]}")
+            if rc == -9:  # it met the poison: it is restarted, as a job's scheduler would
+                deaths += 1
+                assert deaths <= 8, f"the poison was never quarantined\n{m.log()[-3000:]}"
+                fleet.start()
+                continue
+            assert rc == 0, fleet.logs()
+            assert proc.stdout is not None
+            finished.append(json.loads(proc.stdout.read()))
+    finally:
+        fleet.kill()
+    assert 3 <= deaths <= 4, deaths  # 3 holders lost while reading it (one more at most:
+    # the first death may charge the task finished a moment before, which then finishes)
+    st = _status(m.addr)
+    assert st["cur_pass"] == 1, st  # the pass ended, without the poison
+    (q,) = st["quarantined_tasks"]
+    assert q["chunks"] == [{"path": paths[1], "offset": index.chunk_offsets[k], "records": 1}]
+    lost = [r["reason"] for r in q["reasons"] if "trainer lost while reading it" in r["reason"]]
+    assert len(lost) >= 3 and q["reasons"][-1]["reason"] in lost, q
+    led = {e["pass"]: e for e in st["ledger"]}[0]
+    assert led["quarantined"] == 1
 
 
 def test_a_gzip_text_bomb_is_refused_at_set_dataset_and_the_master_serves_on(

@@ -32,7 +32,7 @@ from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.readahead import ReadAhead
-from chunkmaster.client.reporter import Reports
+from chunkmaster.client.reporter import Reports, Settling
 from chunkmaster.core.model import Task
 from chunkmaster.formats import ChunkLoader, FormatError, Loaded, Storage, get_format
 from chunkmaster.formats.storage import storage_for
@@ -103,6 +103,8 @@ class PassBuffer:
         self._skip = 0  # records to drop at the start of the next chunk loaded
         self._loaded: Loaded | None = None
         self._at = 0  # the loaded chunk's next record
+        self._after_suspect = False  # the last task taken had failures: settle before the next
+        self._settling: Settling | None = None  # finishes being applied before a task begins
 
     # ---- the fetcher's side (takes the lock) ----------------------------------------------
 
@@ -188,6 +190,8 @@ class PassBuffer:
             if task is None:
                 if not self._tasks:
                     return None
+                if (self._tasks[0].failures or self._after_suspect) and not self._settled():
+                    return None  # the master is applying our finishes: the settle wakes us
                 task = self._task = self._tasks.popleft()
                 self._skip_to_start(task)
             chunks = task.chunks
@@ -219,6 +223,28 @@ class PassBuffer:
             self._loaded = loaded
             self._at = min(self._skip, loaded.count)
             self._skip = 0
+
+    def _settled(self) -> bool:
+        """Whether the master has applied this trainer's finishes (asking it, the first time).
+
+        Around a task that failed before (it comes with `failures`), so that if this trainer
+        dies reading it the master charges that task, not one finished a moment earlier whose
+        finish had not reached it (docs/failures.md). Rare: only after failures."""
+        settling = self._settling
+        if settling is None:
+            settling = self._settling = self._reporter.settle(self._wake)
+            if settling is None:
+                self._after_suspect = False
+                return True
+        if not settling.done:
+            return False
+        self._settling = None
+        self._after_suspect = False
+        return True
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _loader(self, name: str, path: str) -> ChunkLoader:
         """This pass's loader of format `name`, made on its first chunk (`path`)."""
@@ -280,6 +306,8 @@ class PassBuffer:
         """The trainer took the task's last record: report it finished."""
         self.held.pop(task.meta.id, None)
         self._progress.finished(task)
+        if task.failures:
+            self._after_suspect = True
         self._cond.notify_all()  # a slot for the fetcher
         self._reporter.finished(task)
         done.append(task)

@@ -63,6 +63,8 @@ from chunkmaster.core.state import (
     committed_position,
     fail_ignored,
     finish_ignored,
+    lost_reason,
+    reading_task,
     save_allowed,
 )
 from chunkmaster.core.steps import StepsMode
@@ -528,17 +530,22 @@ class Service:
         return _after(durable, applied)
 
     async def end_session(
-        self, session: str, reason: str, positions: Iterable[Position] = ()
+        self, session: str, reason: str, positions: Iterable[Position] = (), *, charge: bool = False
     ) -> int:
-        """End a session; its tasks go back to the front of Todo. How many it held."""
+        """End a session; its tasks go back to the front of Todo. How many it held. With
+        `charge` (a lost trainer) the task it was reading counts a failure."""
         self._check_started()
-        if session not in self.ledger.state.sessions:
+        st = self.ledger.state
+        if session not in st.sessions:
             return 0
-        s = self.ledger.state.sessions[session]
+        s = st.sessions[session]
         ps = self._own(session, positions)
-        held = await self.ledger.commit(EndSession(session, reason, ps))
+        reading = reading_task(st, session) if charge else None
+        held = await self.ledger.commit(EndSession(session, reason, ps, charge))
         assert isinstance(held, int)
         self.leases.drop(session)
+        if reading is not None:
+            self._log_failure(reading, lost_reason(s))
         log.log(
             logging.WARNING if reason == TRAINER_LOST_REASON else logging.INFO,
             "session %s of trainer %s (%s, pid %d) ended (%s); %s task(s) it held go back "
@@ -556,7 +563,7 @@ class Service:
     async def _lease_expired(self, session: str) -> None:
         if not self.ledger.available:
             raise self.ledger.unavailable()  # the keeper retries shortly
-        await self.end_session(session, TRAINER_LOST_REASON)
+        await self.end_session(session, TRAINER_LOST_REASON, charge=True)
 
     def _own(self, session: str, positions: Iterable[Position]) -> tuple[Position, ...]:
         """The positions about tasks this session holds now (others are stale: ignored)."""

@@ -74,6 +74,7 @@ def task_to_pb(task: Task) -> pb.Task:
         start=task.start,
         end=task.end,
         format="" if task.format == "recordio" else task.format,
+        failures=task.failures,
     )
 
 
@@ -85,4 +86,5 @@ def task_from_pb(msg: pb.Task) -> Task:
         msg.start,
         msg.end,
         msg.format or "recordio",
+        msg.failures,
     )
