@@ -41,6 +41,7 @@ def run_master(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
         ({"FAILED_POLICY": "forget"}, "FAILED_POLICY"),
         ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
         ({"CHUNKMASTER_STORE_SYNC": "sometimes"}, "CHUNKMASTER_STORE_SYNC"),
+        ({"CHUNKMASTER_MAX_INFLATED_BYTES": "lots"}, "CHUNKMASTER_MAX_INFLATED_BYTES"),
     ],
 )
 def test_a_bad_environment_variable_is_one_line_naming_it(env: dict[str, str], named: str) -> None:
@@ -66,6 +67,8 @@ def test_a_bad_environment_variable_is_one_line_naming_it(env: dict[str, str], n
         (["--job", "a/b"], "--job"),
         (["--metrics-port", "70000"], "--metrics-port"),
         (["--metrics-port", "nine"], "--metrics-port"),
+        (["--max-inflated-bytes", "0"], "--max-inflated-bytes"),
+        (["--max-inflated-bytes", "1.5G"], "--max-inflated-bytes"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it(args: list[str], named: str) -> None:
@@ -96,8 +99,10 @@ def test_from_text_types_every_field() -> None:
             "host": "127.0.0.1",  # loopback: no TLS or token needed
             "etcd_user": "u",
             "etcd_password": "s3cret-pw",
+            "max_inflated_bytes": "2GiB",
         }
     )
+    assert config.max_inflated_bytes == 2 << 30
     assert config.port == 0 and config.ttl_sec == 5 and config.task_timeout == 90.0
     assert config.failed_policy is FailedPolicy.KEEP and config.job == "j1"
     assert config.etcd is not None and config.store_name == "etcd"
