@@ -99,7 +99,17 @@ def gunzip(data: bytes, limit: int, *, zero_padding: bool = False) -> bytes:
     Strict like Go's reader: an empty payload and bytes after the last member are Damaged;
     `zero_padding` accepts zero bytes after a member (as Python's gzip module does).
     """
-    given = [data]
+    if data[: len(GZIP_MAGIC)] == GZIP_MAGIC:  # the usual case, one member: one call
+        d = isal_zlib.decompressobj(31)
+        try:
+            out = d.decompress(data, limit + 1)
+        except Exception as exc:  # isal's IsalError, a zlib.error lookalike
+            raise Damaged("data", exc) from None
+        if len(out) > limit:
+            raise TooLarge(limit)
+        if d.eof and not d.unused_data:
+            return out
+    given = [data]  # several members, trailing bytes, truncation: the general path says which
     parts = list(iter_gunzip(lambda: given.pop() if given else b"", limit, zero_padding))
     if len(parts) == 1:
         return parts[0]
