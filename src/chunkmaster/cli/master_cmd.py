@@ -214,6 +214,16 @@ SETTINGS = (
         "naming the file (a hung file system); default 2m",
     ),
     Setting(
+        "max_inflated_bytes",
+        ("--max-inflated-bytes",),
+        _env("MAX_INFLATED_BYTES"),
+        "the most a compressed dataset file (.jsonl.gz, .txt.zst, .tfrecord.gz) may inflate to "
+        "when set_dataset counts its records (default 1GiB; 512MiB, 4GiB...): a file that "
+        "would inflate to more is refused, naming it. Trainers have their own limit "
+        "(Client(max_inflated_bytes=...), read --max-inflated-bytes)",
+        "BYTES",
+    ),
+    Setting(
         "restore",
         ("--restore",),
         _env("RESTORE"),

@@ -67,6 +67,7 @@ from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Position, Task
 from chunkmaster.formats.base import Storage
 from chunkmaster.formats.storage import storage_for
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 
 if TYPE_CHECKING:
     from chunkmaster.etcd.discovery import MasterLocator
@@ -134,6 +135,12 @@ class Client:
     (docs/shuffle.md). The draw is seeded by (`shuffle_seed`, pass, `name`); without
     `shuffle_seed` the master's --shuffle-seed is used (0 if it has none). A buffered record
     is not consumed: positions, commits and finishes wait until it is handed out.
+
+    `max_inflated_bytes` (default 1 GiB) bounds what one chunk may decompress to: a chunk
+    that would inflate to more (a decompression bomb: a few MB that inflate to many GB) is
+    refused while it is decoded, before it takes the memory, and reported failed like any
+    chunk that cannot be read (`TaskReadError`; docs/failures.md). Raise it for datasets whose
+    chunks are that large (a JSON Lines or TFRecord file compressed whole is one chunk).
     """
 
     def __init__(
@@ -164,6 +171,7 @@ class Client:
         read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
         shuffle_buffer: int = 0,
         shuffle_seed: int | None = None,
+        max_inflated_bytes: int = DEFAULT_MAX_INFLATED,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
@@ -171,6 +179,7 @@ class Client:
             raise ValueError(f"shuffle_buffer must be 0 (off) or more, not {shuffle_buffer}")
         if prefetch_tasks < 0:
             raise ValueError(f"prefetch_tasks must be 0 or more, not {prefetch_tasks}")
+        self.max_inflated_bytes = check_limit(max_inflated_bytes)
         self.shuffle_buffer = shuffle_buffer
         self.shuffle_seed = shuffle_seed
         self.buffer_size = max(1, buffer_size)
@@ -408,6 +417,7 @@ class Client:
                 batches=batches,
                 storage=self._storage,
                 readahead=self._readahead,
+                max_inflated=self.max_inflated_bytes,
             )
             self._pass = ps
             fetcher = TaskFetcher(

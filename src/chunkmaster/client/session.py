@@ -90,6 +90,21 @@ class Reply:
         self._response: pb.SessionResponse | None = None
         self._error: BaseException | None = None
         self.cancelled = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def on_done(self, fn: Callable[[], None]) -> None:
+        """Call `fn`, from the thread that settles this reply and with none of its locks held,
+        once the answer, an error or a cancel comes. Not called if that happened already (the
+        caller's locks may be held here): check `done` after."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+
+    def _run_callbacks(self) -> None:
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
 
     def resolve(self, response: pb.SessionResponse) -> bool:
         """Deliver the answer; False if the waiter gave up (cancelled) before it came."""
@@ -98,13 +113,15 @@ class Reply:
                 return False
             self._response = response
             self._done.set()
-            return True
+        self._run_callbacks()
+        return True
 
     def fail(self, exc: BaseException) -> None:
         with self._lock:
             if not self._done.is_set():
                 self._error = exc
                 self._done.set()
+        self._run_callbacks()
 
     @property
     def done(self) -> bool:
@@ -130,6 +147,7 @@ class Reply:
                 return
             self.cancelled = True
             self._done.set()
+        self._run_callbacks()
 
 
 @dataclass
@@ -294,6 +312,24 @@ class TrainerSession:
         msg = pb.TaskFailedRequest(meta=pb.TaskMeta(id=meta.id, epoch=meta.epoch), reason=reason)
         with self._lock:
             self._send("failed", msg, answered=True)
+
+    def settle(self, wake: Callable[[], None]) -> Reply | None:
+        """Send the queued finishes now, in a message the master answers once it has applied
+        them and everything sent before (it handles a stream's messages in order); `wake` is
+        called when the answer (or an error) comes later (check `done` first). None if the
+        client is closing.
+
+        Before a trainer reads a task that failed before, and after it finishes one, so that
+        if it dies then the master knows which task it was reading (docs/failures.md).
+        """
+        with self._lock:
+            if self._closing:
+                return None
+            msg = pb.NextTask(finished=self._take_finishes())
+            reply = self._send("next", msg, answered=True)
+        assert reply is not None
+        reply.on_done(wake)
+        return reply
 
     def commit(self, positions: Sequence[Position], timeout: float | None = None) -> None:
         """Send a Commit (after the finishes queued before it) and return once it is durable.

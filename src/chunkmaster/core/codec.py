@@ -173,8 +173,10 @@ def encode_event(ev: Event) -> bytes:
             return b"R" + _dumps([nb])
         case OpenSession(session=sid, name=n, host=h, pid=pid, report_every=every):
             return b"O" + _dumps([sid, n, h, pid, every])
-        case EndSession(session=sid, reason=r, positions=ps):
-            return b"E" + _dumps([sid, r, _positions(ps)])
+        case EndSession(session=sid, reason=r, positions=ps, charge=charge):
+            # A charging end has a tag of its own: an older build refuses it rather than
+            # replaying it without the failure it counts.
+            return (b"L" if charge else b"E") + _dumps([sid, r, _positions(ps)])
         case Progress(positions=ps):
             return b"P" + _dumps(_positions(ps))
         case Commit(positions=ps):
@@ -208,8 +210,8 @@ def decode_event(data: bytes) -> Event:
             )
         if tag == b"O":
             return OpenSession(str(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4]))
-        if tag == b"E":
-            return EndSession(str(v[0]), str(v[1]), _positions_from(v[2]))
+        if tag in (b"E", b"L"):
+            return EndSession(str(v[0]), str(v[1]), _positions_from(v[2]), tag == b"L")
         if tag == b"P":
             return Progress(_positions_from(v))
         if tag == b"K":

@@ -9,6 +9,10 @@ is the same for every format. A format only answers two questions:
 - *trainer, once per chunk, in the trainer's thread*: the records of this chunk, checked
   (`ChunkLoader.load`), or an error naming the file and the chunk (`FormatError`).
 
+Both sides bound what they decompress by `max_inflated` (chunkmaster.inflate): a file or chunk
+that would inflate past it is refused while it is being decoded, naming it, never read whole
+into memory first (a decompression bomb would otherwise kill the process).
+
 A chunk's place in its file is `(offset, length)`. For byte-framed formats (RecordIO, TFRecord,
 JSON Lines, text, WebDataset tar) it is a byte range, which a trainer can fetch with one ranged
 read, several in flight, neighbours coalesced (`Storage.read_ranges`). For Parquet the offset is
@@ -102,10 +106,19 @@ class Format(Protocol):
         the chunks are the file's own (RecordIO chunks, Parquet row groups)."""
         ...
 
-    def index(self, path: str, storage: Storage, chunk_size: int | None = None) -> FileIndex:
+    def index(
+        self,
+        path: str,
+        storage: Storage,
+        chunk_size: int | None = None,
+        *,
+        max_inflated: int = ...,
+    ) -> FileIndex:
         """Read the file's chunk index, cutting chunks of at most `chunk_size` bytes where the
         format cuts them (None: its own `chunk_size`); FormatError when its content does not
-        match."""
+        match, or when a compressed file would inflate past `max_inflated` bytes."""
         ...
 
-    def loader(self) -> ChunkLoader: ...
+    def loader(self, *, max_inflated: int = ...) -> ChunkLoader:
+        """A loader whose chunks may inflate to `max_inflated` bytes at most."""
+        ...

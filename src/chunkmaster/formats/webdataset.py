@@ -30,6 +30,7 @@ from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError, Storage
 from chunkmaster.formats.listed import ListedChunk
 from chunkmaster.formats.tarheaders import entries, padded
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
 DEFAULT_MAX_BYTES: Final = 4 << 20
 """Default bound on a chunk's bytes (a sample larger than it is a chunk of its own; the master's
@@ -71,7 +72,15 @@ class WebDatasetFormat:
     def chunk_size(self) -> int | None:
         return self.max_bytes
 
-    def index(self, path: str, storage: Storage, chunk_size: int | None = None) -> FileIndex:
+    def index(
+        self,
+        path: str,
+        storage: Storage,
+        chunk_size: int | None = None,
+        *,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
+    ) -> FileIndex:
+        """The tar headers (shards are not compressed: nothing is inflated)."""
         max_bytes = chunk_size or self.max_bytes
         size = storage.size(path)
         offsets: list[int] = []
@@ -98,7 +107,7 @@ class WebDatasetFormat:
             lengths.append(end - first)
         return FileIndex(offsets, counts, lengths, size)
 
-    def loader(self) -> WebDatasetLoader:
+    def loader(self, *, max_inflated: int = DEFAULT_MAX_INFLATED) -> WebDatasetLoader:
         return WebDatasetLoader()
 
 

@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chunkmaster.core.dataset import parse_size
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.quarantine import ErrorBudget
 from chunkmaster.core.shuffle import MAX_SEED
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.master.auth import is_loopback, read_token
 
 __all__ = [
@@ -77,19 +79,8 @@ def parse_duration(text: str) -> float:
     return sign * total
 
 
-_SIZE = re.compile(r"(\d+)\s*(b|k|kib|m|mib|g|gib)?", re.IGNORECASE)
-_SIZE_SCALE = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20}
-_SIZE_SCALE |= {"g": 1 << 30, "gib": 1 << 30}
 MAX_CHUNK_SIZE = 1 << 30
 """The largest --chunk-size: a trainer holds a whole chunk in memory while it reads it."""
-
-
-def parse_size(text: str) -> int:
-    """A byte count: "65536", "64KiB", "64k", "4MiB", "1G" (K, M, G are powers of 1024)."""
-    m = _SIZE.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(f"{text!r} is not a size in bytes (examples: 32KiB, 4MiB, 65536)")
-    return int(m.group(1)) * _SIZE_SCALE[(m.group(2) or "").lower()]
 
 
 def _chunk_size(text: str) -> int | None:
@@ -174,6 +165,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "task_timeout_max": _integer,
     "trainer_ttl": parse_duration,
     "index_timeout": parse_duration,
+    "max_inflated_bytes": parse_size,
     "restore": _optional,
     "restore_replace": _flag,
     "chunks_per_task": _integer,
@@ -219,6 +211,8 @@ class MasterConfig:
     trainer_ttl: float = 10.0
     #: Seconds one file's chunk index may take to read before SetDataset fails naming it.
     index_timeout: float = 120.0
+    #: Bytes a compressed dataset file may inflate to when it is indexed (chunkmaster.inflate).
+    max_inflated_bytes: int = DEFAULT_MAX_INFLATED
     #: A data checkpoint file to start from (`chunkmaster checkpoint save`).
     restore: str | None = None
     #: With `restore`: replace a store that already holds state.
@@ -281,6 +275,8 @@ class MasterConfig:
             raise ConfigError(("trainer_ttl",), "must be a positive duration")
         if not 0 < self.index_timeout < float("inf"):
             raise ConfigError(("index_timeout",), "must be a positive duration")
+        if self.max_inflated_bytes < 1:
+            raise ConfigError(("max_inflated_bytes",), "must be at least 1 byte")
         if self.restore_replace and self.restore is None:
             raise ConfigError(("restore_replace",), "only means something with a restore file")
         if self.format is not None:

@@ -29,6 +29,7 @@ from chunkmaster.core.dataset import Dataset, size_text
 from chunkmaster.core.errors import DatasetError, NoDatasetError, PermissionDeniedError
 from chunkmaster.formats.remote import FsspecStorage
 from chunkmaster.formats.remote import shared as shared_storage
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
 if TYPE_CHECKING:
     from chunkmaster.formats.base import FileIndex
@@ -363,14 +364,17 @@ def load_dataset(
     fmt: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     chunk_size: int | None = None,
+    max_inflated: int = DEFAULT_MAX_INFLATED,
 ) -> Dataset:
     """Expand `globs` and read every file's chunk index (headers or footers only), in
     parallel; a file whose index takes longer than `file_timeout` seconds (a hung file system)
     is an error naming it. `fmt` names the files' format (default: by their names). URLs are
     listed and read through fsspec with `storage_options` (formats/remote.py). The formats
     whose chunks the master cuts get chunks of at most `chunk_size` bytes (None: the format's
-    default). Local patterns are kept absolute (absolute_pattern), so the dataset's files are
-    too, whatever the trainers' working directories."""
+    default). A compressed file that would inflate to more than `max_inflated` bytes is
+    refused, naming it (its records are counted as it is inflated, never held whole where the
+    format allows). Local patterns are kept absolute (absolute_pattern), so the dataset's files
+    are too, whatever the trainers' working directories."""
     from chunkmaster.formats import FormatError, get_format, suffix_format
     from chunkmaster.formats.storage import storage_for
     from chunkmaster.recordio import RecordIOError
@@ -387,7 +391,9 @@ def load_dataset(
 
     def index_of(path: str) -> FileIndex:
         try:
-            return form.index(path, storage_for(path, storage_options), bound)
+            return form.index(
+                path, storage_for(path, storage_options), bound, max_inflated=max_inflated
+            )
         except (RecordIOError, FormatError) as exc:
             guessed = (
                 " (its name has no known format ending, so it was read as RecordIO; set the "

@@ -192,6 +192,7 @@ async def _serve(
         equal_steps=config.equal_steps,
         trainer_ttl=config.trainer_ttl,
         index_timeout=config.index_timeout,
+        max_inflated=config.max_inflated_bytes,
         dataset_format=config.format,
         job=config.job or "default",
         storage_options=config.storage_options,

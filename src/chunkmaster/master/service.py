@@ -65,9 +65,12 @@ from chunkmaster.core.state import (
     committed_position,
     fail_ignored,
     finish_ignored,
+    lost_reason,
+    reading_task,
     save_allowed,
 )
 from chunkmaster.core.steps import StepsMode
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 from chunkmaster.logs import about
 from chunkmaster.master.datasets import (
     INDEX_TIMEOUT,
@@ -110,6 +113,7 @@ class Service:
         trainer_ttl: float = TRAINER_TTL,
         job: str = "default",
         index_timeout: float = INDEX_TIMEOUT,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
         dataset_format: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         shuffle_seed: int | None = None,
@@ -126,6 +130,7 @@ class Service:
         self.store = store
         self.job = job
         self.index_timeout = index_timeout
+        self.max_inflated = check_limit(max_inflated)  # what indexing may decompress a file to
         self.dataset_format = dataset_format  # None: each dataset's by its files' names
         self.storage_options = dict(storage_options or {})  # may hold credentials: never logged
         self.chunks_per_task = chunks_per_task
@@ -323,6 +328,7 @@ class Service:
             self.dataset_format,
             self.storage_options,
             self.chunk_size,
+            self.max_inflated,
         )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset.with_shuffle(self.shuffle_seed)))
@@ -597,18 +603,23 @@ class Service:
         return _after(durable, applied)
 
     async def end_session(
-        self, session: str, reason: str, positions: Iterable[Position] = ()
+        self, session: str, reason: str, positions: Iterable[Position] = (), *, charge: bool = False
     ) -> int:
-        """End a session; its tasks go back to the front of Todo. How many it held."""
+        """End a session; its tasks go back to the front of Todo. How many it held. With
+        `charge` (a lost trainer) the task it was reading counts a failure."""
         self._check_started()
-        if session not in self.ledger.state.sessions:
+        st = self.ledger.state
+        if session not in st.sessions:
             return 0
-        s = self.ledger.state.sessions[session]
+        s = st.sessions[session]
         ps = self._own(session, positions)
-        held = await self.ledger.commit(EndSession(session, reason, ps))
+        reading = reading_task(st, session) if charge else None
+        held = await self.ledger.commit(EndSession(session, reason, ps, charge))
         assert isinstance(held, int)
         self.leases.drop(session)
         self._check_task_share()
+        if reading is not None:
+            self._log_failure(reading, lost_reason(s))
         log.log(
             logging.WARNING if reason == TRAINER_LOST_REASON else logging.INFO,
             "session %s of trainer %s (%s, pid %d) ended (%s); %s task(s) it held go back "
@@ -626,7 +637,7 @@ class Service:
     async def _lease_expired(self, session: str) -> None:
         if not self.ledger.available:
             raise self.ledger.unavailable()  # the keeper retries shortly
-        await self.end_session(session, TRAINER_LOST_REASON)
+        await self.end_session(session, TRAINER_LOST_REASON, charge=True)
 
     def _own(self, session: str, positions: Iterable[Position]) -> tuple[Position, ...]:
         """The positions about tasks this session holds now (others are stale: ignored)."""
@@ -701,6 +712,7 @@ class Service:
             cp.dataset.format,
             self.storage_options,
             self.chunk_size,
+            self.max_inflated,
         )
         dataset = dataset.with_shuffle(self.shuffle_seed)
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)

@@ -143,6 +143,7 @@ def task_to_pb(task: Task) -> pb.Task:
         start=task.start,
         end=task.end,
         format="" if task.format == "recordio" else task.format,
+        failures=task.failures,
     )
 
 
@@ -154,4 +155,5 @@ def task_from_pb(msg: pb.Task) -> Task:
         msg.start,
         msg.end,
         msg.format or "recordio",
+        msg.failures,
     )
