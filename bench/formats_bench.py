@@ -2,6 +2,12 @@
 Python loops over the same files, in the same run.
 
     .venv/bin/python bench/formats_bench.py [--mb 64] [--repeat 3]
+    .venv/bin/python bench/formats_bench.py --chunk-sizes 16KiB,32KiB,256KiB,4MiB --mb 50
+
+The second form measures what the master's --chunk-size costs for JSON Lines and text: at each
+size, the chunks and tasks of the dataset (at the default 10 chunks a task), the master's index
+pass in MB/s, and one trainer's records/s through a master started with that --chunk-size,
+beside the plain loop (below) in the same run.
 
 One trainer (`Client`) reads whole passes from a `chunkmaster master` process (one per format,
 embedded store in memory); files are generated in a temp dir and read once first, so every
@@ -22,8 +28,8 @@ Baselines, each the fastest plain way to do the same work:
 * Text: `for line in f` over each file in text mode (UTF-8, universal newlines): Python's own
   buffered line splitting and decoding.
 * JSON Lines indexing: the master's pass (`LinesFormat.index`: read blocks, cut at the last
-  newline before 4 MiB, count newlines) against `f.read(4 MiB)` until the end of the same
-  file: the bytes/s of just getting the data into memory.
+  newline before the chunk size, 32 KiB by default, count newlines) against `f.read(4 MiB)`
+  until the end of the same file: the bytes/s of just getting the data into memory.
 """
 
 from __future__ import annotations
@@ -43,8 +49,10 @@ from stream_bench import start_master
 
 from chunkmaster.client import Client
 from chunkmaster.client.connection import MasterConnection
-from chunkmaster.formats.lines import JSONL, TEXT, index_lines
+from chunkmaster.core.dataset import size_text
+from chunkmaster.formats.lines import CHUNK_SIZE, JSONL, TEXT, index_lines
 from chunkmaster.formats.storage import LOCAL
+from chunkmaster.master.config import parse_size
 
 FILES = 4
 
@@ -108,11 +116,13 @@ def timed(fn: Callable[[], int]) -> tuple[int, float, float]:
 class Master:
     """A master process serving one dataset; each run reads its next pass."""
 
-    def __init__(self, d: Path, pattern: str) -> None:
+    def __init__(self, d: Path, pattern: str, *extra: str, prefetch_tasks: int = 1) -> None:
         d.mkdir()
-        self.proc, self.addr = start_master(d)
+        self.prefetch_tasks = prefetch_tasks
+        self.proc, self.addr = start_master(d, *extra)
         with MasterConnection(self.addr, timeout=600) as c:
             c.set_dataset([pattern])
+            self.status = c.status()
         self.next_pass = 0
 
     def read(self, how: str) -> tuple[int, float, float]:
@@ -121,7 +131,7 @@ class Master:
         p = self.next_pass
         self.next_pass += 1
         n = 0
-        with Client(self.addr) as c:
+        with Client(self.addr, prefetch_tasks=self.prefetch_tasks) as c:
             c.status()
             while c.session_id == "":
                 time.sleep(0.001)
@@ -191,19 +201,63 @@ def read_blocks(paths: list[str]) -> int:
     return size
 
 
-def index_all(paths: list[str]) -> int:
+def index_all(paths: list[str], chunk_size: int = CHUNK_SIZE) -> int:
     size = 0
     for path in paths:
         with open(path, "rb", buffering=0) as f:
-            _, _, lengths = index_lines(f, 4 << 20)
+            _, _, lengths = index_lines(f, chunk_size)
         size += sum(lengths)
     return size
+
+
+def chunk_sizes(
+    sizes: list[int], jsonl: list[str], text: list[str], d: Path, repeat: int, prefetch: int
+) -> None:
+    """What --chunk-size costs: the index pass and one trainer, at each size."""
+    print(
+        f"{'format':>6} {'chunk':>7} {'chunks':>7} {'tasks':>6} {'index MB/s':>11} "
+        f"{'records/s':>11} {'loop/s':>11} {'ratio':>6}"
+    )
+    cases = (("jsonl", jsonl, "*.jsonl", json_loop), ("text", text, "*.txt", text_loop))
+    for fmt, paths, pattern, loop in cases:
+        for size in sizes:
+            m = Master(
+                d / f"m-{fmt}-{size}",
+                str(d / pattern),
+                "--chunk-size",
+                str(size),
+                prefetch_tasks=prefetch,
+            )
+            try:
+                rows = []
+                for _ in range(repeat):
+                    n, dt, _ = timed(lambda: index_all(paths, size))  # noqa: B023
+                    b, bdt, _ = timed(lambda: loop(paths))  # noqa: B023
+                    r, rdt, _ = m.read("records")
+                    assert b == r, (fmt, size, b, r)
+                    rows.append((n / dt, r / rdt, b / bdt))
+            finally:
+                m.stop()
+            ix, ours, base = (statistics.median(r[i] for r in rows) for i in range(3))
+            print(
+                f"{fmt:>6} {size_text(size):>7} {m.status['dataset']['chunks']:>7} "
+                f"{m.status['num_tasks']:>6} {ix / 1e6:>11,.0f} {ours:>11,.0f} {base:>11,.0f} "
+                f"{ours / base:>5.2f}x"
+            )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=64, help="size of each dataset (all its files)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--chunk-sizes",
+        help="comma-separated --chunk-size values (32KiB,4MiB): measure those for JSON Lines "
+        "and text instead of the format comparison",
+    )
+    ap.add_argument(
+        "--prefetch-tasks", type=int, default=1, help="the trainer's Client(prefetch_tasks=)"
+    )
     args = ap.parse_args()
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, ~{args.mb} MB per dataset, "
@@ -211,8 +265,13 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="formats-bench-") as tmp:
         d = Path(tmp)
-        pq_paths, pq_rows_total = make_parquet(d, args.mb)
         jsonl, text, line_total = make_lines(d, args.mb)
+        if args.chunk_sizes:
+            warm(jsonl + text)
+            sizes = [parse_size(s) for s in args.chunk_sizes.split(",")]
+            chunk_sizes(sizes, jsonl, text, d, args.repeat, args.prefetch_tasks)
+            return
+        pq_paths, pq_rows_total = make_parquet(d, args.mb)
         warm(pq_paths + jsonl + text)
         assert sum(len(JSONL.index(p, LOCAL).records) for p in jsonl) > 0
         assert sum(len(TEXT.index(p, LOCAL).records) for p in text) > 0

@@ -123,12 +123,12 @@ def bench_procs(addr: str, pass_id: int, procs: int) -> tuple[int, float]:
     return n, max(r["t1"] for r in results) - min(r["t0"] for r in results)
 
 
-def start_master(directory: Path) -> tuple[subprocess.Popen[str], str]:
+def start_master(directory: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     ready = directory / "master.ready.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "chunkmaster", "master", "--port", "0", "--store", ":memory:",
          "--chunk-per-task", str(CHUNKS_PER_TASK), "--task-timeout-dur", "10m",
-         "--ready-file", str(ready)],
+         "--ready-file", str(ready), *extra],
         stdout=subprocess.DEVNULL, stderr=open(directory / "master.log", "w"), text=True,  # noqa: SIM115
     )  # fmt: skip
     info = wait_ready(ready, proc, 60, (directory / "master.log").read_text)

@@ -1,5 +1,6 @@
 """Shared fixtures: puts tests/ on the path for `helpers`; the real etcd server, master
-processes on the embedded store, and `chunkmaster read` trainer processes."""
+processes on the embedded store, `chunkmaster read` trainer processes, and a small filesystem to
+fill up (`small_fs`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 from helpers.etcd_server import etcd_server  # noqa: E402, F401
+from helpers.full_disk import small_fs  # noqa: E402, F401
 from helpers.master_process import MasterProcess  # noqa: E402
 from helpers.trainers import Trainer  # noqa: E402
 

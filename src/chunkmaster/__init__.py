@@ -9,6 +9,7 @@ from chunkmaster.client.client import Client, EndOfPass, TaskReadError
 from chunkmaster.core.errors import (
     AllTaskFailedError,
     DatasetError,
+    DatasetMismatchError,
     JobStoppedError,
     MasterError,
     NoMoreAvailableError,
@@ -29,6 +30,7 @@ __all__ = [
     "Chunk",
     "Client",
     "DatasetError",
+    "DatasetMismatchError",
     "EndOfPass",
     "FailedPolicy",
     "InMemStore",

@@ -235,3 +235,34 @@ def test_a_stream_that_ends_leaves_no_grpc_thread_inside_it(tmp_path: Path) -> N
         wait_for(lambda: not stuck(), "gRPC's sending thread to leave the ended stream", 10)
     finally:
         c.close()
+
+
+def test_before_reading_a_task_that_failed_the_master_has_every_earlier_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task with failures comes with `failures`; the trainer has its earlier finishes applied
+    before it reads it, so that if it dies there the master charges that task and not one
+    finished a moment before (docs/failures.md). Finishes otherwise wait up to FINISH_FLUSH
+    for a request to ride on: made long here, so only the settle can bring them."""
+    import chunkmaster.client.session as session_module
+
+    monkeypatch.setattr(session_module, "FINISH_FLUSH", 600.0)
+    path, records = _dataset(tmp_path, 50, chunk=6)  # 50 tasks of one record each
+    with InProcessMaster(chunks_per_task=1, timeout_dur=600.0, failure_max=5) as m:
+        finished: list[int] = []
+        with MasterConnection(m.addr) as unary:
+            unary.set_dataset([path])
+            suspect = unary.get_task(0)
+            assert unary.task_failed(suspect.meta, "flaky")  # to the back, with a failure
+        done = finished.append
+        with Client(m.addr, prefetch_tasks=3, on_task_done=lambda t: done(t.meta.id)) as c:
+            c.start_get_records(0)
+            got = []
+            while True:
+                record = c.next_record(timeout=60)
+                if record == records[suspect.meta.id]:
+                    break  # the suspect's first record: everything before it is applied
+                got.append(record)
+            # (its one record is its last too: the client has just taken it as finished)
+            assert finished[-1] == suspect.meta.id and len(got) == 49
+            assert m.status()["done"] == len(finished) - 1 == 49, m.status()["done"]

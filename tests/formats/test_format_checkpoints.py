@@ -8,7 +8,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from helpers.formats import MAKERS, digest_of
+from helpers.formats import MAKERS, SMALL_CHUNKS, digest_of
 from helpers.master_process import MasterProcess
 
 from chunkmaster.client.client import Client
@@ -19,9 +19,7 @@ from chunkmaster.digest import Digest
 def test_a_restored_job_delivers_exactly_what_was_not_committed(
     fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("CHUNKMASTER_LINES_CHUNK_BYTES", "700")  # several chunks a file
-    monkeypatch.setenv("CHUNKMASTER_TFRECORD_CHUNK_BYTES", "700")
-    monkeypatch.setenv("CHUNKMASTER_WEBDATASET_CHUNK_BYTES", "8192")
+    monkeypatch.setenv("CHUNKMASTER_CHUNK_SIZE", SMALL_CHUNKS[fmt])  # several chunks a file
     data = tmp_path / "data"
     data.mkdir()
     pattern, records = MAKERS[fmt](data, 2, 60)

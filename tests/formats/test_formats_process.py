@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.formats import MAKERS, digest_of
+from helpers.formats import MAKERS, SMALL_CHUNKS, digest_of
 from helpers.trainers import completed_tasks, sum_lines, wait_until_holding
 
 from chunkmaster.client.connection import MasterConnection
@@ -33,9 +33,7 @@ def test_three_trainers_two_passes_one_killed(
     trainers: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("CHUNKMASTER_LINES_CHUNK_BYTES", "700")  # several line chunks a file
-    monkeypatch.setenv("CHUNKMASTER_TFRECORD_CHUNK_BYTES", "700")
-    monkeypatch.setenv("CHUNKMASTER_WEBDATASET_CHUNK_BYTES", "8192")
+    monkeypatch.setenv("CHUNKMASTER_CHUNK_SIZE", SMALL_CHUNKS[dataset_format])  # several a file
     data = tmp_path / "data"
     data.mkdir()
     pattern, records = MAKERS[dataset_format](data, 3, 120)

@@ -31,7 +31,7 @@ def read_all(fmt: LinesFormat, path: Path) -> list[Any]:
 
 
 def small(fmt: LinesFormat, bound: int) -> LinesFormat:
-    return LinesFormat(fmt.name, fmt.suffixes, fmt.parse, chunk_bytes=bound)
+    return LinesFormat(fmt.name, fmt.suffixes, fmt.parse, chunk_size=bound)
 
 
 @pytest.mark.parametrize("bound", [1, 7, 64, 1000, 1 << 20])

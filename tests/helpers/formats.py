@@ -77,8 +77,8 @@ def make_parquet(d: Path, files: int, n: int) -> tuple[str, list[Any]]:
 
 
 def make_jsonl(d: Path, files: int, n: int) -> tuple[str, list[Any]]:
-    """The last file has no final newline. Chunks are small when the master's environment
-    sets CHUNKMASTER_LINES_CHUNK_BYTES (the process test does)."""
+    """The last file has no final newline. Chunks are small when the master's --chunk-size
+    is (SMALL_CHUNKS)."""
     out: list[Any] = []
     for f in range(files):
         values: list[Any] = [row(f, i) for i in range(n)]
@@ -132,7 +132,7 @@ def write_shard(path: Path, samples: list[dict[str, Any]]) -> Path:
 
 
 def make_tfrecord(d: Path, files: int, n: int) -> tuple[str, list[Any]]:
-    """Chunks are small when the master's environment sets CHUNKMASTER_TFRECORD_CHUNK_BYTES."""
+    """Chunks are small when the master's --chunk-size is (SMALL_CHUNKS)."""
     out: list[Any] = []
     for f in range(files):
         recs = [b""] + [f"f{f}-{i}".encode() + b"\x00" * (i % 5) for i in range(1, n)]
@@ -142,8 +142,8 @@ def make_tfrecord(d: Path, files: int, n: int) -> tuple[str, list[Any]]:
 
 
 def make_webdataset(d: Path, files: int, n: int) -> tuple[str, list[Any]]:
-    """Chunks are small when the master's environment sets CHUNKMASTER_WEBDATASET_CHUNK_BYTES;
-    every 10th key is longer than tar's 100-byte name field."""
+    """Chunks are small when the master's --chunk-size is (SMALL_CHUNKS); every 10th key is
+    longer than tar's 100-byte name field."""
     out: list[Any] = []
     for f in range(files):
         samples: list[dict[str, Any]] = []
@@ -157,6 +157,17 @@ def make_webdataset(d: Path, files: int, n: int) -> tuple[str, list[Any]]:
         out += samples
     return str(d / "shard-*.tar"), out
 
+
+#: The master's --chunk-size (CHUNKMASTER_CHUNK_SIZE) that cuts the makers' files into several
+#: chunks each (RecordIO and Parquet files have their own small chunks: they ignore it).
+SMALL_CHUNKS: dict[str, str] = {
+    "recordio": "700",
+    "parquet": "700",
+    "jsonl": "700",
+    "text": "700",
+    "tfrecord": "700",
+    "webdataset": "8KiB",
+}
 
 MAKERS: dict[str, Maker] = {
     "recordio": make_recordio,

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from chunkmaster.master.readiness import (
@@ -26,12 +26,21 @@ _names = itertools.count()
 
 class MasterProcess:
     """Runs `python -m chunkmaster master ARGS --port PORT` and learns its address from the
-    master's ready file (`--ready-file`)."""
+    master's ready file (`--ready-file`). `preexec_fn` runs in the child before the master
+    starts (e.g. to lower its open-file limit)."""
 
-    def __init__(self, args: Sequence[str], *, port: int = 0, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        port: int = 0,
+        log_path: Path | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.args = list(args)
         self.port = port
         self.log_path = log_path
+        self.preexec_fn = preexec_fn
         self.proc: subprocess.Popen[str] | None = None
         self.lines: list[str] = []
         self.ready_file = Path(tempfile.mkdtemp(prefix="master-")) / f"ready-{next(_names)}.json"
@@ -46,7 +55,12 @@ class MasterProcess:
         cmd += ["--ready-file", str(self.ready_file)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=self.preexec_fn,
         )
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         if wait:

@@ -16,7 +16,7 @@ _END = object()
 class RawSession:
     """Send SessionRequest bodies with `send`; read answers with `recv` (blocking, bounded)."""
 
-    def __init__(self, addr: str) -> None:
+    def __init__(self, addr: str, token: str | None = None) -> None:
         self.channel = grpc.insecure_channel(addr)
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._seq = 0
@@ -25,7 +25,8 @@ class RawSession:
             request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
             response_deserializer=pb.SessionResponse.FromString,
         )
-        self.call = method(self._iter())
+        metadata = None if token is None else (("authorization", f"Bearer {token}"),)
+        self.call = method(self._iter(), metadata=metadata)
         self._responses: queue.SimpleQueue[Any] = queue.SimpleQueue()
         import threading
 

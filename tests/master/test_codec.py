@@ -50,10 +50,10 @@ def comparable(s: MasterState) -> tuple[object, ...]:
         s.done,
         s.failed,
         list(s.epochs),
-        {
-            t: (p.epoch, p.deadline, p.worker, p.request, p.session, p.start)
+        [  # in dispatch order: a lost session charges the first task it holds
+            (t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start)
             for t, p in s.pending.items()
-        },
+        ],
         s.sessions,
         s.progress,
         s.commits,
@@ -103,7 +103,10 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
         elif kind == "O":
             ev = OpenSession(f"s{x % 3}", f"trainer {x}", "host", 100 + x, x * 10)
         elif kind == "E":
-            ev = EndSession(f"s{x % 3}", "trainer lost" if x % 2 else "returned", held(live, x))
+            lost = x % 2 == 1
+            ev = EndSession(
+                f"s{x % 3}", "trainer lost" if lost else "returned", held(live, x), lost
+            )
         elif kind == "P":
             ev = Progress(held(live, x))
         elif kind == "K":
@@ -155,7 +158,8 @@ def test_replay_and_snapshot_agree_with_equal_steps(mode: str, ops: list[tuple[s
         elif kind == "O":
             ev = OpenSession(sid, f"trainer {x}", "host", 100 + x, x * 10)
         elif kind == "E":
-            ev = EndSession(sid, "trainer lost" if x % 2 else "returned", held(live, x))
+            lost = x % 2 == 1
+            ev = EndSession(sid, "trainer lost" if lost else "returned", held(live, x), lost)
         elif kind == "P":
             ev = Progress(held(live, x))
         elif kind == "K":
@@ -180,6 +184,45 @@ def test_replay_and_snapshot_agree_with_equal_steps(mode: str, ops: list[tuple[s
 def held(s: MasterState, x: int) -> tuple[Position, ...]:
     """Positions x records into every pending task (capped by the core)."""
     return tuple(Position(t, p.epoch, s.cur_pass, x) for t, p in s.pending.items())
+
+
+def test_a_lost_session_that_charges_has_a_tag_older_builds_refuse() -> None:
+    """A charging EndSession is tagged "L": an older build refuses it instead of replaying it
+    without the failure it counts. Entries written before charging existed ("E", whatever
+    their reason) replay as they were applied: without a charge."""
+    pos = (Position(1, 2, 0, 3),)
+    charged = EndSession("s", "trainer lost", pos, True)
+    assert encode_event(charged)[:1] == b"L"
+    assert decode_event(encode_event(charged)) == charged
+    old = b'E["s","trainer lost",[[1,2,0,3]]]'  # as a build before charging wrote it
+    assert encode_event(EndSession("s", "trainer lost", pos)) == old
+    assert decode_event(old) == EndSession("s", "trainer lost", pos, False)
+
+
+def test_a_lost_trainers_charge_replays_and_loads_to_the_same_quarantine() -> None:
+    live, journal = MasterState(failure_max=1), []
+
+    def do(ev: object) -> None:
+        journal.append(encode_event(ev))  # type: ignore[arg-type]
+        apply(live, ev)  # type: ignore[arg-type]
+
+    do(Configure(1, FailedPolicy.KEEP))
+    do(SetDataset(ds(9)))
+    for n in range(2):  # two trainers die reading task 0: over the limit of 1
+        do(OpenSession(f"s{n}", f"t{n}", "h", n))
+        do(Dispatch(1000.0, "w", f"r{n}a", f"s{n}"))
+        do(Dispatch(1000.0, "w", f"r{n}b", f"s{n}"))
+        do(EndSession(f"s{n}", "trainer lost", (), True))
+    assert live.failed == [0] and 1 in live.todo and 1 not in live.num_failures
+    assert [f.reason.startswith("trainer lost while reading it") for f in live.failure_log[0]] == [
+        True,
+        True,
+    ]
+    replayed = MasterState()
+    for data in journal:
+        apply(replayed, decode_event(data))
+    assert comparable(replayed) == comparable(live)
+    assert comparable(decode_snapshot(encode_snapshot(live))) == comparable(live)
 
 
 def test_empty_state_snapshot() -> None:
@@ -225,3 +268,22 @@ def test_d6_bytes_per_operation_do_not_grow_with_the_dataset() -> None:
         entries = [Dispatch(1e9, "worker-1"), Finish(task.meta.id, task.meta.epoch, 0)]
         sizes.append([len(encode_event(e)) for e in entries])
     assert sizes[0] == sizes[1] and max(sizes[0]) < 64
+
+
+def test_a_datasets_chunk_size_is_kept_and_an_older_entry_has_none() -> None:
+    """The bound the master cut a dataset's chunks at survives the journal and a snapshot
+    (a data checkpoint's fingerprint needs it); an entry written before it reads as None."""
+    cut = Dataset.build(
+        ["/d/*.jsonl"], ["/d/a.jsonl"], [([0, 90], [3, 2])], 1, fmt="jsonl", chunk_size=96
+    )
+    back = decode_event(encode_event(SetDataset(cut)))
+    assert isinstance(back, SetDataset) and back.dataset.chunk_size == 96
+    state = MasterState()
+    apply(state, SetDataset(cut))
+    loaded = decode_snapshot(encode_snapshot(state)).dataset
+    assert loaded is not None and loaded.chunk_size == 96 and loaded.format == "jsonl"
+    older = Dataset.build(["/d/*.rio"], ["/d/a.rio"], [([0], [3])], 1)
+    data = encode_event(SetDataset(older))
+    assert b"chunk_size" not in data
+    back = decode_event(data)
+    assert isinstance(back, SetDataset) and back.dataset.chunk_size is None

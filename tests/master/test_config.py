@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,11 @@ def run_master(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
         ({"FAILED_POLICY": "forget"}, "FAILED_POLICY"),
         ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
         ({"CHUNKMASTER_STORE_SYNC": "sometimes"}, "CHUNKMASTER_STORE_SYNC"),
+        ({"CHUNKMASTER_CHUNK_SIZE": "big"}, "CHUNKMASTER_CHUNK_SIZE"),
+        # Retired in favour of --chunk-size: refused rather than silently ignored.
+        ({"CHUNKMASTER_LINES_CHUNK_BYTES": "700"}, "CHUNKMASTER_LINES_CHUNK_BYTES"),
+        ({"CHUNKMASTER_TFRECORD_CHUNK_BYTES": "700"}, "CHUNKMASTER_TFRECORD_CHUNK_BYTES"),
+        ({"CHUNKMASTER_MAX_INFLATED_BYTES": "lots"}, "CHUNKMASTER_MAX_INFLATED_BYTES"),
     ],
 )
 def test_a_bad_environment_variable_is_one_line_naming_it(env: dict[str, str], named: str) -> None:
@@ -66,6 +72,11 @@ def test_a_bad_environment_variable_is_one_line_naming_it(env: dict[str, str], n
         (["--job", "a/b"], "--job"),
         (["--metrics-port", "70000"], "--metrics-port"),
         (["--metrics-port", "nine"], "--metrics-port"),
+        (["--chunk-size", "0"], "--chunk-size"),
+        (["--chunk-size", "2GiB"], "--chunk-size"),
+        (["--chunk-size", "4MB"], "--chunk-size"),
+        (["--max-inflated-bytes", "0"], "--max-inflated-bytes"),
+        (["--max-inflated-bytes", "1.5G"], "--max-inflated-bytes"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it(args: list[str], named: str) -> None:
@@ -90,19 +101,46 @@ def test_from_text_types_every_field() -> None:
             "task_timeout": "1m30s",
             "task_timeout_max": "0",
             "chunks_per_task": "4",
+            "chunk_size": "64KiB",
             "failed_policy": "keep",
             "job": "j1",
             "endpoints": "http://a:2379, b",
             "host": "127.0.0.1",  # loopback: no TLS or token needed
             "etcd_user": "u",
             "etcd_password": "s3cret-pw",
+            "max_inflated_bytes": "2GiB",
         }
     )
+    assert config.max_inflated_bytes == 2 << 30
     assert config.port == 0 and config.ttl_sec == 5 and config.task_timeout == 90.0
+    assert config.chunk_size == 64 << 10
     assert config.failed_policy is FailedPolicy.KEEP and config.job == "j1"
     assert config.etcd is not None and config.store_name == "etcd"
     assert [e.target for e in config.etcd.endpoints] == ["a:2379", "b:2379"]
     assert "s3cret-pw" not in repr(config)  # the password is never printed
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("65536", 65536), ("64k", 65536), ("64KiB", 65536), ("4M", 4 << 20), ("4MiB", 4 << 20),
+     ("1g", 1 << 30), ("700B", 700), (" 32 KiB ", 32 << 10), ("1073741824", 1 << 30),
+     ("512MiB", 512 << 20), ("2G", 2 << 30), ("3 GiB", 3 << 30), ("2TiB", 2 << 40)],
+)  # fmt: skip
+def test_sizes_read_as_size_text_writes_them(text: str, size: int) -> None:
+    """--chunk-size and --max-inflated-bytes (and read --max-inflated-bytes) read sizes so."""
+    from chunkmaster.core.dataset import size_text
+    from chunkmaster.master.config import parse_size
+
+    assert parse_size(text) == size
+    assert parse_size(size_text(size)) == size  # what messages suggest can be typed back
+
+
+@pytest.mark.parametrize("text", ["", "0", "-1", "1.5G", "lots", "12iB", "5 PB", "4MB"])
+def test_bad_sizes_are_refused_naming_them(text: str) -> None:
+    from chunkmaster.master.config import parse_size
+
+    with pytest.raises(ValueError, match=re.escape(f"{text!r} is not a byte count")):
+        parse_size(text)
 
 
 def test_defaults_and_the_embedded_stores() -> None:

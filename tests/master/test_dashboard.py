@@ -130,3 +130,38 @@ def test_dashboard_shows_the_pass_queues_and_trainer(
     assert text_of(dom, "n-trainers") == "1"
     assert f"<td>{TRAINER}</td>" in dom
     assert "store healthy" in text_of(dom, "health")
+
+
+def test_dashboard_warns_when_trainers_outnumber_the_tasks(tmp_path: Path) -> None:
+    """Two trainers, a pass of one task: the status's warning shows in the page's band."""
+    m = MasterProcess(
+        ["--store", ":memory:", "--metrics-port", "0", "--chunk-per-task", "1000"]
+    ).start()
+    data = numbered_records(tmp_path / "data.recordio", 40)
+    args = ["--addr", m.addr or "", "--passes", "1", "--dataset", data, "--step-time", "600"]
+    helper = str(HELPERS / "session_trainer.py")
+    trainers = [
+        subprocess.Popen(
+            [sys.executable, helper, *args, "--name", f"t{i}", "--out", str(tmp_path / f"t{i}")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(2)
+    ]
+    try:
+        info = read_ready_file(m.ready_file)
+        assert info is not None
+        addr = str(info["metrics_addr"])
+        end = time.monotonic() + 60
+        while status(addr)["sessions"] < 2:
+            assert time.monotonic() < end, f"the trainers never started: {m.log()[-2000:]}"
+            time.sleep(0.1)
+        (warning,) = status(addr)["warnings"]
+        dom = render(f"http://{addr}/", tmp_path / "profile")
+        assert text_of(dom, "warnings") == warning
+        assert "1 task(s) for 2 trainers" in warning
+    finally:
+        for t in trainers:
+            t.kill()
+            t.wait(10)
+        m.kill()

@@ -24,7 +24,12 @@ from chunkmaster import (
     TaskMeta,
     UnavailableError,
 )
-from chunkmaster.core.errors import NoDatasetError, NotReadyError, TrainerIdEmptyError
+from chunkmaster.core.errors import (
+    DatasetMismatchError,
+    NoDatasetError,
+    NotReadyError,
+    TrainerIdEmptyError,
+)
 from chunkmaster.store.base import StoreError
 
 T = TypeVar("T")
@@ -265,7 +270,9 @@ def test_d18_duplicates_removed_and_the_dataset_spec_persists(tmp_path: Path) ->
         await svc.set_dataset(globs)
         st = svc.status()
         assert st["dataset"]["files"] == 2 and st["num_tasks"] == 5
-        await svc.set_dataset([a])  # the first dataset wins: a no-op
+        with pytest.raises(DatasetMismatchError, match="differs from the master's"):
+            await svc.set_dataset([a])  # the first dataset wins: another one is refused
+        await svc.set_dataset([str(tmp_path / "b.rio"), a, a])  # its files: a no-op
         await svc.close()
 
     async def second() -> None:

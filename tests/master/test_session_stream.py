@@ -110,14 +110,16 @@ def test_a_silent_trainer_loses_its_session_and_its_tasks_go_back(dataset: str) 
         wait_for(lambda: m.status()["sessions"] == 0, "the lease to run out")
         st = m.status()
         assert st["pending"] == 0 and st["todo"] == 4
-        assert st["tasks_with_failures"] == 0  # "trainer lost" is not the task's failure
+        # The task it was reading counts a failure (docs/failures.md), and says so when it is
+        # handed out again.
+        assert st["tasks_with_failures"] == 1
         assert st["ledger"][-1]["redispatched"] == {"trainer lost": RECORDS_PER_TASK - 3}
         b = RawSession(m.addr)
         resp = b.hello(session_id=sid)
         assert resp.error.error == "SessionExpiredError"
         b.hello(name="b")
         again = next_task(b)
-        assert (again.meta.id, again.start) == (t.meta.id, 3)
+        assert (again.meta.id, again.start, again.failures) == (t.meta.id, 3, 1)
         b.close()
 
 
@@ -207,3 +209,32 @@ def test_a_batch_is_durable_before_it_is_answered(dataset: str, tmp_path: Path) 
         again = next_batch(s, 2, "req")  # the retry after a restart: the same two tasks
         assert [t.meta.id for t in again.tasks.tasks] == got
         s.close()
+
+
+def test_a_session_whose_trainer_leaves_while_it_is_written_still_expires(
+    tmp_path: Path,
+) -> None:
+    """A trainer that exits right after its Hello (a refused set_dataset, say) cancels the
+    opening while the OpenSession write is in flight. The session is in the state from the
+    moment it is applied, so its lease must be too: before, it was granted after the write,
+    and such a session never ended (it counted as a live trainer for ever)."""
+    import asyncio
+
+    from chunkmaster.master.service import Service
+
+    async def main() -> None:
+        svc = Service(SqliteStore(tmp_path / "s.db"), timeout_dur=60, trainer_ttl=0.3)
+        await svc.start()
+        try:
+            opening = asyncio.ensure_future(svc.open_session("", "t", "h", 1, 0))
+            await asyncio.sleep(0)  # applied; its write in flight
+            assert len(svc.ledger.state.sessions) == 1
+            opening.cancel()
+            deadline = time.monotonic() + 30
+            while svc.ledger.state.sessions:
+                assert time.monotonic() < deadline, "the session never ended: it had no lease"
+                await asyncio.sleep(0.05)
+        finally:
+            await svc.close()
+
+    asyncio.run(main())

@@ -3,6 +3,10 @@
 The reference keeps one label per task ("todo", "pending", "done", "failed") plus explicit
 order lists, and re-derives everything by scanning; the real core uses deques, dicts and
 arrays. Random events drive both; after every step they must agree.
+
+Sessions too: a session that ends hands its tasks back first in line; one that was lost
+(`EndSession(charge=True)`) counts a failure against the task it was reading, the first it
+holds in dispatch order, which is quarantined like any failing task once over the limit.
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from chunkmaster.core import errors
 from chunkmaster.core.dataset import Dataset
-from chunkmaster.core.events import ApproveSave, Dispatch, Fail, Finish, SetDataset
+from chunkmaster.core.events import (
+    ApproveSave,
+    Dispatch,
+    EndSession,
+    Fail,
+    Finish,
+    OpenSession,
+    SetDataset,
+)
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.state import (
     Availability,
@@ -44,6 +56,9 @@ class Reference:
         self.order = {"todo": list(range(n)), "done": [], "failed": []}
         self.epoch = [0] * n
         self.pending_epoch: dict[int, int] = {}
+        self.pending_order: list[int] = []  # pending tasks in the order they were dispatched
+        self.holder: dict[int, str] = {}  # pending task -> the session holding it ("": none)
+        self.sessions: set[str] = set()
         self.failures = [0] * n
         self.cur_pass = 0
         self.failure_max = failure_max
@@ -71,12 +86,40 @@ class Reference:
                     self.failures[t] = 0
                     self.move(t, "todo")
 
-    def dispatch(self) -> int:
+    def dispatch(self, session: str = "") -> int:
         t = self.order["todo"][0]
         self.epoch[t] += 1
         self.pending_epoch[t] = self.epoch[t]
+        self.pending_order.append(t)
+        self.holder[t] = session
         self.move(t, "pending")
         return t
+
+    def unpend(self, t: int) -> None:
+        del self.pending_epoch[t]
+        del self.holder[t]
+        self.pending_order.remove(t)
+
+    def end_session(self, sid: str, charge: bool) -> int:
+        if sid not in self.sessions:
+            return 0
+        self.sessions.discard(sid)
+        held = [t for t in self.pending_order if self.holder[t] == sid]
+        over = None
+        if charge and held:
+            self.failures[held[0]] += 1
+            if self.failures[held[0]] > self.failure_max:
+                over = held[0]
+        for t in reversed(held):
+            self.unpend(t)
+            if t == over:
+                self.move(t, "failed")
+                continue
+            self.label[t] = "todo"  # back first in line
+            self.order["todo"].insert(0, t)
+        if over is not None:
+            self.leave_pending()
+        return len(held)
 
     def finish(self, t: int, epoch: int, pass_id: int) -> bool:
         if self.label[t] != "pending":
@@ -85,7 +128,7 @@ class Reference:
             return False
         if epoch > self.pending_epoch[t]:
             return False
-        del self.pending_epoch[t]
+        self.unpend(t)
         self.failures[t] = 0
         self.move(t, "done")
         self.leave_pending()
@@ -94,7 +137,7 @@ class Reference:
     def fail(self, t: int, epoch: int) -> bool:
         if self.label[t] != "pending" or self.pending_epoch[t] != epoch:
             return False
-        del self.pending_epoch[t]
+        self.unpend(t)
         self.failures[t] += 1
         self.move(t, "failed" if self.failures[t] > self.failure_max else "todo")
         self.leave_pending()
@@ -117,8 +160,22 @@ class StateMachineVsReference(RuleBasedStateMachine):
         self.now = 0.0
         self.requests = 0
 
-    @rule(offset=st.integers(-2, 2))
-    def get_task(self, offset: int) -> None:
+    @rule(sid=st.sampled_from(["a", "b", "c"]))
+    def open_session(self, sid: str) -> None:
+        apply(self.state, OpenSession(sid, f"trainer {sid}", "host", 7))
+        self.ref.sessions.add(sid)
+
+    @rule(sid=st.sampled_from(["a", "b", "c"]), charge=st.booleans())
+    def end_session(self, sid: str, charge: bool) -> None:
+        """A trainer says goodbye, or is lost: then the task it was reading is charged."""
+        reason = "trainer lost" if charge else "returned"
+        held = apply(self.state, EndSession(sid, reason, (), charge))
+        assert held == self.ref.end_session(sid, charge)
+
+    @rule(offset=st.integers(-2, 2), sid=st.sampled_from(["", "a", "b", "c"]))
+    def get_task(self, offset: int, sid: str) -> None:
+        if sid not in self.ref.sessions:
+            sid = ""
         pass_id = self.ref.cur_pass + offset
         expected: type[Exception] | Availability
         if offset < 0:
@@ -135,10 +192,11 @@ class StateMachineVsReference(RuleBasedStateMachine):
             assert check_get_task(self.state, pass_id) is expected
             if expected is Availability.DISPATCH:
                 self.requests += 1
-                task = apply(self.state, Dispatch(self.now + 10, "w", f"req-{self.requests}"))
-                t = self.ref.dispatch()
+                task = apply(self.state, Dispatch(self.now + 10, "w", f"req-{self.requests}", sid))
+                t = self.ref.dispatch(sid)
                 assert task.meta.id == t and task.meta.epoch == self.ref.epoch[t]
                 assert task.pass_id == self.ref.cur_pass
+                assert task.failures == self.ref.failures[t]  # a trainer settles around it
         else:
             with pytest.raises(expected):
                 check_get_task(self.state, pass_id)
@@ -185,6 +243,9 @@ class StateMachineVsReference(RuleBasedStateMachine):
         assert s.done == r.order["done"]
         assert s.failed == r.order["failed"]
         assert {t: p.epoch for t, p in s.pending.items()} == r.pending_epoch
+        assert list(s.pending) == r.pending_order  # which task a lost session was reading
+        assert {t: p.session for t, p in s.pending.items()} == r.holder
+        assert set(s.sessions) == r.sessions
         assert s.cur_pass == r.cur_pass
         assert [s.num_failures.get(t, 0) for t in range(len(r.label))] == r.failures
 

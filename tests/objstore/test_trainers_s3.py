@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.formats import MAKERS, digest_of
+from helpers.formats import MAKERS, SMALL_CHUNKS, digest_of
 from helpers.master_process import MasterProcess
 from helpers.s3_server import SECRET_KEY, S3Server
 from helpers.trainers import completed_tasks, sum_lines, wait_until_holding
@@ -41,9 +41,9 @@ def test_three_trainers_two_passes_one_killed_mid_pass(
     trainers: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("CHUNKMASTER_LINES_CHUNK_BYTES", "700")  # several chunks a file
-    monkeypatch.setenv("CHUNKMASTER_TFRECORD_CHUNK_BYTES", "700")
-    monkeypatch.setenv("CHUNKMASTER_WEBDATASET_CHUNK_BYTES", "8192")
+    monkeypatch.setenv(
+        "CHUNKMASTER_CHUNK_SIZE", SMALL_CHUNKS[dataset_format]
+    )  # several chunks a file
     pattern, records = upload_format(s3, tmp_path, dataset_format, files=3, n=90)
     expected = digest_of(records)
     # The victim's tasks come back when its session lapses (2 s); the survivors' never time

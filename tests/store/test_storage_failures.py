@@ -5,15 +5,14 @@ when the store works again, losing nothing acknowledged (issue 9)."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from helpers.aio import run
 from helpers.datasets import numbered_records
+from helpers.full_disk import fill
 from helpers.master_process import MasterProcess
 
 from chunkmaster.client.connection import MasterConnection
@@ -23,52 +22,6 @@ from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.service import Service
 from chunkmaster.store.base import Recovered, StoreError
 from chunkmaster.store.memory import InMemStore
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs, to be filled up for real; skipped where mounting is not permitted."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    try:
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"cannot run mount here ({exc}): a full-disk test needs a small filesystem")
-    if done.returncode != 0:
-        pytest.skip(
-            f"mounting a small tmpfs is not permitted here ({done.stderr.strip()}): a "
-            "full-disk test needs a small filesystem"
-        )
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
-
-
-def fill(directory: Path) -> Path:
-    """Write a file until the filesystem is full."""
-    filler = directory / "filler"
-    block = b"\0" * 65536
-    with open(filler, "wb", buffering=0) as f:
-        while True:
-            try:
-                f.write(block)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-                break
-    # fill the last partial block too
-    with open(filler, "ab", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 512)
-        except OSError:
-            pass
-    return filler
 
 
 def finish_one(c: MasterConnection) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from chunkmaster.cli.common import CliError, add_security_flags, ask_master
+from chunkmaster.core.dataset import size_text
 
 
 def register(sub: Any) -> None:
@@ -72,6 +73,8 @@ def describe(cp: Any) -> dict[str, Any]:
             "files": len(ds.files),
             "chunks": ds.num_chunks,
             "chunks_per_task": ds.chunks_per_task,
+            "format": ds.format,
+            "chunk_size": ds.chunk_size,  # None: the files' own chunks, or not recorded
         },
         "tasks": cp.num_tasks,
         "first_pass_not_committed": cp.floor,
@@ -96,10 +99,11 @@ def run_show(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     ds = info["dataset"]
+    size = "" if ds["chunk_size"] is None else f" of up to {size_text(ds['chunk_size'])}"
     print(f"job      {info['job']} (saved {info['created']})")
     print(
-        f"dataset  {ds['globs']}: {ds['files']} files, {ds['chunks']} chunks, "
-        f"{info['tasks']} tasks of {ds['chunks_per_task']} chunks"
+        f"dataset  {ds['globs']}: {ds['files']} {ds['format']} files, {ds['chunks']} chunks"
+        f"{size}, {info['tasks']} tasks of {ds['chunks_per_task']} chunks"
     )
     print(f"position pass {info['first_pass_not_committed']} (earlier passes are done)")
     for p in info["passes"]:

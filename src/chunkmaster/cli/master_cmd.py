@@ -222,6 +222,16 @@ SETTINGS = (
         "naming the file (a hung file system); default 2m",
     ),
     Setting(
+        "max_inflated_bytes",
+        ("--max-inflated-bytes",),
+        _env("MAX_INFLATED_BYTES"),
+        "the most a compressed dataset file (.jsonl.gz, .txt.zst, .tfrecord.gz) may inflate to "
+        "when set_dataset counts its records (default 1GiB; 512MiB, 4GiB...): a file that "
+        "would inflate to more is refused, naming it. Trainers have their own limit "
+        "(Client(max_inflated_bytes=...), read --max-inflated-bytes)",
+        "BYTES",
+    ),
+    Setting(
         "restore",
         ("--restore",),
         _env("RESTORE"),
@@ -243,6 +253,17 @@ SETTINGS = (
         _env("CHUNK_PER_TASK"),
         "chunks per task (RecordIO/TFRecord chunks, Parquet row groups, JSON Lines/text "
         "byte ranges); 0 or less means 1 (default 10)",
+    ),
+    Setting(
+        "chunk_size",
+        ("--chunk-size",),
+        ("CHUNKMASTER_CHUNK_SIZE",),  # a bare CHUNK_SIZE variable means too many things
+        "the most bytes of a chunk the master cuts itself: whole lines of JSON Lines and text "
+        "files (default 32KiB: a 1 MB file makes several tasks), whole frames of TFRecord and "
+        "samples of WebDataset files (default 4MiB); a longer line, frame or sample is a chunk "
+        "of its own. RecordIO chunks and Parquet row groups are the files' own. Sizes: 65536, "
+        "64KiB, 4MiB",
+        "SIZE",
     ),
     Setting(
         "format",
@@ -351,6 +372,14 @@ SETTINGS = (
     ),
 )
 
+#: Variables that set what a flag sets now: a master started with one refuses to run rather
+#: than ignore it.
+RETIRED_ENV = {
+    "CHUNKMASTER_LINES_CHUNK_BYTES": "--chunk-size (CHUNKMASTER_CHUNK_SIZE)",
+    "CHUNKMASTER_TFRECORD_CHUNK_BYTES": "--chunk-size (CHUNKMASTER_CHUNK_SIZE)",
+    "CHUNKMASTER_WEBDATASET_CHUNK_BYTES": "--chunk-size (CHUNKMASTER_CHUNK_SIZE)",
+}
+
 #: Settings that come only from the environment.
 ENV_ONLY = {"etcd_password": ("CHUNKMASTER_ETCD_PASSWORD",), "token": ("CHUNKMASTER_TOKEN",)}
 
@@ -416,6 +445,9 @@ def config_from(
     args: argparse.Namespace, environ: Mapping[str, str]
 ) -> tuple[MasterConfig, Logging]:
     """The master's config and how to log, or a CliError naming the flag or variable."""
+    for name, instead in RETIRED_ENV.items():
+        if environ.get(name):
+            raise CliError(f"{name}: no longer read: use {instead}", USAGE_EXIT)
     texts, sources = gather(args, environ)
     level = texts.pop("log_level", "info")
     log_format = texts.pop("log_format", "text")

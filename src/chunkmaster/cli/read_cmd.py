@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 from chunkmaster.cli.common import CliError, add_security_flags, security_kwargs
+from chunkmaster.core.dataset import parse_size
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
 if TYPE_CHECKING:
     from chunkmaster.client import Client, TaskReadError
@@ -146,9 +148,25 @@ def register(sub: Any) -> None:
         help="ranged reads of the next chunks kept in flight for object-store datasets "
         "(0: none; default 8)",
     )
+    p.add_argument(
+        "--max-inflated-bytes",
+        type=_size,
+        default=DEFAULT_MAX_INFLATED,
+        metavar="BYTES",
+        help="the most one chunk may decompress to (default 1GiB; 512MiB, 4GiB...): a chunk "
+        "that would inflate to more is refused while it is decoded and reported failed, like "
+        "any chunk that cannot be read (docs/failures.md)",
+    )
     p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
     add_security_flags(p)
     p.set_defaults(func=run)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             shuffle_seed=args.shuffle_seed,
             world_size=args.world_size,
             rank=args.rank,
+            max_inflated_bytes=args.max_inflated_bytes,
             **security_kwargs(args),
         )
     except (RuntimeError, ValueError) as exc:

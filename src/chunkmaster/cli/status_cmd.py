@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 from chunkmaster.cli.common import add_security_flags, ask_master
+from chunkmaster.core.dataset import size_text
+from chunkmaster.logs import printable
 
 
 def register(sub: Any) -> None:
@@ -34,14 +36,18 @@ def render(st: dict[str, Any]) -> str:
     stop = st.get("job_stopped")
     if stop:
         lines.append(f"STOPPED  {stop['message']}")
+    lines.extend(f"WARNING  {w}" for w in st.get("warnings", []))
     if not st["ready"]:
         lines.append("no dataset yet (waiting for a trainer's set_dataset)")
     else:
         ds = st["dataset"]
+        size = ds.get("chunk_size")
         lines.append(
             f"dataset  {len(ds['globs'])} pattern(s), {ds['files']} {ds.get('format', 'recordio')} "
-            f"files, {ds['chunks']} chunks, "
-            f"{ds['records']} records, {st['num_tasks']} tasks of {ds['chunks_per_task']} chunks"
+            f"files, {ds['chunks']} chunks"
+            + ("" if size is None else f" of up to {size_text(size)}")
+            + f", {ds['records']} records, {st['num_tasks']} tasks of {ds['chunks_per_task']} "
+            "chunks"
         )
     lines.append(
         f"pass     {st['cur_pass']}: todo {st['todo']}, pending {st['pending']}, "
@@ -116,7 +122,9 @@ def render(st: dict[str, Any]) -> str:
             lines.append(
                 f"  task {t['id']} [{t['queue']}] {t['total_failures']} failure(s): {reasons}"
             )
-    return "\n".join(lines)
+    # Names, reasons, patterns and paths come from trainers and file systems: shown escaped,
+    # one line each, unable to drive the terminal.
+    return "\n".join(printable(line) for line in lines)
 
 
 def _quarantine(st: dict[str, Any]) -> list[str]:

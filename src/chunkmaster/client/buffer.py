@@ -33,10 +33,11 @@ from chunkmaster.client.link import Cancelled, CancelToken
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reading import READ_ERRORS, chunk_loader, start_point
-from chunkmaster.client.reporter import Reports
+from chunkmaster.client.reporter import Reports, Settling
 from chunkmaster.core.model import Task
 from chunkmaster.formats import ChunkLoader, Loaded, Storage
 from chunkmaster.formats.storage import storage_for
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -58,7 +59,8 @@ class PassBuffer:
     Goodbye (else after the master's timeout). `report_now` is called (lock held) when enough
     records were consumed since the last progress report. `columns`: the columns to read
     (columnar formats only); `batches`: runs are whole record batches. `storage`: where a
-    chunk's file is read from, by its path.
+    chunk's file is read from, by its path. `max_inflated`: what one chunk may decompress to
+    (a chunk that would inflate to more fails as unreadable, chunkmaster.inflate).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class PassBuffer:
         batches: bool = False,
         storage: Callable[[str], Storage] = storage_for,
         readahead: ReadAhead | None = None,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
     ) -> None:
         self.pass_id = pass_id
         self.cancel = CancelToken(parent)
@@ -89,6 +92,7 @@ class PassBuffer:
         self._batches = batches
         self._storage = storage
         self._ahead = readahead  # fetches the byte ranges of the tasks' chunks ahead
+        self._max_inflated = max_inflated  # what one chunk may decompress to
         self._loaders: dict[str, ChunkLoader] = {}  # format -> this pass's loader of it
         self._tasks: deque[Task] = deque()
         self.held: dict[int, Task] = {}  # taken from the master, neither finished nor failed
@@ -103,6 +107,8 @@ class PassBuffer:
         self._skip = 0  # records to drop at the start of the next chunk loaded
         self._loaded: Loaded | None = None
         self._at = 0  # the loaded chunk's next record
+        self._after_suspect = False  # the last task taken had failures: settle before the next
+        self._settling: Settling | None = None  # finishes being applied before a task begins
 
     # ---- the fetcher's side (takes the lock) ----------------------------------------------
 
@@ -189,6 +195,8 @@ class PassBuffer:
             if task is None:
                 if not self._tasks:
                     return None
+                if (self._tasks[0].failures or self._after_suspect) and not self._settled():
+                    return None  # the master is applying our finishes: the settle wakes us
                 task = self._task = self._tasks.popleft()
                 self._skip_to_start(task)
             chunks = task.chunks
@@ -221,9 +229,31 @@ class PassBuffer:
             self._at = min(self._skip, loaded.count)
             self._skip = 0
 
+    def _settled(self) -> bool:
+        """Whether the master has applied this trainer's finishes (asking it, the first time).
+
+        Around a task that failed before (it comes with `failures`), so that if this trainer
+        dies reading it the master charges that task, not one finished a moment earlier whose
+        finish had not reached it (docs/failures.md). Rare: only after failures."""
+        settling = self._settling
+        if settling is None:
+            settling = self._settling = self._reporter.settle(self._wake)
+            if settling is None:
+                self._after_suspect = False
+                return True
+        if not settling.done:
+            return False
+        self._settling = None
+        self._after_suspect = False
+        return True
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
     def _loader(self, name: str, path: str) -> ChunkLoader:
         """This pass's loader of format `name`, made on its first chunk (`path`)."""
-        loader = chunk_loader(name, path, self._columns, self._batches)
+        loader = chunk_loader(name, path, self._columns, self._batches, self._max_inflated)
         self._loaders[name] = loader
         return loader
 
@@ -257,6 +287,8 @@ class PassBuffer:
         """The trainer took the task's last record: report it finished."""
         self.held.pop(task.meta.id, None)
         self._progress.finished(task)
+        if task.failures:
+            self._after_suspect = True
         self._cond.notify_all()  # a slot for the fetcher
         self._reporter.finished(task)
         done.append(task)

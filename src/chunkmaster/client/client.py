@@ -70,6 +70,7 @@ from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Position, Task
 from chunkmaster.formats.base import Storage
 from chunkmaster.formats.storage import storage_for
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 from chunkmaster.rpc import master_pb2 as pb
 
 if TYPE_CHECKING:
@@ -145,6 +146,12 @@ class Client:
     (docs/shuffle.md). The draw is seeded by (`shuffle_seed`, pass, `name`); without
     `shuffle_seed` the master's --shuffle-seed is used (0 if it has none). A buffered record
     is not consumed: positions, commits and finishes wait until it is handed out.
+
+    `max_inflated_bytes` (default 1 GiB) bounds what one chunk may decompress to: a chunk
+    that would inflate to more (a decompression bomb: a few MB that inflate to many GB) is
+    refused while it is decoded, before it takes the memory, and reported failed like any
+    chunk that cannot be read (`TaskReadError`; docs/failures.md). Raise it for datasets whose
+    chunks are that large (a JSON Lines or TFRecord file compressed whole is one chunk).
     """
 
     def __init__(
@@ -177,6 +184,7 @@ class Client:
         shuffle_seed: int | None = None,
         world_size: int | None = None,
         rank: int | None = None,
+        max_inflated_bytes: int = DEFAULT_MAX_INFLATED,
     ) -> None:
         if (addr is None) == (etcd_endpoints is None):
             raise ValueError("give exactly one of addr and etcd_endpoints")
@@ -185,6 +193,7 @@ class Client:
             raise ValueError(f"shuffle_buffer must be 0 (off) or more, not {shuffle_buffer}")
         if prefetch_tasks < 0:
             raise ValueError(f"prefetch_tasks must be 0 or more, not {prefetch_tasks}")
+        self.max_inflated_bytes = check_limit(max_inflated_bytes)
         self.shuffle_buffer = shuffle_buffer
         self.shuffle_seed = shuffle_seed
         self.buffer_size = max(1, buffer_size)
@@ -295,10 +304,16 @@ class Client:
     def set_dataset(self, globs: Sequence[str] | str, timeout: float = DATASET_TIMEOUT) -> None:
         """Tell the master the dataset (the first trainer's call wins); errors are raised.
 
-        Waits until the master has indexed the files, retrying an unreachable master, for at
-        most `timeout` seconds; then raises TimeoutError (the master goes on indexing).
+        Relative paths are this trainer's: they are sent absolute, resolved in its working
+        directory. A master that serves another dataset refuses the call with
+        DatasetMismatchError naming both. Waits until the master has indexed the files,
+        retrying an unreachable master, for at most `timeout` seconds; then raises
+        TimeoutError (the master goes on indexing).
         """
         paths = [globs] if isinstance(globs, str) else list(globs)
+        paths = [
+            os.path.abspath(p) if isinstance(p, str) and p and "://" not in p else p for p in paths
+        ]
         deadline = time.monotonic() + timeout
 
         def call(conn: MasterConnection) -> None:
@@ -352,8 +367,10 @@ class Client:
         tasks finished since at their end; returns once the master has made them durable.
         Raises the master's error: CheckpointRefusedError if one of those tasks was handed to
         another trainer meanwhile (its records past the last report will be delivered again;
-        the refused positions are not sent again). TimeoutError after `timeout` seconds (the
-        commit may still be applied; the next one sends the positions again).
+        the refused positions are not sent again). A master whose store refuses writes for
+        now (UnavailableError) gets the commit again, with backoff. TimeoutError after
+        `timeout` seconds (the commit may still be applied; the next one sends the positions
+        again).
         """
         session = self._session
         if session is None:
@@ -364,7 +381,7 @@ class Client:
         if not positions:
             return
         try:
-            session.commit(positions).result(timeout)
+            session.commit(positions, timeout)
         except Cancelled:
             raise ClientClosedError("client closed during commit") from None
         except CallCancelled:
@@ -450,6 +467,7 @@ class Client:
                 batches=batches,
                 storage=self._storage,
                 readahead=self._readahead,
+                max_inflated=self.max_inflated_bytes,
             )
             ps.joined = self._last_ended == pass_id - 1
             self._pass = ps

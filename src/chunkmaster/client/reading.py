@@ -15,6 +15,7 @@ from chunkmaster.client.errors import TaskReadError
 from chunkmaster.core.model import Task
 from chunkmaster.formats import ChunkLoader, FormatError, Storage, get_format
 from chunkmaster.formats.storage import storage_for
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.recordio.errors import RecordIOError
 
 #: What a chunk that cannot be read raises: the task is reported failed, the pass goes on.
@@ -35,11 +36,16 @@ def start_point(task: Task) -> tuple[int, int, int]:
 
 
 def chunk_loader(
-    name: str, path: str, columns: Sequence[str] | None = None, batches: bool = False
+    name: str,
+    path: str,
+    columns: Sequence[str] | None = None,
+    batches: bool = False,
+    max_inflated: int = DEFAULT_MAX_INFLATED,
 ) -> ChunkLoader:
-    """A loader of format `name` (first needed for the chunk in `path`). Raises FormatError
-    when this trainer cannot read the format, TypeError for columns or record batches of a
-    format that is not columnar (the trainer's mistake, not the task's failure)."""
+    """A loader of format `name` (first needed for the chunk in `path`) whose chunks inflate
+    to `max_inflated` bytes at most. Raises FormatError when this trainer cannot read the
+    format, TypeError for columns or record batches of a format that is not columnar (the
+    trainer's mistake, not the task's failure)."""
     try:
         fmt = get_format(name)
     except (ValueError, ImportError) as exc:
@@ -50,8 +56,9 @@ def chunk_loader(
             f"columns and record batches need a columnar dataset (Parquet); this one is {name}"
         )
     if columnar:
-        return fmt.loader(columns=None if columns is None else list(columns))  # type: ignore[call-arg]
-    return fmt.loader()
+        cols = None if columns is None else list(columns)
+        return fmt.loader(columns=cols, max_inflated=max_inflated)  # type: ignore[call-arg]
+    return fmt.loader(max_inflated=max_inflated)
 
 
 class TaskReader:
@@ -61,9 +68,11 @@ class TaskReader:
         self,
         storage: Callable[[str], Storage] = storage_for,
         columns: Sequence[str] | None = None,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
     ) -> None:
         self._storage = storage
         self._columns = columns
+        self._max_inflated = max_inflated
         self._loaders: dict[str, ChunkLoader] = {}
 
     def runs(self, task: Task) -> Iterator[tuple[int, Iterator[Any], int]]:
@@ -78,7 +87,7 @@ class TaskReader:
                 loader = self._loaders.get(task.format)
                 if loader is None:
                     loader = self._loaders[task.format] = chunk_loader(
-                        task.format, chunk.path, self._columns
+                        task.format, chunk.path, self._columns, max_inflated=self._max_inflated
                     )
                 loaded = loader.load(chunk, self._storage(chunk.path))
             except READ_ERRORS as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
@@ -20,6 +21,18 @@ class Reports(Protocol):
     def finished(self, task: Task) -> None: ...
 
     def failed(self, task: Task, reason: str) -> None: ...
+
+    def settle(self, wake: Callable[[], None]) -> Settling | None:
+        """Have the finishes reported so far applied by the master; `wake` is called when they
+        are. None: nothing to wait for."""
+        ...
+
+
+class Settling(Protocol):
+    """A settle in progress (a session's Reply)."""
+
+    @property
+    def done(self) -> bool: ...
 
 
 class Report(NamedTuple):
@@ -47,6 +60,11 @@ class Reporter:
 
     def failed(self, task: Task, reason: str) -> None:
         self._queue.put(Report("fail", task, reason))
+
+    def settle(self, wake: Callable[[], None]) -> Settling | None:
+        """Nothing to wait for: without a session no trainer is charged for dying (its tasks
+        come back by their timeouts, which count against the task)."""
+        return None
 
     def close(self, flush_timeout: float) -> None:
         """Send what is queued (for up to flush_timeout s), then give the rest up."""

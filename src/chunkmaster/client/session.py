@@ -11,10 +11,17 @@ A message that expects an answer stays pending until answered and is sent again 
 seq, same request_id) on the next stream: the master treats a repeat as the original. If the
 session ended while the trainer was away (SessionExpiredError), a new one is opened and the
 pending messages go out in it; task requests get fresh request IDs.
+
+A finish is never dropped: one the master answers with "not now" (UnavailableError while its
+store refuses writes, NotReadyError) goes back into the queue and out again with backoff, in
+whichever message carries it (a NextTask, alone, before a Commit or the Goodbye), until the
+master applies it or answers that it is moot (an Ack: the task is not pending, another epoch,
+the pass is over) or refuses it for good (a malformed report: logged).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -56,6 +63,10 @@ FINISH_FLUSH = 0.1
 """Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false);
 it goes at once if a task request is in flight already (the next waits for its answer)."""
 
+#: The master's answers that mean "not now, ask again": a report or commit refused with one
+#: of these is sent again with backoff (the master has not applied it).
+TRY_AGAIN = (UnavailableError, NotReadyError)
+
 
 def session_error(err: pb.SessionError) -> MasterError:
     """The master's error carried by a SessionError."""
@@ -79,6 +90,21 @@ class Reply:
         self._response: pb.SessionResponse | None = None
         self._error: BaseException | None = None
         self.cancelled = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def on_done(self, fn: Callable[[], None]) -> None:
+        """Call `fn`, from the thread that settles this reply and with none of its locks held,
+        once the answer, an error or a cancel comes. Not called if that happened already (the
+        caller's locks may be held here): check `done` after."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+
+    def _run_callbacks(self) -> None:
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
 
     def resolve(self, response: pb.SessionResponse) -> bool:
         """Deliver the answer; False if the waiter gave up (cancelled) before it came."""
@@ -87,13 +113,15 @@ class Reply:
                 return False
             self._response = response
             self._done.set()
-            return True
+        self._run_callbacks()
+        return True
 
     def fail(self, exc: BaseException) -> None:
         with self._lock:
             if not self._done.is_set():
                 self._error = exc
                 self._done.set()
+        self._run_callbacks()
 
     @property
     def done(self) -> bool:
@@ -119,6 +147,7 @@ class Reply:
                 return
             self.cancelled = True
             self._done.set()
+        self._run_callbacks()
 
 
 @dataclass
@@ -206,6 +235,8 @@ class TrainerSession:
         self._pending: dict[int, _Pending] = {}
         self._finishes: list[pb.TaskPosition] = []
         self._flush_at: float | None = None
+        self._finish_retries = 0  # finishes refused "not now" in a row (the backoff's attempt)
+        self._finish_retry_at: float | None = None  # no finish goes out before (monotonic)
         self._stream: _Stream | None = None  # set once Welcome came and the pending went out
         self._session_id = ""
         self.keep_alive_seconds = report_interval
@@ -255,12 +286,7 @@ class TrainerSession:
             try:
                 resp = cancel.run(reply)
             except MasterError as exc:
-                if finished and isinstance(exc, (UnavailableError, NotReadyError)):
-                    # the master may not have applied them: send them again (idempotent)
-                    with self._lock:
-                        self._finishes[:0] = finished
-                        self._arm_flush()
-                    self._wake.set()
+                # finishes it carried are queued again already (_on_response)
                 if not isinstance(exc, UnavailableError):
                     raise
                 if attempt == 0:
@@ -282,7 +308,7 @@ class TrainerSession:
         with self._lock:
             self._finishes.append(pos)
             if self._asking():  # the next NextTask waits for this one's answer: go now
-                self._flush_at = time.monotonic()
+                self._arm_flush(0.0)
             else:
                 self._arm_flush()
         self._wake.set()
@@ -309,17 +335,52 @@ class TrainerSession:
             msg = pb.Return(positions=[position_to_pb(p) for p in positions])
             self._send("returned", msg, answered=True)
 
-    def commit(self, positions: Sequence[Position]) -> Reply:
-        """Send a Commit (after the finishes queued before it); its Reply comes once durable."""
+    def settle(self, wake: Callable[[], None]) -> Reply | None:
+        """Send the queued finishes now, in a message the master answers once it has applied
+        them and everything sent before (it handles a stream's messages in order); `wake` is
+        called when the answer (or an error) comes later (check `done` first). None if the
+        client is closing.
+
+        Before a trainer reads a task that failed before, and after it finishes one, so that
+        if it dies then the master knows which task it was reading (docs/failures.md).
+        """
         with self._lock:
             if self._closing:
-                raise Cancelled()
-            self._flush_finishes()
-            reply = self._send(
-                "commit", pb.Commit(positions=[position_to_pb(p) for p in positions]), True
-            )
+                return None
+            msg = pb.NextTask(finished=self._take_finishes())
+            reply = self._send("next", msg, answered=True)
         assert reply is not None
+        reply.on_done(wake)
         return reply
+
+    def commit(self, positions: Sequence[Position], timeout: float | None = None) -> None:
+        """Send a Commit (after the finishes queued before it) and return once it is durable.
+        Refused "not now" (a store outage), it goes again with backoff, the finishes before
+        it, until answered or `timeout` s have passed (TimeoutError). Raises the master's
+        error otherwise; Cancelled or CallCancelled once the session closes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        attempt = 0
+        while True:
+            with self._lock:
+                if self._closing:
+                    raise Cancelled()
+                self._flush_finishes()
+                reply = self._send(
+                    "commit", pb.Commit(positions=[position_to_pb(p) for p in positions]), True
+                )
+            assert reply is not None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                reply.result(left)
+                return
+            except TRY_AGAIN as exc:
+                delay = self._backoff(attempt)
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    raise TimeoutError(f"commit not made durable within {timeout}s: {exc}") from exc
+                if attempt == 0:
+                    log.warning("commit: %s; sending it again with backoff", exc)
+                self._token.sleep(delay)
+                attempt += 1
 
     def report_now(self) -> None:
         """Send progress soon: enough records were consumed since the last report. Called
@@ -331,24 +392,38 @@ class TrainerSession:
             self._wake.set()
 
     def close(self, positions: Sequence[Position], timeout: float) -> None:
-        """Say Goodbye, handing the held tasks back at `positions`; wait (bounded) for the ack."""
+        """Say Goodbye, handing the held tasks back at `positions`; wait (bounded) for the ack.
+        A Goodbye refused "not now" (a store outage) goes again with backoff, after the
+        finishes refused with it, until acknowledged or `timeout` s have passed."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-            self._flush_finishes()
-            if not self._session_id and self._stream is None:
-                reply = None  # never opened: nothing to hand back
-            else:
-                msg = pb.Goodbye(progress=[position_to_pb(p) for p in positions])
-                reply = self._send("goodbye", msg, answered=True)
+            opened = bool(self._session_id) or self._stream is not None
         self._wake.set()
         try:
-            if reply is not None:
-                ack = reply.result(timeout)
+            attempt = 0
+            while opened:  # never opened: nothing to hand back
+                with self._lock:
+                    self._flush_finishes()
+                    msg = pb.Goodbye(progress=[position_to_pb(p) for p in positions])
+                    reply = self._send("goodbye", msg, answered=True)
+                assert reply is not None
+                try:
+                    ack = reply.result(max(0.0, deadline - time.monotonic()))
+                except TRY_AGAIN:
+                    delay = self._backoff(attempt)
+                    if time.monotonic() + delay >= deadline:
+                        raise
+                    self._answered_finishes(deadline)  # refused ones are queued again
+                    time.sleep(delay)
+                    attempt += 1
+                    continue
                 log.info(
                     "session %s closed; %d task(s) handed back", self._session_id, ack.ack.applied
                 )
+                break
         except TimeoutError:
             log.warning(
                 "session %s: no answer to Goodbye within %.1fs; the master hands this "
@@ -363,6 +438,17 @@ class TrainerSession:
             with self._lock:
                 stream, self._stream = self._stream, None
                 pending, self._pending = self._pending, {}
+                unsent = len(self._finishes) + sum(
+                    len(p.request.next.finished) for p in pending.values() if p.reply.kind == "next"
+                )
+            if unsent:
+                log.warning(
+                    "session %s closed with %d finish(es) the master did not take; those "
+                    "tasks go back when the session's lease runs out, from their last reported "
+                    "position",
+                    self._session_id,
+                    unsent,
+                )
             for p in pending.values():  # whoever still waits (a commit) learns it is over
                 p.reply.cancel()
             if stream is not None:
@@ -402,13 +488,62 @@ class TrainerSession:
             for p in self._pending.values()
         )
 
-    def _arm_flush(self) -> None:
-        if self._flush_at is None:
-            self._flush_at = time.monotonic() + FINISH_FLUSH
+    def _arm_flush(self, after: float = FINISH_FLUSH) -> None:
+        """Send the queued finishes alone in `after` s at the latest (not before a retry's
+        backoff is over)."""
+        at = time.monotonic() + after
+        if self._finish_retry_at is not None:
+            at = max(at, self._finish_retry_at)
+        if self._flush_at is None or at < self._flush_at:
+            self._flush_at = at
 
     def _flush_finishes(self) -> None:
         if self._finishes:
             self._send("next", pb.NextTask(finished=self._take_finishes()), answered=True)
+
+    def _backoff(self, attempt: int) -> float:
+        return backoff_delay(attempt, self._link.backoff_base, self._link.backoff_max)
+
+    def _finishes_refused(self, finished: Sequence[pb.TaskPosition], why: MasterError) -> None:
+        """The master did not apply these finishes, for now: queue them again (lock held);
+        they go with the next message that carries finishes, or alone after a backoff."""
+        if self._finish_retries == 0:
+            log.warning(
+                "session %s: the master did not take the finish of task(s) %s (%s); sending "
+                "them again with backoff",
+                self._session_id,
+                ", ".join(str(p.task_id) for p in finished),
+                why,
+            )
+        self._finish_retry_at = time.monotonic() + self._backoff(self._finish_retries)
+        self._finish_retries += 1
+        self._finishes[:0] = finished
+        self._flush_at = None
+        self._arm_flush()
+
+    def _answered_finishes(self, deadline: float) -> None:
+        """Wait (until `deadline`) for the answers to the finishes in flight."""
+        with self._lock:
+            replies = [
+                p.reply
+                for p in self._pending.values()
+                if p.reply.kind == "next" and p.request.next.finished
+            ]
+        for reply in replies:
+            with contextlib.suppress(Exception):
+                reply.result(max(0.0, deadline - time.monotonic()))
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        """Give every waiter `exc` (the master cannot be reached, or refuses this trainer);
+        the finishes they carried stay queued for the next stream."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            for p in pending.values():
+                if p.reply.kind == "next" and p.request.next.finished:
+                    self._finishes[:0] = p.request.next.finished
+                    self._arm_flush()
+        for p in pending.values():
+            p.reply.fail(exc)
 
     def _renew(self) -> None:
         """The session ended on the master: the next Hello opens a new one, and the pending
@@ -434,16 +569,10 @@ class TrainerSession:
             except Cancelled:
                 return
             except TransportError as exc:  # retry_timeout ran out: the waiters get the error
-                with self._lock:
-                    pending, self._pending = self._pending, {}
-                for p in pending.values():
-                    p.reply.fail(exc)
+                self._fail_pending(exc)
                 continue
             except UnauthenticatedError as exc:  # no retry mends a wrong token or certificate
-                with self._lock:
-                    pending, self._pending = self._pending, {}
-                for p in pending.values():
-                    p.reply.fail(exc)
+                self._fail_pending(exc)
                 log.error("Session: %s", exc)
                 try:
                     self._token.sleep(self._link.backoff_max)
@@ -590,7 +719,10 @@ class TrainerSession:
                         # A finish waits no longer than a progress report: a finished task is
                         # gone from the positions, and a trainer that dies before it was sent
                         # would have it delivered again from its last reported position.
-                        self._flush_finishes()
+                        # (Finishes refused "not now" wait for their backoff instead.)
+                        retry_at = self._finish_retry_at
+                        if retry_at is None or now >= retry_at:
+                            self._flush_finishes()
                         keep_alive = pb.KeepAlive(progress=progress, data_wait=wait)
                         self._send("keep_alive", keep_alive, False)
                 self._reported = now
@@ -645,8 +777,25 @@ class TrainerSession:
             return
         with self._lock:
             entry = self._pending.pop(resp.seq, None)
-            if entry is not None and entry.reply.kind == "goodbye":
+            if entry is not None and entry.reply.kind == "goodbye" and kind != "error":
                 self._said_goodbye = True
+            if entry is not None and entry.reply.kind == "next" and entry.request.next.finished:
+                refused = session_error(resp.error) if kind == "error" else None
+                if isinstance(refused, TRY_AGAIN):
+                    self._finishes_refused(entry.request.next.finished, refused)
+                else:
+                    self._finish_retries, self._finish_retry_at = 0, None
+                    if refused is not None and not entry.request.next.want_task:
+                        # for good: sending them again cannot change that (a task request's
+                        # error is its fetcher's to raise)
+                        log.warning(
+                            "session %s: the master refused the finish of task(s) %s: %s",
+                            self._session_id,
+                            ", ".join(str(p.task_id) for p in entry.request.next.finished),
+                            refused,
+                        )
+        if kind == "error" and entry is not None and entry.reply.kind == "next":
+            self._wake.set()  # the finishes may go again once their backoff is over
         if entry is None:
             if kind == "error":
                 log.warning("session %s: master: %s", self._session_id, session_error(resp.error))

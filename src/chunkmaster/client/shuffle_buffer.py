@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count, repeat
 
-from chunkmaster.client.reporter import Reports
+from chunkmaster.client.reporter import Reports, Settling
 from chunkmaster.core.model import Task
 
 Key = tuple[int, int]  # (task id, epoch): one dispatch of a task
@@ -146,3 +147,7 @@ class DeferredFinishes:
 
     def failed(self, task: Task, reason: str) -> None:
         self._inner.failed(task, reason)
+
+    def settle(self, wake: Callable[[], None]) -> Settling | None:
+        """What was reported so far (finishes still deferred here are not)."""
+        return self._inner.settle(wake)

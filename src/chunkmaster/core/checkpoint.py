@@ -10,7 +10,9 @@ No pickle: reading a checkpoint must not mean running code. Layout (little-endia
              body length u64
     body     JSON length u32, JSON (ASCII): job, created, num_tasks, floor,
                dataset {globs, cpt, files: [[path, size, chunks, records, index digest hex]],
-                 format (absent: "recordio")},
+                 format (absent: "recordio"), chunk_size (the bound the master cut the
+                 chunks at, for the formats it cuts; absent: the files' own chunks, or a
+                 checkpoint older than the setting: LEGACY_CHUNK_SIZE)},
                shuffle_seed (VERSION_SHUFFLED only: with it, task t covers other chunks
                every pass, so the commits mean something under this seed only),
                passes [[pass_id, full count, bitmap bytes, partial count]], ascending
@@ -32,12 +34,12 @@ import sys
 import zlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from itertools import compress, pairwise
 from typing import Any
 
-from chunkmaster.core.dataset import Dataset, count_tasks
+from chunkmaster.core.dataset import Dataset, count_tasks, size_text
 from chunkmaster.core.shuffle import MAX_SEED
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
@@ -55,6 +57,10 @@ _RECORDIO_MAGIC = bytes.fromhex("04030201")
 _STORE_MAGIC = b"CMB1"
 
 _WHAT_TO_DO = "give the file a chunkmaster master wrote as its data checkpoint"
+
+LEGACY_CHUNK_SIZE = 4 << 20
+"""The chunk size of a checkpoint that records none, for a format the master cuts (JSON Lines,
+text, TFRecord, WebDataset): the default of every such format before the size was a setting."""
 
 
 class CheckpointError(ValueError):
@@ -76,6 +82,7 @@ class DatasetFingerprint:
     chunks_per_task: int
     files: tuple[FileFingerprint, ...]
     format: str = "recordio"  # the files' format (chunkmaster.formats)
+    chunk_size: int | None = None  # the bound the chunks were cut at (Dataset.chunk_size)
 
     @property
     def num_chunks(self) -> int:
@@ -132,7 +139,44 @@ def fingerprint(ds: Dataset, sizes: Sequence[int] | None = None) -> DatasetFinge
         start = end
     if start != len(cf):
         raise ValueError(f"{len(cf) - start} chunks name a file beyond the dataset's files")
-    return DatasetFingerprint(tuple(ds.globs), ds.chunks_per_task, tuple(files), ds.format)
+    return DatasetFingerprint(
+        tuple(ds.globs), ds.chunks_per_task, tuple(files), ds.format, ds.chunk_size
+    )
+
+
+def with_paths(cp: DataCheckpoint, resolve: Callable[[str], str]) -> DataCheckpoint:
+    """`cp` with its dataset's patterns and file paths passed through `resolve`: a master
+    reads relative ones (in checkpoints written before patterns were kept absolute) in its
+    working directory, and compares what it indexes with that."""
+    ds = cp.dataset
+    files = tuple(replace(f, path=resolve(f.path)) for f in ds.files)
+    globs = tuple(resolve(g) for g in ds.globs)
+    return replace(cp, dataset=replace(ds, globs=globs, files=files))
+
+
+def chunk_size_refusal(expected: DatasetFingerprint, chunk_size: int | None) -> str | None:
+    """Why the checkpoint's dataset cannot be indexed again at `chunk_size` (the bound this
+    master cuts its format's chunks at; None: the files' own chunks), or None. Known before
+    any file is read: another bound cuts other chunks, so other tasks."""
+    if chunk_size is None:
+        return None
+    recorded = expected.chunk_size
+    theirs = LEGACY_CHUNK_SIZE if recorded is None else recorded
+    if theirs == chunk_size:
+        return None
+    why = (
+        " (it records none: it was written before --chunk-size, when every "
+        f"{expected.format} dataset was cut at {size_text(LEGACY_CHUNK_SIZE)} unless "
+        "CHUNKMASTER_*_CHUNK_BYTES said otherwise)"
+        if recorded is None
+        else ""
+    )
+    return (
+        f"chunk size changed: the data checkpoint's {expected.format} chunks were cut at "
+        f"{size_text(theirs)}{why}, this master cuts them at {size_text(chunk_size)}, which "
+        f"makes other chunks and tasks. Start the master with --chunk-size {size_text(theirs)} "
+        "to restore it"
+    )
 
 
 def differences(
@@ -150,6 +194,10 @@ def differences(
         lines.append(
             f"chunks per task changed: {expected.chunks_per_task} -> {actual.chunks_per_task}"
         )
+    if None not in (expected.chunk_size, actual.chunk_size) and (
+        expected.chunk_size != actual.chunk_size
+    ):
+        lines.append(f"chunk size changed: {expected.chunk_size} -> {actual.chunk_size} bytes")
     old = {f.path: f for f in expected.files}
     new = {f.path: f for f in actual.files}
     lines.extend(f"file missing: {f.path}" for f in expected.files if f.path not in new)
@@ -200,6 +248,8 @@ def _check(cp: DataCheckpoint) -> None:
     ds = cp.dataset
     if ds.chunks_per_task < 1:
         raise CheckpointError(f"chunks per task {ds.chunks_per_task} is less than 1")
+    if ds.chunk_size is not None and ds.chunk_size < 1:
+        raise CheckpointError(f"chunk size {ds.chunk_size} is less than 1")
     for f in ds.files:
         if f.size < -1 or f.num_chunks < 0 or f.num_records < 0:
             raise CheckpointError(f"{f.path}: negative size, chunk count or records")
@@ -336,6 +386,7 @@ def encode(cp: DataCheckpoint) -> bytes:
                     for f in ds.files
                 ],
                 **({} if ds.format == "recordio" else {"format": ds.format}),
+                **({} if ds.chunk_size is None else {"chunk_size": ds.chunk_size}),
             },
             "passes": passes,
             **({} if cp.shuffle_seed is None else {"shuffle_seed": cp.shuffle_seed}),
@@ -457,6 +508,9 @@ def _parse(body: memoryview) -> DataCheckpoint:
             _int(ds_head["cpt"], "chunks per task"),
             tuple(files),
             _str(ds_head.get("format", "recordio"), "format"),
+            None
+            if ds_head.get("chunk_size") is None
+            else _int(ds_head["chunk_size"], "chunk size"),
         )
         num_tasks = _int(head["num_tasks"], "num_tasks")
         if not 0 <= num_tasks <= _MAX_TASK_ID + 1:

@@ -58,6 +58,9 @@ SNAPSHOT_VERSION_SHUFFLED = 4
 #: 5: sessions' ranks and world sizes, the last restore's key. Written for every snapshot: an
 #: older build refuses it rather than drop them. A version 2 to 4 snapshot reads with none.
 SNAPSHOT_VERSION_RANKS = 5
+#: A dataset's `chunk_size` (the bound its chunks were cut at) is an optional key, read as None
+#: when absent, and needs no new version: an older build that drops it hands out the same
+#: tasks; only the data checkpoints it writes lack the size (and read as cut at 4 MiB).
 READABLE_VERSIONS = (2, SNAPSHOT_VERSION, SNAPSHOT_VERSION_SHUFFLED, SNAPSHOT_VERSION_RANKS)
 _LEN = struct.Struct("<I")
 
@@ -110,6 +113,8 @@ def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
         header["format"] = ds.format
     if ds.shuffle_seed is not None:
         header["seed"] = ds.shuffle_seed
+    if ds.chunk_size is not None:
+        header["chunk_size"] = ds.chunk_size
     blobs = {"cf": ds.chunk_file, "co": ds.chunk_offset, "cr": ds.chunk_records}
     if ds.file_sizes is not None:
         blobs["fs"] = ds.file_sizes
@@ -130,6 +135,7 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
         blobs.get("cl"),
         str(header.get("format", "recordio")),
         None if header.get("seed") is None else int(header["seed"]),
+        None if header.get("chunk_size") is None else int(header["chunk_size"]),
     )
 
 
@@ -173,8 +179,10 @@ def encode_event(ev: Event) -> bytes:
             session=sid, name=n, host=h, pid=pid, report_every=every, world_size=w, rank=r
         ):
             return b"O" + _dumps([sid, n, h, pid, every, w, r] if w else [sid, n, h, pid, every])
-        case EndSession(session=sid, reason=r, positions=ps):
-            return b"E" + _dumps([sid, r, _positions(ps)])
+        case EndSession(session=sid, reason=r, positions=ps, charge=charge):
+            # A charging end has a tag of its own: an older build refuses it rather than
+            # replaying it without the failure it counts.
+            return (b"L" if charge else b"E") + _dumps([sid, r, _positions(ps)])
         case ReturnTasks(session=sid, positions=ps):
             return b"U" + _dumps([sid, _positions(ps)])
         case Progress(positions=ps):
@@ -211,8 +219,8 @@ def decode_event(data: bytes) -> Event:
         if tag == b"O":
             ranked = (int(v[5]), int(v[6])) if len(v) > 5 else (0, 0)
             return OpenSession(str(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4]), *ranked)
-        if tag == b"E":
-            return EndSession(str(v[0]), str(v[1]), _positions_from(v[2]))
+        if tag in (b"E", b"L"):
+            return EndSession(str(v[0]), str(v[1]), _positions_from(v[2]), tag == b"L")
         if tag == b"U":
             return ReturnTasks(str(v[0]), _positions_from(v[1]))
         if tag == b"P":

@@ -9,6 +9,7 @@ permutation of the chunks instead (core/shuffle.py): recomputed, never stored.
 
 from __future__ import annotations
 
+import re
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -18,6 +19,34 @@ from chunkmaster.core.model import Chunk
 from chunkmaster.core.shuffle import PassChunks, PassTaskRecords
 
 LIVE_PASSES = 4  # passes whose shuffled layout a dataset keeps at hand
+
+
+_SIZE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def size_text(n: int) -> str:
+    """A byte count as the master's --chunk-size reads it: "32KiB", "4MiB", "700B"."""
+    for unit, scale in _SIZE_UNITS:
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
+_SIZE = re.compile(r"(\d+)\s*(b|k|kib|m|mib|g|gib|t|tib)?", re.IGNORECASE)
+_SIZE_SCALE = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A byte count of 1 or more as size_text writes it, and as --chunk-size and
+    --max-inflated-bytes read it: "65536", "64KiB", "64k", "4MiB", "1G" (K, M, G, T are powers
+    of 1024; "4MB" is refused rather than read one way or the other)."""
+    m = _SIZE.fullmatch(text.strip())
+    value = 0 if m is None else int(m.group(1)) * _SIZE_SCALE[(m.group(2) or "")[:1].lower()]
+    if value < 1:
+        raise ValueError(
+            f"{text!r} is not a byte count of 1 or more (examples: 32KiB, 4MiB, 65536)"
+        )
+    return value
 
 
 def effective_chunks_per_task(chunks_per_task: int) -> int:
@@ -42,6 +71,10 @@ class Dataset:
     chunk_length: array[int] | None = field(default=None)  # 'Q': bytes per chunk, if known
     format: str = "recordio"  # the files' format (chunkmaster.formats)
     shuffle_seed: int | None = None  # None: every pass cuts the same tasks, in file order
+    #: The bound on a chunk's bytes the master cut the files' chunks at (--chunk-size), for the
+    #: formats it cuts; None for the files' own chunks (RecordIO, Parquet), or not recorded
+    #: (a dataset set before chunk sizes were).
+    chunk_size: int | None = None
     _layouts: dict[int, tuple[PassChunks, PassTaskRecords]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -57,6 +90,7 @@ class Dataset:
         *,
         lengths: Iterable[Sequence[int]] | None = None,
         fmt: str = "recordio",
+        chunk_size: int | None = None,
     ) -> Dataset:
         """Assemble from per-file (chunk offsets, records per chunk), in file order, with the
         bytes each chunk spans (`lengths`, per file) if known."""
@@ -90,6 +124,7 @@ class Dataset:
             None if sizes is None else array("Q", sizes),
             chunk_length,
             fmt,
+            chunk_size=chunk_size,
         )
 
     @property

@@ -53,6 +53,14 @@ class NoDatasetError(DatasetError):
     message = "no dataset specified"
 
 
+class DatasetMismatchError(MasterError):
+    """A trainer named another dataset than the one the master serves (another job's data
+    left in the store, or a typo): it is refused, not served the master's dataset. The text
+    names both."""
+
+    message = "the dataset differs from the master's"
+
+
 class TrainerIdEmptyError(MasterError):
     message = "trainer id is empty"
 

@@ -110,11 +110,19 @@ class OpenSession:
 class EndSession:
     """A session ended: `reason` is TRAINER_LOST_REASON (its lease ran out) or RETURNED_REASON
     (the trainer said goodbye, with its final `positions`). Its tasks go back to the front of
-    Todo at their known positions; that counts against no task's failure limit."""
+    Todo at their known positions.
+
+    With `charge` (a trainer lost, not one that said goodbye) the task it was reading, the
+    first it holds in the order they were handed to it, counts one failure, as a TaskFailed
+    does: a chunk that kills whoever reads it (out of memory, a crash in a decoder) is
+    quarantined after `failure_max` such losses instead of killing trainers for ever. The
+    other tasks it held count against nothing. (Journal entries written before this existed
+    replay with no charge, as they were applied.)"""
 
     session: str
     reason: str
     positions: tuple[Position, ...] = ()
+    charge: bool = False
 
 
 @dataclass(frozen=True, slots=True)

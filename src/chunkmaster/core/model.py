@@ -41,6 +41,11 @@ class Task:
     start: int = 0
     end: int = 0
     format: str = "recordio"  # the dataset's file format (chunkmaster.formats)
+    #: Failures counted against the task in this pass (read failures, timeouts, holders lost
+    #: while reading it). A trainer makes sure the master has its earlier finishes before it
+    #: reads such a task, and this one's before it reads on, so that if it dies meanwhile the
+    #: master charges the right task (docs/failures.md).
+    failures: int = 0
 
     @property
     def num_records(self) -> int:

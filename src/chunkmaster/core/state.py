@@ -42,6 +42,7 @@ from chunkmaster.core.events import (
 from chunkmaster.core.model import (
     RETURNED_REASON,
     TIMEOUT_REASON,
+    TRAINER_LOST_REASON,
     FailedPolicy,
     Failure,
     Position,
@@ -153,7 +154,15 @@ class MasterState:
                 chunks.append(c)
                 first += c.num_records
             meta = TaskMeta(task_id, piece.epoch)
-            return Task(meta, tuple(chunks), self.cur_pass, start, piece.end, self.dataset.format)
+            return Task(
+                meta,
+                tuple(chunks),
+                self.cur_pass,
+                start,
+                piece.end,
+                self.dataset.format,
+                self.num_failures.get(task_id, 0),
+            )
         return Task(
             TaskMeta(task_id, self.epochs[task_id]),
             self.dataset.task_chunks(task_id, self.cur_pass),
@@ -161,6 +170,7 @@ class MasterState:
             start,
             0,
             self.dataset.format,
+            self.num_failures.get(task_id, 0),
         )
 
     def task_records(self, task_id: int, pass_id: int | None = None) -> int:
@@ -354,20 +364,8 @@ def _fail(state: MasterState, ev: Fail) -> bool:
     task_id = ev.task_id
     holder = state.pending[task_id].session
     _leave_pending(state, task_id)
-    count = state.num_failures.get(task_id, 0) + 1
-    state.num_failures[task_id] = count
-    log = state.failure_log.get(task_id)
-    if log is None:
-        log = state.failure_log[task_id] = deque(maxlen=FAILURE_HISTORY)
-    log.append(Failure(state.cur_pass, ev.epoch, ev.reason))
-    state.failure_total[task_id] = state.failure_total.get(task_id, 0) + 1
-    if count > state.failure_max:
-        piecewise = state.steps.on or task_id >= state.num_tasks
-        aside = steps.set_aside(state, task_id, holder) if piecewise else task_id
-        if aside is not None:
-            state.failed.append(aside)
-            quarantine.note_quarantined(state, aside)
-        state.progress.pop(task_id, None)
+    if _count_failure(state, task_id, ev.epoch, ev.reason):
+        _quarantine(state, task_id, holder)
     else:
         state.todo.append(task_id)
         if state.steps.on:
@@ -377,6 +375,46 @@ def _fail(state: MasterState, ev: Fail) -> bool:
         )
     _maybe_roll_over(state)
     return True
+
+
+def _count_failure(state: MasterState, task_id: int, epoch: int, reason: str) -> bool:
+    """Log one failure of a task's dispatch `epoch`; whether it is now over failure_max."""
+    count = state.num_failures.get(task_id, 0) + 1
+    state.num_failures[task_id] = count
+    log = state.failure_log.get(task_id)
+    if log is None:
+        log = state.failure_log[task_id] = deque(maxlen=FAILURE_HISTORY)
+    log.append(Failure(state.cur_pass, epoch, reason))
+    state.failure_total[task_id] = state.failure_total.get(task_id, 0) + 1
+    return count > state.failure_max
+
+
+def _quarantine(state: MasterState, task_id: int, holder: str) -> None:
+    """Set aside a task (no longer pending) that went over failure_max, out of the pass."""
+    piecewise = state.steps.on or task_id >= state.num_tasks
+    aside = steps.set_aside(state, task_id, holder) if piecewise else task_id
+    if aside is not None:
+        state.failed.append(aside)
+        quarantine.note_quarantined(state, aside)
+    state.progress.pop(task_id, None)
+
+
+def reading_task(state: MasterState, session: str) -> int | None:
+    """The task `session` is reading: the first of those it holds, in the order they were
+    handed to it (a trainer reads its tasks in that order; the others wait in its buffer,
+    unread). Pending keeps dispatch order, in snapshots too."""
+    for task_id, p in state.pending.items():
+        if p.session == session:
+            return task_id
+    return None
+
+
+def lost_reason(session: Session) -> str:
+    """The failure a lost trainer's reading task is charged with."""
+    return (
+        f"{TRAINER_LOST_REASON} while reading it: {session.name} on {session.host} (pid "
+        f"{session.pid}) went silent past its lease (killed? out of memory?)"
+    )
 
 
 def _redispatched(state: MasterState, task_id: int, why: str) -> None:
@@ -417,7 +455,8 @@ def _progress(state: MasterState, pos: Position) -> int:
 
 
 def _end_session(state: MasterState, ev: EndSession) -> int:
-    """Hand the session's tasks back, first in line, at their known positions."""
+    """Hand the session's tasks back, first in line, at their known positions; with
+    `ev.charge`, the one it was reading counts a failure (and may be quarantined)."""
     if ev.session not in state.sessions:
         return 0
     for pos in ev.positions:
@@ -425,8 +464,15 @@ def _end_session(state: MasterState, ev: EndSession) -> int:
         if p is not None and p.session == ev.session:
             _progress(state, pos)
     held = state.held_by(ev.session)
+    reading = reading_task(state, ev.session) if ev.charge else None
+    over = reading is not None and _count_failure(
+        state, reading, state.pending[reading].epoch, lost_reason(state.sessions[ev.session])
+    )
     for task_id in reversed(held):
         _leave_pending(state, task_id)
+        if over and task_id == reading:
+            _quarantine(state, task_id, ev.session)
+            continue
         state.todo.appendleft(task_id)
         if state.steps.on:
             steps.handed_back(state, task_id, ev.session, ending=True)
@@ -435,7 +481,8 @@ def _end_session(state: MasterState, ev: EndSession) -> int:
     del state.sessions[ev.session]
     if state.steps.on:
         steps.session_ended(state, ev.session)
-        _maybe_roll_over(state)  # what is left may have been dropped
+    if state.steps.on or over:
+        _maybe_roll_over(state)  # what is left may have been dropped or quarantined
     return len(held)
 
 

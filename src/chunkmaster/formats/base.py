@@ -9,6 +9,10 @@ is the same for every format. A format only answers two questions:
 - *trainer, once per chunk, in the trainer's thread*: the records of this chunk, checked
   (`ChunkLoader.load`), or an error naming the file and the chunk (`FormatError`).
 
+Both sides bound what they decompress by `max_inflated` (chunkmaster.inflate): a file or chunk
+that would inflate past it is refused while it is being decoded, naming it, never read whole
+into memory first (a decompression bomb would otherwise kill the process).
+
 A chunk's place in its file is `(offset, length)`. For byte-framed formats (RecordIO, TFRecord,
 JSON Lines, text, WebDataset tar) it is a byte range, which a trainer can fetch with one ranged
 read, several in flight, neighbours coalesced (`Storage.read_ranges`). For Parquet the offset is
@@ -95,8 +99,26 @@ class Format(Protocol):
     suffixes: tuple[str, ...]  # file name endings that select it: (".parquet",)
     ranged: bool  # chunks are byte ranges a trainer may fetch ahead (not Parquet)
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
-        """Read the file's chunk index; FormatError when its content does not match."""
+    @property
+    def chunk_size(self) -> int | None:
+        """The default bound on a chunk's bytes when the master cuts the chunks itself (JSON
+        Lines, text, TFRecord, WebDataset), which the master's --chunk-size replaces; None when
+        the chunks are the file's own (RecordIO chunks, Parquet row groups)."""
         ...
 
-    def loader(self) -> ChunkLoader: ...
+    def index(
+        self,
+        path: str,
+        storage: Storage,
+        chunk_size: int | None = None,
+        *,
+        max_inflated: int = ...,
+    ) -> FileIndex:
+        """Read the file's chunk index, cutting chunks of at most `chunk_size` bytes where the
+        format cuts them (None: its own `chunk_size`); FormatError when its content does not
+        match, or when a compressed file would inflate past `max_inflated` bytes."""
+        ...
+
+    def loader(self, *, max_inflated: int = ...) -> ChunkLoader:
+        """A loader whose chunks may inflate to `max_inflated` bytes at most."""
+        ...

@@ -1,4 +1,4 @@
-"""JSON Lines and plain text: a chunk is a byte range of whole lines, at most `chunk_bytes` long.
+"""JSON Lines and plain text: a chunk is a byte range of whole lines, at most `chunk_size` long.
 
 The master finds the chunks in one pass over the file (its worker threads): it reads big
 blocks, cuts each chunk at the last newline before the bound (`bytes.rfind`) and counts its
@@ -13,39 +13,36 @@ read time with its line number in the chunk (an empty line is not JSON). Parsing
 when indexing: that pass only counts.
 
 A compressed file (`.gz`, `.zst`) cannot be cut into ranges: it is one chunk, its records
-counted by decompressing it once at indexing, and decompressed whole by the trainer.
+counted by decompressing it once at indexing, and decompressed whole by the trainer. Both
+sides stop at `max_inflated` bytes (chunkmaster.inflate): the master counts a gzip file's lines
+a block at a time without keeping them, and refuses a file that inflates past its limit; a
+trainer refuses such a chunk while decoding it.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
 from collections.abc import Callable
 from typing import IO, Any
 
+from chunkmaster import inflate
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError, Storage
 from chunkmaster.formats.listed import ListedChunk
+from chunkmaster.inflate import (
+    DEFAULT_MAX_INFLATED,
+    MASTER_SETTING,
+    TRAINER_SETTING,
+    check_limit,
+)
 
-CHUNK_BYTES = 4 << 20
-"""Default bound on a chunk's bytes (a line longer than it is a chunk of its own); the master's
-environment variable CHUNKMASTER_LINES_CHUNK_BYTES sets another."""
-
-
-def chunk_bytes_setting() -> int:
-    """The bound in force: CHUNKMASTER_LINES_CHUNK_BYTES if set, else CHUNK_BYTES."""
-    text = os.environ.get("CHUNKMASTER_LINES_CHUNK_BYTES", "")
-    if not text:
-        return CHUNK_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"CHUNKMASTER_LINES_CHUNK_BYTES={text!r} is not a positive integer")
-    return value
-
+CHUNK_SIZE = 32 << 10
+"""Default bound on a chunk's bytes (a line longer than it is a chunk of its own; the master's
+--chunk-size sets another). Small enough that a 1 MB file makes 31 chunks, so several tasks at
+the default 10 chunks a task (trainers share even a small dataset); large enough that indexing
+and a trainer's per-chunk costs stay small (bench/formats_bench.py --chunk-sizes: JSON Lines
+reads as fast as at 4 MiB; text lines, a few microseconds of work each, pay for the dispatch
+of 100 times more tasks)."""
 
 _BLOCK = 4 << 20  # bytes read at a time while indexing
 
@@ -59,20 +56,44 @@ def _compression(path: str) -> str | None:
     return None
 
 
-def _decompress(data: bytes, how: str, path: str, chunk: int | None = None) -> bytes:
+def _decompress(data: bytes, how: str, path: str, limit: int, chunk: int | None = None) -> bytes:
+    """`data` (the whole file) inflated; FormatError naming the file (and the chunk) when it
+    does not decompress or inflates past `limit`."""
+    where: dict[str, Any] = {"path": path, "chunk": chunk, "offset": None if chunk is None else 0}
+    setting = MASTER_SETTING if chunk is None else TRAINER_SETTING
     try:
         if how == "gzip":
-            return gzip.decompress(data)
-        import cramjam
+            # Zero bytes after a member are accepted, as Python's gzip module does.
+            return inflate.gunzip(data, limit, zero_padding=True)
+        return inflate.unzstd(data, limit)
+    except inflate.TooLarge as exc:
+        raise FormatError(exc.reason(len(data), setting), **where) from None
+    except inflate.Damaged as exc:
+        raise FormatError(f"cannot decompress it as {how} ({_why(exc)})", **where) from None
 
-        return bytes(cramjam.zstd.decompress(data))
-    except Exception as exc:  # each library has its own error types
-        raise FormatError(
-            f"cannot decompress it as {how} ({type(exc).__name__})",
-            path=path,
-            chunk=chunk,
-            offset=None if chunk is None else 0,
-        ) from None
+
+def _why(exc: inflate.Damaged) -> str:
+    return exc.kind if exc.cause is None else type(exc.cause).__name__
+
+
+def _count_compressed(f: IO[bytes], how: str, path: str, size: int, limit: int) -> int:
+    """The lines of a compressed file of `size` bytes, counted as it is inflated (gzip: a
+    block at a time, never held whole); FormatError naming it when it inflates past `limit`."""
+    if how != "gzip":  # zstd cannot be decoded a block at a time: whole, bounded first
+        return _count_lines(_decompress(f.read(), how, path, limit))
+    count = 0
+    last = 10
+    try:
+        for piece in inflate.iter_gunzip(
+            lambda: f.read(_BLOCK), limit, zero_padding=True, block=_BLOCK
+        ):
+            count += piece.count(b"\n")
+            last = piece[-1]
+    except inflate.TooLarge as exc:
+        raise FormatError(exc.reason(size, MASTER_SETTING), path=path) from None
+    except inflate.Damaged as exc:
+        raise FormatError(f"cannot decompress it as {how} ({_why(exc)})", path=path) from None
+    return count + (last != 10)
 
 
 def _fill(f: IO[bytes], view: memoryview) -> int:
@@ -93,7 +114,7 @@ def _fill(f: IO[bytes], view: memoryview) -> int:
 
 
 def index_lines(
-    f: IO[bytes], chunk_bytes: int = CHUNK_BYTES
+    f: IO[bytes], chunk_size: int = CHUNK_SIZE
 ) -> tuple[list[int], list[int], list[int]]:
     """(offsets, records, lengths) of the chunks of a file of lines, read from its start.
 
@@ -103,7 +124,7 @@ def index_lines(
     offsets: list[int] = []
     records: list[int] = []
     lengths: list[int] = []
-    block = max(_BLOCK, chunk_bytes)
+    block = max(_BLOCK, chunk_size)
     buf = bytearray(2 * block)
     n = 0  # bytes of buf that hold the file, from `base` on
     base = 0  # file offset of buf[0]
@@ -122,8 +143,8 @@ def index_lines(
             got = _fill(f, view[n : n + block])
         n += got
         eof = got < block
-        while n - p >= chunk_bytes or (eof and p < n):
-            limit = p + chunk_bytes
+        while n - p >= chunk_size or (eof and p < n):
+            limit = p + chunk_size
             if eof and n <= limit:
                 end = n
             else:
@@ -148,12 +169,14 @@ def _count_lines(data: bytes) -> int:
 
 
 class LinesLoader:
-    """Reads a chunk's bytes, checks its line count, and parses its lines with `parse`."""
+    """Reads a chunk's bytes, checks its line count, and parses its lines with `parse`; a
+    compressed file is inflated up to `max_inflated` bytes."""
 
-    __slots__ = ("_fmt",)
+    __slots__ = ("_fmt", "_max_inflated")
 
-    def __init__(self, fmt: LinesFormat) -> None:
+    def __init__(self, fmt: LinesFormat, max_inflated: int = DEFAULT_MAX_INFLATED) -> None:
         self._fmt = fmt
+        self._max_inflated = check_limit(max_inflated)
 
     def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> ListedChunk:
         path = chunk.path
@@ -173,7 +196,7 @@ class LinesLoader:
             )
         how = _compression(path)
         if how is not None:
-            data = _decompress(data, how, path, 0)
+            data = _decompress(data, how, path, self._max_inflated, 0)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -201,22 +224,32 @@ class LinesFormat:
         name: str,
         suffixes: tuple[str, ...],
         parse: Callable[[list[str], bool, dict[str, Any]], list[Any]],
-        chunk_bytes: int | None = None,
+        chunk_size: int = CHUNK_SIZE,
     ) -> None:
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be at least 1")
         self.name = name
         self.suffixes = suffixes
         self.parse = parse
-        self.chunk_bytes = chunk_bytes  # None: chunk_bytes_setting() when indexing
+        self.chunk_size: int | None = chunk_size
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
+    def index(
+        self,
+        path: str,
+        storage: Storage,
+        chunk_size: int | None = None,
+        *,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
+    ) -> FileIndex:
         how = _compression(path)
         size = storage.size(path)
         if how is not None:
+            if not size:
+                return FileIndex([], [], [], 0)
             with storage.open(path) as f:
-                data = _decompress(f.read(), how, path)
-            n = _count_lines(data)
+                n = _count_compressed(f, how, path, size, max_inflated)
             return FileIndex([0], [n], [size], size) if n else FileIndex([], [], [], size)
-        bound = self.chunk_bytes or chunk_bytes_setting()
+        bound = chunk_size or self.chunk_size or CHUNK_SIZE
         with storage.open(path) as f:
             offsets, records, lengths = index_lines(f, bound)
         if sum(lengths) != size:
@@ -226,8 +259,8 @@ class LinesFormat:
             )
         return FileIndex(offsets, records, lengths, size)
 
-    def loader(self) -> LinesLoader:
-        return LinesLoader(self)
+    def loader(self, *, max_inflated: int = DEFAULT_MAX_INFLATED) -> LinesLoader:
+        return LinesLoader(self, max_inflated)
 
 
 def _line_error(what: str, line: int, where: dict[str, Any]) -> FormatError:

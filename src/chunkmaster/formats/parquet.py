@@ -19,6 +19,7 @@ from typing import Any
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError, Storage
 from chunkmaster.formats.storage import LocalStorage
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED, TRAINER_SETTING, check_limit
 
 
 def _pq() -> Any:
@@ -126,10 +127,15 @@ class OneBatch:
 
 class ParquetLoader:
     """Reads row groups with the columns asked for; keeps the last file open, since a task's
-    chunks are mostly row groups of one file."""
+    chunks are mostly row groups of one file. A row group whose columns (those read) the
+    footer says take more than `max_inflated` bytes uncompressed is refused before it is read.
+    """
 
-    def __init__(self, columns: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, columns: Sequence[str] | None = None, max_inflated: int = DEFAULT_MAX_INFLATED
+    ) -> None:
         self.columns = None if columns is None else list(columns)
+        self.max_inflated = check_limit(max_inflated)
         self._path: str | None = None
         self._file: Any = None
 
@@ -161,6 +167,7 @@ class ParquetLoader:
                     "(the file changed since the dataset was set)",
                     **where,
                 )
+            self._check_size(pf, chunk, where)
             table = pf.read_row_group(chunk.offset, columns=self.columns)
         except FormatError:
             self.close()
@@ -182,6 +189,25 @@ class ParquetLoader:
             batches = table.combine_chunks().to_batches() or [_empty_batch(table)]
         return ParquetChunk(batches[0])
 
+    def _check_size(self, pf: Any, chunk: Chunk, where: dict[str, Any]) -> None:
+        """Refuse a row group whose read columns declare more uncompressed bytes than the
+        limit. pyarrow decompresses each page into the size its header declares; what decoding
+        makes of the pages (dictionaries, run lengths) is not bounded here (docs/formats.md)."""
+        rg = pf.metadata.row_group(chunk.offset)
+        wanted = None if self.columns is None else set(self.columns)
+        declared = 0
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            if wanted is None or col.path_in_schema.split(".", 1)[0] in wanted:
+                declared += col.total_uncompressed_size
+        if declared > self.max_inflated:
+            raise FormatError(
+                f"refused: row group {chunk.offset} declares {declared} uncompressed bytes "
+                f"({chunk.length} stored), over the limit of {self.max_inflated} on what one "
+                f"chunk may inflate to ({TRAINER_SETTING})",
+                **where,
+            )
+
 
 def _empty_batch(table: Any) -> Any:
     import pyarrow as pa
@@ -194,8 +220,17 @@ class ParquetFormat:
     suffixes = (".parquet",)
     ranged = False
     columnar = True  # Client.batches() and column selection
+    chunk_size: int | None = None  # a chunk is a row group: the writer chose them
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
+    def index(
+        self,
+        path: str,
+        storage: Storage,
+        chunk_size: int | None = None,
+        *,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
+    ) -> FileIndex:
+        """The footer only: no page is read, so nothing is inflated here."""
         try:
             pf = open_parquet(path, storage)
         except FormatError:
@@ -221,8 +256,10 @@ class ParquetFormat:
             pf.close()
         return FileIndex(offsets, records, lengths, size)
 
-    def loader(self, columns: Sequence[str] | None = None) -> ParquetLoader:
-        return ParquetLoader(columns)
+    def loader(
+        self, columns: Sequence[str] | None = None, *, max_inflated: int = DEFAULT_MAX_INFLATED
+    ) -> ParquetLoader:
+        return ParquetLoader(columns, max_inflated)
 
 
 FORMAT = ParquetFormat()

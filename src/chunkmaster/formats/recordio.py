@@ -20,6 +20,7 @@ from itertools import chain, islice, repeat
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, Storage
 from chunkmaster.formats.storage import LocalStorage
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 from chunkmaster.recordio.codecs import crc32, decompress, frame_ends
 from chunkmaster.recordio.errors import ChecksumError, TruncatedChunkError, Where
 from chunkmaster.recordio.header import HEADER_SIZE, parse_header
@@ -79,11 +80,13 @@ class ChunkReader:
     """Loads chunks one after the other for one consumer; owns the reused buffer.
 
     A chunk's records must all be taken before the next chunk is loaded: the buffer is
-    overwritten then.
+    overwritten then. A compressed chunk that would inflate to more than `max_inflated`
+    bytes is refused while it is decoded (InflatedTooLargeError).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_inflated: int = DEFAULT_MAX_INFLATED) -> None:
         self._buffer = bytearray()
+        self.max_inflated = check_limit(max_inflated)
 
     def load(self, source: Source, offset: int, num_records: int) -> LoadedChunk:
         with open_source(source) as src:
@@ -101,7 +104,7 @@ class ChunkReader:
         if len(payload) != size:
             raise _truncated(len(payload), size, where)
         _check_crc(payload, header.checksum, where)
-        data = decompress(header.compressor, payload, where)
+        data = decompress(header.compressor, payload, where, self.max_inflated)
         del payload
         return LoadedChunk(data, frame_ends(data, count, where), copy=False)
 
@@ -124,7 +127,7 @@ class ChunkReader:
         if len(payload) != size:
             raise _truncated(len(payload), size, where)
         _check_crc(payload, header.checksum, where)
-        out = decompress(header.compressor, payload, where)
+        out = decompress(header.compressor, payload, where, self.max_inflated)
         return LoadedChunk(out, frame_ends(out, header.num_records, where), copy=False)
 
     def _read_into(self, f: object, size: int, where: Where) -> memoryview:
@@ -162,8 +165,8 @@ class RecordIOLoader:
 
     __slots__ = ("_reader",)
 
-    def __init__(self) -> None:
-        self._reader = ChunkReader()
+    def __init__(self, max_inflated: int = DEFAULT_MAX_INFLATED) -> None:
+        self._reader = ChunkReader(max_inflated)
 
     def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> LoadedChunk:
         if data is None:
@@ -182,8 +185,17 @@ class RecordIOFormat:
     name = "recordio"
     suffixes = (".rio", ".recordio")
     ranged = True
+    chunk_size: int | None = None  # the writer chose the chunks
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
+    def index(
+        self,
+        path: str,
+        storage: Storage,
+        chunk_size: int | None = None,
+        *,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
+    ) -> FileIndex:
+        """The chunk headers (payloads are not read, so nothing is inflated here)."""
         offsets: list[int] = []
         records: list[int] = []
         lengths: list[int] = []
@@ -195,8 +207,8 @@ class RecordIOFormat:
                 lengths.append(HEADER_SIZE + info.header.compressed_size)
         return FileIndex(offsets, records, lengths, storage.size(path))
 
-    def loader(self) -> RecordIOLoader:
-        return RecordIOLoader()
+    def loader(self, *, max_inflated: int = DEFAULT_MAX_INFLATED) -> RecordIOLoader:
+        return RecordIOLoader(max_inflated)
 
 
 FORMAT = RecordIOFormat()

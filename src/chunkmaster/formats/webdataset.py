@@ -23,7 +23,6 @@ damage inside a member's bytes cannot be seen, only damage to headers and framin
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Iterator
 from typing import IO, Any, Final, NamedTuple
 
@@ -31,9 +30,11 @@ from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, FormatError, Storage
 from chunkmaster.formats.listed import ListedChunk
 from chunkmaster.formats.tarheaders import entries, padded
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
-DEFAULT_MAX_BYTES: Final = int(os.environ.get("CHUNKMASTER_WEBDATASET_CHUNK_BYTES", 4 << 20))
-"""Bound on a chunk's bytes (a sample larger than it is a chunk of its own)."""
+DEFAULT_MAX_BYTES: Final = 4 << 20
+"""Default bound on a chunk's bytes (a sample larger than it is a chunk of its own; the master's
+--chunk-size sets another): samples are often images, read slowly one chunk each (as TFRecord)."""
 DEFAULT_MAX_SAMPLES: Final = 65536
 LARGE_SAMPLE: Final = 32 << 10
 """Average sample size from which a trainer reads a chunk member by member."""
@@ -67,7 +68,20 @@ class WebDatasetFormat:
         self.max_bytes = max_bytes
         self.max_samples = max_samples
 
-    def index(self, path: str, storage: Storage) -> FileIndex:
+    @property
+    def chunk_size(self) -> int | None:
+        return self.max_bytes
+
+    def index(
+        self,
+        path: str,
+        storage: Storage,
+        chunk_size: int | None = None,
+        *,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
+    ) -> FileIndex:
+        """The tar headers (shards are not compressed: nothing is inflated)."""
+        max_bytes = chunk_size or self.max_bytes
         size = storage.size(path)
         offsets: list[int] = []
         counts: list[int] = []
@@ -78,7 +92,7 @@ class WebDatasetFormat:
         with storage.open(path) as f:
             for sample in _samples(_members(f, path, 0, size, None)):
                 start, stop = sample[0].start, sample[-1].end
-                if n and (stop - first > self.max_bytes or n >= self.max_samples):
+                if n and (stop - first > max_bytes or n >= self.max_samples):
                     offsets.append(first)
                     counts.append(n)
                     lengths.append(end - first)
@@ -93,7 +107,7 @@ class WebDatasetFormat:
             lengths.append(end - first)
         return FileIndex(offsets, counts, lengths, size)
 
-    def loader(self) -> WebDatasetLoader:
+    def loader(self, *, max_inflated: int = DEFAULT_MAX_INFLATED) -> WebDatasetLoader:
         return WebDatasetLoader()
 
 

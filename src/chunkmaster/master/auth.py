@@ -12,7 +12,7 @@ import hmac
 import ipaddress
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -143,13 +143,21 @@ async def _deny(request: Any, context: Any) -> None:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, UnauthenticatedError.message)
 
 
+async def _deny_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+    """The refusal as a response stream: an async generator, like the handler it replaces
+    (an interceptor that wraps it iterates it: RpcMetrics)."""
+    await _deny(request, context)
+    return  # abort raised already: nothing is ever sent
+    yield  # (what makes this function an async generator)
+
+
 def _refusing(handler: Handler) -> Handler:
     """A handler of the same kind as `handler` that only refuses."""
     de, ser = handler.request_deserializer, handler.response_serializer
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(_deny, de, ser)
+        return grpc.stream_stream_rpc_method_handler(_deny_stream, de, ser)
     if handler.request_streaming:
         return grpc.stream_unary_rpc_method_handler(_deny, de, ser)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(_deny, de, ser)
+        return grpc.unary_stream_rpc_method_handler(_deny_stream, de, ser)
     return grpc.unary_unary_rpc_method_handler(_deny, de, ser)

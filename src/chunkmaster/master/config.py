@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chunkmaster.core.dataset import parse_size
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.quarantine import ErrorBudget
 from chunkmaster.core.shuffle import MAX_SEED
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.master.auth import is_loopback, read_token
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "ConfigError",
     "MasterConfig",
     "parse_duration",
+    "parse_size",
 ]
 
 STORE_SYNC_MODES = ("full", "normal")
@@ -74,6 +77,19 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
     return sign * total
+
+
+MAX_CHUNK_SIZE = 1 << 30
+"""The largest --chunk-size: a trainer holds a whole chunk in memory while it reads it."""
+
+
+def _chunk_size(text: str) -> int | None:
+    if not text.strip():
+        return None
+    value = parse_size(text)
+    if not 1 <= value <= MAX_CHUNK_SIZE:
+        raise ValueError(f"{text!r} is not a chunk size from 1 byte to 1GiB")
+    return value
 
 
 def _integer(text: str) -> int:
@@ -150,9 +166,11 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "trainer_ttl": parse_duration,
     "rank_wait": parse_duration,
     "index_timeout": parse_duration,
+    "max_inflated_bytes": parse_size,
     "restore": _optional,
     "restore_replace": _flag,
     "chunks_per_task": _integer,
+    "chunk_size": _chunk_size,
     "format": _optional,
     "failed_policy": _policy,
     "max_failed_records": ErrorBudget.parse,
@@ -196,11 +214,16 @@ class MasterConfig:
     rank_wait: float = 300.0
     #: Seconds one file's chunk index may take to read before SetDataset fails naming it.
     index_timeout: float = 120.0
+    #: Bytes a compressed dataset file may inflate to when it is indexed (chunkmaster.inflate).
+    max_inflated_bytes: int = DEFAULT_MAX_INFLATED
     #: A data checkpoint file to start from (`chunkmaster checkpoint save`).
     restore: str | None = None
     #: With `restore`: replace a store that already holds state.
     restore_replace: bool = False
     chunks_per_task: int = 10
+    #: The most bytes of a chunk the master cuts (JSON Lines, text, TFRecord, WebDataset);
+    #: None: each format's default (formats' `chunk_size`).
+    chunk_size: int | None = None
     #: The dataset files' format (chunkmaster.formats); None: by the files' name endings.
     format: str | None = None
     failed_policy: FailedPolicy = FailedPolicy.RETRY
@@ -257,6 +280,8 @@ class MasterConfig:
             raise ConfigError(("rank_wait",), "must be a positive duration")
         if not 0 < self.index_timeout < float("inf"):
             raise ConfigError(("index_timeout",), "must be a positive duration")
+        if self.max_inflated_bytes < 1:
+            raise ConfigError(("max_inflated_bytes",), "must be at least 1 byte")
         if self.restore_replace and self.restore is None:
             raise ConfigError(("restore_replace",), "only means something with a restore file")
         if self.format is not None:
@@ -267,6 +292,8 @@ class MasterConfig:
                     ("format",),
                     f"{self.format!r} is not a dataset format ({', '.join(sorted(FORMATS))})",
                 )
+        if self.chunk_size is not None and not 1 <= self.chunk_size <= MAX_CHUNK_SIZE:
+            raise ConfigError(("chunk_size",), f"{self.chunk_size} is not in 1..{MAX_CHUNK_SIZE}")
         if self.shuffle_seed is not None and not 0 <= self.shuffle_seed <= MAX_SEED:
             raise ConfigError(("shuffle_seed",), f"{self.shuffle_seed} is not in 0..2**64-1")
         if self.task_timeout_max < 0:

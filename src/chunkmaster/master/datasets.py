@@ -1,5 +1,10 @@
 """Turning the trainers' glob patterns into a Dataset: expand, dedupe, choose the files' one
-format (chunkmaster.formats), index them in parallel.
+format (chunkmaster.formats), index them in parallel; and telling whether a trainer's patterns
+name the dataset the master already serves.
+
+Local patterns are read as absolute paths: a relative one is relative to the master's working
+directory, which the master says in its log (the client sends its patterns absolute, resolved
+in the trainer's own working directory).
 
 Runs in worker threads, never on the event loop, so reading ten thousand indexes off a
 network filesystem does not stall any other call (defect D18). The threads are daemon threads
@@ -20,10 +25,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.dataset import Dataset, size_text
 from chunkmaster.core.errors import DatasetError, NoDatasetError, PermissionDeniedError
 from chunkmaster.formats.remote import FsspecStorage
 from chunkmaster.formats.remote import shared as shared_storage
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
 if TYPE_CHECKING:
     from chunkmaster.formats.base import FileIndex
@@ -227,6 +233,103 @@ def expand_globs(globs: Sequence[str], remote: FsspecStorage | None = None) -> l
     return list(seen)
 
 
+def is_url(pattern: str) -> bool:
+    return "://" in pattern
+
+
+def absolute_path(path: str) -> str:
+    """A local path or pattern made absolute in the master's working directory; URLs as they
+    are. What the master indexes and keeps."""
+    return path if is_url(path) else os.path.abspath(path)
+
+
+def absolute_pattern(pattern: str) -> str:
+    """A pattern as the master reads it: a URL with its scheme in lower case and `.`/`..`
+    folded; a local path absolute (a relative one in the master's working directory), `.`,
+    `..` and doubled slashes folded. Two spellings of one pattern give the same text."""
+    if is_url(pattern):
+        scheme, rest = _split_url(pattern)
+        return f"{scheme}://{rest}"
+    return os.path.abspath(pattern)
+
+
+def relative_note(globs: Sequence[str]) -> str:
+    """What the master made of the relative patterns among `globs`: "" if there are none."""
+    rel = [g for g in globs if isinstance(g, str) and g and not is_url(g) and not os.path.isabs(g)]
+    if not rel:
+        return ""
+    shown = ", ".join(f"{g!r} as {absolute_pattern(g)!r}" for g in rel[:3])
+    more = f" and {len(rel) - 3} more" if len(rel) > 3 else ""
+    return (
+        f"relative patterns are read in the master's working directory {os.getcwd()}: {shown}{more}"
+    )
+
+
+def same_patterns(a: Sequence[str], b: Sequence[str]) -> bool:
+    """Whether two lists of patterns are the same once spelled alike (absolute_pattern),
+    whatever their order and repetitions. No file system access."""
+    return {absolute_pattern(g) for g in a} == {absolute_pattern(g) for g in b}
+
+
+def _file_key(path: str) -> str:
+    """One text per file however it was reached: symlinks and relative paths resolved."""
+    return absolute_pattern(path) if is_url(path) else os.path.realpath(path)
+
+
+def _patterns_text(globs: Sequence[str]) -> str:
+    shown = [absolute_pattern(g) for g in globs[:4]]
+    more = f" and {len(globs) - 4} more" if len(globs) > 4 else ""
+    return f"{shown}{more}"
+
+
+def dataset_mismatch(
+    dataset: Dataset, globs: Sequence[str], storage_options: Mapping[str, Any] | None = None
+) -> str | None:
+    """None if `globs` name `dataset`: the same patterns (same_patterns), or patterns that
+    match exactly its files (symlinks resolved); else why not, naming both, in one line.
+    Lists the patterns' files when they differ from the dataset's (a file system access)."""
+    if same_patterns(dataset.globs, globs):
+        return None
+    try:
+        files = expand_globs([absolute_path(g) for g in globs], shared_storage(storage_options))
+    except DatasetError as exc:
+        theirs = f"matches no dataset: {str(exc).removeprefix('no valid dataset specified: ')}"
+    else:
+        mine = {_file_key(f) for f in dataset.files}
+        keys = {_file_key(f) for f in files}
+        if keys == mine:
+            return None
+        common = len(keys & mine)
+        theirs = f"{len(keys)} file(s), {common} of them in the master's dataset"
+    note = relative_note([*globs, *dataset.globs])
+    return (
+        f"the dataset differs from the master's: this trainer's {_patterns_text(globs)} "
+        f"({theirs}) is not the master's {_patterns_text(dataset.globs)} ({len(dataset.files)} "
+        f"{dataset.format} file(s), {dataset.num_records} records)"
+        + (f"; {note}" if note else "")
+        + ". A master serves one dataset: give this trainer the master's patterns, or run "
+        "another job for this dataset (another --store or --job, or an empty store)"
+    )
+
+
+def chunk_size_for(fmt: str, chunk_size: int | None) -> int | None:
+    """The bound the master cuts `fmt`'s chunks at: `chunk_size` (its --chunk-size) or the
+    format's default; None for a format whose chunks are the files' own (RecordIO, Parquet)."""
+    from chunkmaster.formats import get_format
+
+    default = get_format(fmt).chunk_size
+    return None if default is None else chunk_size or default
+
+
+def chunk_size_hint(fmt: str, chunk_size: int | None) -> str:
+    """What makes more, smaller chunks of `fmt`'s files (the chunks are cut at `chunk_size`)."""
+    if chunk_size is not None:
+        return f"a smaller --chunk-size (now {size_text(chunk_size)})"
+    if fmt == "parquet":
+        return "smaller row groups (row_group_size when the files are written)"
+    return "smaller chunks (`chunkmaster recordio write --max-chunk-size`)"
+
+
 def choose_format(files: Sequence[str], explicit: str | None = None) -> str:
     """The one format of `files`: `explicit`, or the one their names' endings say (no known
     ending: RecordIO). Files of two formats are refused, naming one file of each."""
@@ -260,23 +363,37 @@ def load_dataset(
     file_timeout: float | None = INDEX_TIMEOUT,
     fmt: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    chunk_size: int | None = None,
+    max_inflated: int = DEFAULT_MAX_INFLATED,
 ) -> Dataset:
     """Expand `globs` and read every file's chunk index (headers or footers only), in
     parallel; a file whose index takes longer than `file_timeout` seconds (a hung file system)
     is an error naming it. `fmt` names the files' format (default: by their names). URLs are
-    listed and read through fsspec with `storage_options` (formats/remote.py)."""
+    listed and read through fsspec with `storage_options` (formats/remote.py). The formats
+    whose chunks the master cuts get chunks of at most `chunk_size` bytes (None: the format's
+    default). A compressed file that would inflate to more than `max_inflated` bytes is
+    refused, naming it (its records are counted as it is inflated, never held whole where the
+    format allows). Local patterns are kept absolute (absolute_pattern), so the dataset's files
+    are too, whatever the trainers' working directories."""
     from chunkmaster.formats import FormatError, get_format, suffix_format
     from chunkmaster.formats.storage import storage_for
     from chunkmaster.recordio import RecordIOError
 
+    note = relative_note(globs)
+    if note:
+        log.warning("dataset: %s", note)
+    globs = [absolute_path(g) if isinstance(g, str) and g else g for g in globs]
     remote = shared_storage(storage_options)
     files = expand_globs(globs, remote)
     fmt = choose_format(files, fmt)
     form = get_format(fmt)
+    bound = chunk_size_for(fmt, chunk_size)
 
     def index_of(path: str) -> FileIndex:
         try:
-            return form.index(path, storage_for(path, storage_options))
+            return form.index(
+                path, storage_for(path, storage_options), bound, max_inflated=max_inflated
+            )
         except (RecordIOError, FormatError) as exc:
             guessed = (
                 " (its name has no known format ending, so it was read as RecordIO; set the "
@@ -311,16 +428,18 @@ def load_dataset(
         [ix.size for ix in indexes],
         lengths=(ix.lengths for ix in indexes),
         fmt=fmt,
+        chunk_size=bound,
     )
     if dataset.num_chunks == 0:
         raise DatasetError(
             f"no valid dataset specified: the {len(files)} matched file(s) hold no records"
         )
     log.info(
-        "dataset: %d %s files, %d chunks, %d records, %d tasks of up to %d chunks",
+        "dataset: %d %s files, %d chunks%s, %d records, %d tasks of up to %d chunks",
         len(files),
         fmt,
         dataset.num_chunks,
+        "" if bound is None else f" of up to {size_text(bound)}",
         dataset.num_records,
         dataset.num_tasks,
         dataset.chunks_per_task,

@@ -54,6 +54,9 @@ else:
     Handler = grpc.RpcMethodHandler
     Interceptor = grpc.aio.ServerInterceptor
 READ_TIMEOUT = 10.0  # seconds a client has to send its request
+#: HTTP connections served at once (a dashboard or two and Prometheus need a few); those
+#: beyond are closed as soon as they are accepted, so a flood holds few descriptors.
+MAX_HTTP_CLIENTS = 32
 
 
 class StateCollector(Collector):
@@ -350,6 +353,7 @@ class MetricsServer:
         self._token = token
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
+        self._clients = 0
         self._page = dashboard_html()
         self.host, self.port = "", 0
 
@@ -360,7 +364,14 @@ class MetricsServer:
 
     async def start(self, host: str, port: int) -> None:
         try:
-            self._server = await asyncio.start_server(self._handle, host, port, ssl=self._ssl)
+            # backlog: connections accepted in one go before their handlers run (and close
+            # those over MAX_HTTP_CLIENTS)
+            tls: dict[str, Any] = {}
+            if self._ssl is not None:  # a TLS handshake gets no longer than a request
+                tls = {"ssl": self._ssl, "ssl_handshake_timeout": READ_TIMEOUT}
+            self._server = await asyncio.start_server(
+                self._handle, host, port, backlog=MAX_HTTP_CLIENTS, **tls
+            )
         except OSError as exc:
             raise OSError(f"cannot listen for metrics on {host}:{port}: {exc.strerror}") from None
         self.host = host
@@ -372,6 +383,16 @@ class MetricsServer:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._clients >= MAX_HTTP_CLIENTS:
+            writer.transport.abort()  # busy: the client may try again
+            return
+        self._clients += 1
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self._clients -= 1
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
             status, ctype, body = self._answer(head)

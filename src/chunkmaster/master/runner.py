@@ -12,6 +12,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import resource
 import socket
 import struct
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 from chunkmaster.master.auth import is_loopback, server_credentials, server_ssl_context
 from chunkmaster.master.config import MasterConfig
 from chunkmaster.master.leadership import Leadership
-from chunkmaster.master.metrics import RpcMetrics, start_metrics
+from chunkmaster.master.metrics import MAX_HTTP_CLIENTS, RpcMetrics, start_metrics
 from chunkmaster.master.readiness import remove_ready_file, write_ready_file
 from chunkmaster.master.server import MasterServer
 from chunkmaster.master.service import Service
@@ -49,6 +50,32 @@ def external_ip() -> str:
 
 
 _SIOCGIFFLAGS, _SIOCGIFADDR, _IFF_UP = 0x8913, 0x8915, 0x1  # Linux ioctl numbers
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (services often start
+    with a soft limit of 1024 and a far higher hard one); the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:  # e.g. above the kernel's nr_open
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, want, exc)
+    return soft
+
+
+#: Descriptors kept for everything but RPC connections: the store, the metrics port and its
+#: clients, etcd, dataset files being indexed, gRPC's and Python's own, and the connections
+#: over the limit, which hold a descriptor from their accept to their close.
+RESERVED_FDS = 128 + 2 * MAX_HTTP_CLIENTS
+
+
+def connection_limit(open_files: int) -> int:
+    """RPC connections served at once under an open-file limit: a flood of connections then
+    never leaves the master without a descriptor to accept, write or answer with."""
+    return max(open_files // 2, open_files - RESERVED_FDS)
 
 
 def _read_checkpoint(path: str) -> bytes:
@@ -117,12 +144,21 @@ async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Ev
     # Unprotected, a master beyond loopback was refused by its config unless --insecure.
     host = config.host or ("127.0.0.1" if config.etcd is None else external_ip())
     _log_protection(config, host)
-    while await _serve(config, stop, credentials, host):
+    open_files = raise_open_files_limit()
+    max_connections = connection_limit(open_files)
+    log.info(
+        "accepting at most %d RPC connections at once (open-file limit %d)",
+        max_connections,
+        open_files,
+    )
+    while await _serve(config, stop, credentials, host, max_connections):
         log.warning("campaigning for the master lock again, as a standby")
     return 0
 
 
-async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, host: str) -> bool:
+async def _serve(
+    config: MasterConfig, stop: asyncio.Event, credentials: Any, host: str, max_connections: int
+) -> bool:
     """Lead (on etcd: once elected) and serve until stopped; True when the lock was lost."""
     leadership: Leadership | None = None
     if config.etcd is not None:
@@ -148,6 +184,7 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
     service = Service(
         store,
         chunks_per_task=config.chunks_per_task,
+        chunk_size=config.chunk_size,
         timeout_dur=config.task_timeout,
         failure_max=config.task_timeout_max,
         failed_policy=config.failed_policy,
@@ -156,6 +193,7 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
         trainer_ttl=config.trainer_ttl,
         rank_wait=config.rank_wait,
         index_timeout=config.index_timeout,
+        max_inflated=config.max_inflated_bytes,
         dataset_format=config.format,
         job=config.job or "default",
         storage_options=config.storage_options,
@@ -190,6 +228,7 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
         credentials=credentials,
         token=config.token,
         data_roots=config.data_roots,
+        max_connections=max_connections,
     )
     await server.start()
     if leadership is not None:

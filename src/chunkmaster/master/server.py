@@ -21,12 +21,19 @@ from chunkmaster.master.service import Service
 from chunkmaster.master.stream import Malformed, SessionConversation, SessionOwners
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc
-from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb
+from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb, tidy_request
 
 log = logging.getLogger("chunkmaster.server")
 
 SERVICE_NAME = "chunkmaster.v1.Master"
 R = TypeVar("R")
+
+#: Streams one connection may have open at once: a trainer needs its session and a few unary
+#: calls; more is a client gone wrong, and each stream costs the master memory.
+MAX_STREAMS_PER_CONNECTION = 100
+#: Seconds a new connection has to complete its handshake (TLS, and HTTP/2's preface) before
+#: the master drops it: a connection that says nothing holds a slot no longer than this.
+HANDSHAKE_TIMEOUT = 10.0
 
 
 async def _answer(
@@ -42,11 +49,18 @@ async def _answer(
 
 
 def _lenient(cls: Any) -> Callable[[bytes], Any]:
+    """The request parsed, its free text cut to size (`wire.tidy_request`); Malformed for
+    bytes that do not parse or a string too long to take."""
+
     def parse(data: bytes) -> Any:
         try:
-            return cls.FromString(data)
+            msg = cls.FromString(data)
         except DecodeError:
             return Malformed(f"invalid argument: the request is not a valid {cls.__name__}")
+        problem = tidy_request(msg)
+        if problem is not None:
+            return Malformed(f"invalid argument: {problem}")
+        return msg
 
     return parse
 
@@ -160,7 +174,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.SaveModelResponse(approved=approved)
 
     async def Status(self, request: Any, context: Any) -> Any:
-        return pb.StatusResponse(json=json.dumps(self.service.status()))
+        # UTF-8 as is (not \\u escapes): what the status holds is bounded in bytes (wire.py)
+        return pb.StatusResponse(json=json.dumps(self.service.status(), ensure_ascii=False))
 
     async def DataCheckpoint(self, request: Any, context: Any) -> Any:
         blob = await _answer(context, self.service.data_checkpoint)
@@ -194,7 +209,9 @@ class MasterServer:
     `interceptors`: run before the token check (e.g. metrics, which then count refusals);
     `credentials`: serve over TLS (`chunkmaster.master.auth.server_credentials`); `token`:
     every Master call must carry it; `data_roots`: where datasets may lie
-    (`chunkmaster.master.datasets.check_data_roots`).
+    (`chunkmaster.master.datasets.check_data_roots`); `max_connections`: connections served
+    at once (gRPC accepts and closes those beyond at once, so a flood cannot take every file
+    descriptor: `runner.connection_limit`).
     """
 
     def __init__(
@@ -207,16 +224,22 @@ class MasterServer:
         credentials: grpc.ServerCredentials | None = None,
         token: str | None = None,
         data_roots: Sequence[str] = (),
+        max_connections: int | None = None,
     ) -> None:
         self.service = service
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        options: list[tuple[str, Any]] = [
+            ("grpc.so_reuseport", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT * 1000)),
+        ]
+        if max_connections is not None:
+            options.append(("grpc.max_allowed_incoming_connections", max_connections))
         self.server = grpc.aio.server(
             interceptors=[*interceptors, *([] if token is None else [TokenInterceptor(token)])],
-            options=[
-                ("grpc.so_reuseport", 0),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-            ],
+            options=options,
         )
         servicer = MasterServicer(service, data_roots)
         self.server.add_generic_rpc_handlers((_master_handler(servicer),))

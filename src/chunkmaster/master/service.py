@@ -17,9 +17,10 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, S
 from typing import Any, TypeVar
 
 from chunkmaster.core import checkpoint
-from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.dataset import Dataset, size_text
 from chunkmaster.core.errors import (
     CheckpointRefusedError,
+    DatasetMismatchError,
     InvalidArgumentError,
     MasterError,
     NoDatasetError,
@@ -66,12 +67,24 @@ from chunkmaster.core.state import (
     committed_position,
     fail_ignored,
     finish_ignored,
+    lost_reason,
+    reading_task,
     restore_repeated,
     save_allowed,
 )
 from chunkmaster.core.steps import StepsMode, missing_ranks, world_size
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 from chunkmaster.logs import about
-from chunkmaster.master.datasets import INDEX_TIMEOUT, in_daemon_thread, load_dataset
+from chunkmaster.master.datasets import (
+    INDEX_TIMEOUT,
+    absolute_path,
+    chunk_size_for,
+    chunk_size_hint,
+    dataset_mismatch,
+    in_daemon_thread,
+    load_dataset,
+    same_patterns,
+)
 from chunkmaster.master.leases import DataWait, LeaseKeeper
 from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.timeouts import TimeoutScheduler
@@ -105,11 +118,15 @@ class Service:
         trainer_ttl: float = TRAINER_TTL,
         job: str = "default",
         index_timeout: float = INDEX_TIMEOUT,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
         dataset_format: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         shuffle_seed: int | None = None,
         rank_wait: float = RANK_WAIT,
+        chunk_size: int | None = None,
     ) -> None:
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"chunk_size must be at least 1 byte, not {chunk_size}")
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
         if failure_max < 0:
@@ -124,9 +141,11 @@ class Service:
         self.store = store
         self.job = job
         self.index_timeout = index_timeout
+        self.max_inflated = check_limit(max_inflated)  # what indexing may decompress a file to
         self.dataset_format = dataset_format  # None: each dataset's by its files' names
         self.storage_options = dict(storage_options or {})  # may hold credentials: never logged
         self.chunks_per_task = chunks_per_task
+        self.chunk_size = chunk_size  # None: each format's default (formats' chunk_size)
         self.timeout_dur = float(timeout_dur)
         self.failure_max = failure_max
         self.failed_policy = FailedPolicy(failed_policy)
@@ -145,6 +164,8 @@ class Service:
         self.ledger.on_reset.append(lambda: self.leases.reset(self.ledger.state.sessions))
         self._changed = asyncio.Event()
         self._loading: asyncio.Task[None] | None = None
+        self._loading_globs: list[str] = []
+        self._few_tasks_warned = False
         self._started = False
 
     # ---- life cycle -------------------------------------------------------------------
@@ -166,17 +187,7 @@ class Service:
                 )
                 + ", or with an empty store for a new job"
             )
-        if st.ready:
-            assert st.dataset is not None
-            log.info(
-                "recovered: pass %d, %d todo, %d pending, %d done, %d failed (dataset %s)",
-                st.cur_pass,
-                len(st.todo),
-                len(st.pending),
-                len(st.done),
-                len(st.failed),
-                list(st.dataset.globs),
-            )
+        log.info("%s", self._recovered())
         if (st.failure_max, st.failed_policy) != (self.failure_max, self.failed_policy):
             await self.ledger.commit(Configure(self.failure_max, self.failed_policy))
         if st.error_budget != self.error_budget:
@@ -195,6 +206,54 @@ class Service:
         self.leases.grant(st.sessions)
         self.leases.start()
         self._started = True
+        self._check_task_share()
+
+    def _recovered(self) -> str:
+        """One line: what this master found in its store (a new job, or where the job is)."""
+        st = self.ledger.state
+        where = f"job {self.job!r} in the {self.store.describe()}"
+        sessions = f"{len(st.sessions)} trainer session(s)"
+        ds = st.dataset
+        if ds is None:
+            return (
+                f"{where}: no dataset yet ({sessions}): a new job, its dataset set by the "
+                "first trainer's set_dataset"
+            )
+        chunks = "" if ds.chunk_size is None else f" of up to {size_text(ds.chunk_size)}"
+        seed = "" if ds.shuffle_seed is None else f", shuffle seed {ds.shuffle_seed}"
+        stopped = "" if st.stopped is None else f"; stopped in pass {st.stopped.pass_id}"
+        return (
+            f"recovered {where}: dataset {list(ds.globs)} ({len(ds.files)} {ds.format} "
+            f"files, {ds.num_chunks} chunks{chunks}, {ds.num_records} records, "
+            f"{ds.num_tasks} tasks of up to {ds.chunks_per_task} chunks{seed}); pass "
+            f"{st.cur_pass}: {len(st.todo)} todo, {len(st.pending)} pending, {len(st.done)} "
+            f"done, {len(st.failed)} failed; {sessions}; equal steps {st.steps.mode.value}"
+            f"{stopped}"
+        )
+
+    def few_tasks(self) -> str | None:
+        """A warning when the pass has fewer tasks than trainers with sessions (some of them
+        get nothing to read), naming what makes more tasks; None otherwise."""
+        st = self.ledger.state
+        ds = st.dataset
+        trainers = len(st.sessions)
+        if ds is None or trainers <= ds.num_tasks:
+            return None
+        more = [chunk_size_hint(ds.format, ds.chunk_size)]
+        if ds.chunks_per_task > 1:
+            more.insert(0, f"a smaller --chunk-per-task (now {ds.chunks_per_task})")
+        return (
+            f"pass {st.cur_pass} has {ds.num_tasks} task(s) for {trainers} trainers (sessions): "
+            f"{trainers - ds.num_tasks} of them get nothing to read; for more tasks give the "
+            f"master {' or '.join(more)}"
+        )
+
+    def _check_task_share(self) -> None:
+        """Log few_tasks() once each time trainers come to outnumber the tasks."""
+        warning = self.few_tasks()
+        if warning is not None and not self._few_tasks_warned:
+            log.warning("%s", warning, extra=about(pass_id=self.ledger.state.cur_pass))
+        self._few_tasks_warned = warning is not None
 
     async def close(self) -> None:
         await self.leases.close()
@@ -242,23 +301,34 @@ class Service:
     # ---- operations ------------------------------------------------------------------
 
     async def set_dataset(self, globs: Sequence[str]) -> None:
-        """First dataset wins; later calls succeed and change nothing."""
+        """The first dataset wins; a later call with the same dataset (the same patterns
+        however spelled, or patterns matching exactly its files) succeeds and changes nothing,
+        one with another dataset is refused with DatasetMismatchError naming both. A restored
+        data checkpoint's dataset is the master's like any other."""
         self._check_started()
         globs = list(globs)
         if not globs:  # checked before "already set", as the original does
             raise NoDatasetError()
-        st = self.ledger.state
-        if st.dataset is not None:
-            if list(st.dataset.globs) != globs:
-                log.warning(
-                    "set_dataset(%s) ignored: the dataset is already %s",
-                    globs,
-                    list(st.dataset.globs),
-                )
+        while self.ledger.state.dataset is None:
+            loading = self._loading
+            if loading is None or loading.done():
+                self._loading_globs = globs
+                loading = self._loading = asyncio.create_task(self._load(globs), name="set-dataset")
+            try:
+                await asyncio.shield(loading)
+            except MasterError:
+                if same_patterns(globs, self._loading_globs):
+                    raise
+                # Another trainer's dataset could not be set: this one may be.
+        ds = self.ledger.state.dataset
+        assert ds is not None
+        if same_patterns(ds.globs, globs):
             return
-        if self._loading is None or self._loading.done():
-            self._loading = asyncio.create_task(self._load(globs), name="set-dataset")
-        await asyncio.shield(self._loading)
+        why = await in_daemon_thread(dataset_mismatch, ds, globs, self.storage_options)
+        if why is not None:
+            log.warning("set_dataset refused: %s", why)
+            raise DatasetMismatchError(why)
+        log.info("set_dataset(%s): other patterns for the same files as the dataset's", globs)
 
     async def _load(self, globs: list[str]) -> None:
         dataset = await in_daemon_thread(
@@ -268,9 +338,12 @@ class Service:
             self.index_timeout,
             self.dataset_format,
             self.storage_options,
+            self.chunk_size,
+            self.max_inflated,
         )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset.with_shuffle(self.shuffle_seed)))
+            self._check_task_share()
 
     async def get_task(
         self,
@@ -503,10 +576,14 @@ class Service:
             self.touch(session_id)
             return session_id
         sid = uuid.uuid4().hex
-        await self.ledger.commit(
+        # The lease from the moment the session is in the state: a trainer gone while the
+        # write is in flight cancels this call, and its session must still end (a failed
+        # write rebuilds the state, and the leases with it).
+        _, durable = self.ledger.submit(
             OpenSession(sid, name, host, pid, report_every, world_size, rank if world_size else 0)
         )
         self.leases.renew(sid)
+        await durable
         log.info(
             "trainer %s (%s, pid %d%s) opened session %s",
             name,
@@ -516,6 +593,7 @@ class Service:
             sid,
             extra=about(trainer=name, session=sid),
         )
+        self._check_task_share()
         return sid
 
     def touch(self, session: str) -> None:
@@ -602,17 +680,23 @@ class Service:
         return _after(durable, back)
 
     async def end_session(
-        self, session: str, reason: str, positions: Iterable[Position] = ()
+        self, session: str, reason: str, positions: Iterable[Position] = (), *, charge: bool = False
     ) -> int:
-        """End a session; its tasks go back to the front of Todo. How many it held."""
+        """End a session; its tasks go back to the front of Todo. How many it held. With
+        `charge` (a lost trainer) the task it was reading counts a failure."""
         self._check_started()
-        if session not in self.ledger.state.sessions:
+        st = self.ledger.state
+        if session not in st.sessions:
             return 0
-        s = self.ledger.state.sessions[session]
+        s = st.sessions[session]
         ps = self._own(session, positions)
-        held = await self.ledger.commit(EndSession(session, reason, ps))
+        reading = reading_task(st, session) if charge else None
+        held = await self.ledger.commit(EndSession(session, reason, ps, charge))
         assert isinstance(held, int)
         self.leases.drop(session)
+        self._check_task_share()
+        if reading is not None:
+            self._log_failure(reading, lost_reason(s))
         log.log(
             logging.WARNING if reason == TRAINER_LOST_REASON else logging.INFO,
             "session %s of trainer %s (%s, pid %d) ended (%s); %s task(s) it held go back "
@@ -630,7 +714,7 @@ class Service:
     async def _lease_expired(self, session: str) -> None:
         if not self.ledger.available:
             raise self.ledger.unavailable()  # the keeper retries shortly
-        await self.end_session(session, TRAINER_LOST_REASON)
+        await self.end_session(session, TRAINER_LOST_REASON, charge=True)
 
     def _own(self, session: str, positions: Iterable[Position]) -> tuple[Position, ...]:
         """The positions about tasks this session holds now (others are stale: ignored)."""
@@ -699,6 +783,11 @@ class Service:
                 f"{list(st.dataset.globs)}): a data checkpoint is restored onto an empty "
                 "store only; start with --restore-replace to replace the state it holds"
             )
+        cp = checkpoint.with_paths(cp, absolute_path)
+        bound = chunk_size_for(cp.dataset.format, self.chunk_size)
+        why = checkpoint.chunk_size_refusal(cp.dataset, bound)
+        if why is not None:
+            raise checkpoint.CheckpointError(why)
         globs = list(cp.dataset.globs)
         dataset = await in_daemon_thread(
             load_dataset,
@@ -707,6 +796,8 @@ class Service:
             self.index_timeout,
             cp.dataset.format,
             self.storage_options,
+            self.chunk_size,
+            self.max_inflated,
         )
         dataset = dataset.with_shuffle(self.shuffle_seed)
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
@@ -852,8 +943,10 @@ class Service:
                 }
             )
         stop = st.stopped
+        few_tasks = self.few_tasks()
         return {
             "healthy": ledger.available,
+            "warnings": [] if few_tasks is None else [few_tasks],
             "ready": st.ready,
             "cur_pass": st.cur_pass,
             "todo": len(st.todo),
@@ -869,6 +962,7 @@ class Service:
                 "chunks": ds.num_chunks,
                 "records": ds.num_records,
                 "chunks_per_task": ds.chunks_per_task,
+                "chunk_size": ds.chunk_size,
                 "format": ds.format,
             },
             "failure_max": st.failure_max,

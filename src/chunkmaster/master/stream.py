@@ -30,6 +30,10 @@ from chunkmaster.rpc.wire import MAX_BATCH, status_code_of, task_to_pb
 log = logging.getLogger("chunkmaster.stream")
 
 MAX_WAIT = 300.0  # the longest a NextTask may wait for a task, in seconds
+MAX_OUTSTANDING = 256
+"""Messages of one stream the master holds at once, waiting for their answer or for it to be
+sent: a trainer has a few; a stream that sends more without reading its answers is refused
+(InvalidArgumentError) and ended, so it cannot make the master hold an unbounded number."""
 
 
 class Malformed:
@@ -118,6 +122,16 @@ class SessionConversation:
             async for req in requests:
                 if isinstance(req, Malformed):
                     self._out.put_nowait(error_response(0, InvalidArgumentError(req.message)))
+                    break
+                if len(self._tasks) + self._out.qsize() >= MAX_OUTSTANDING:
+                    too_many = InvalidArgumentError(
+                        f"invalid argument: {MAX_OUTSTANDING} messages of this stream wait for "
+                        "their answers already; the stream ends (read the answers before "
+                        "sending more)"
+                    )
+                    self._out.put_nowait(error_response(req.seq, too_many))
+                    for t in self._tasks:  # nobody reads their answers
+                        t.cancel()
                     break
                 await self._handle(req)
                 if self._ended:
@@ -210,14 +224,18 @@ class SessionConversation:
         fin = started(finished)
 
         async def next_task() -> pb.SessionResponse:
-            tasks = await self.service.get_tasks(
-                msg.pass_id,
-                max(1, min(msg.max_tasks, MAX_BATCH)),
-                wait=wait,
-                worker=self.name,
-                request_id=msg.request_id,
-                session=session,
-            )
+            try:
+                tasks = await self.service.get_tasks(
+                    msg.pass_id,
+                    max(1, min(msg.max_tasks, MAX_BATCH)),
+                    wait=wait,
+                    worker=self.name,
+                    request_id=msg.request_id,
+                    session=session,
+                )
+            except MasterError:
+                await fin  # finishes that were not made durable: that is the answer
+                raise
             await fin
             if msg.max_tasks <= 1:
                 return pb.SessionResponse(seq=seq, task=task_to_pb(tasks[0]))

@@ -82,6 +82,11 @@ class CorruptPayloadError(RecordIOError):
     """The decompressor rejected a payload whose outer checksum was fine."""
 
 
+class InflatedTooLargeError(RecordIOError):
+    """A compressed payload inflates to more than the reader's limit (`max_inflated`): refused
+    while it was being decoded, so it never takes the memory (a decompression bomb)."""
+
+
 class RecordOverrunError(RecordIOError):
     """Record lengths do not tile the chunk data, or the record count disagrees."""
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from itertools import chain
 from typing import Literal, cast, overload
 
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.recordio import buffers
 from chunkmaster.recordio.codecs import (
     crc32,
@@ -42,6 +43,7 @@ def scan(
     length: int = ...,
     *,
     copy: Literal[True] = ...,
+    max_inflated: int = ...,
 ) -> Iterator[bytes]: ...
 
 
@@ -53,12 +55,19 @@ def scan(
     length: int = ...,
     *,
     copy: Literal[False],
+    max_inflated: int = ...,
 ) -> Iterator[memoryview]: ...
 
 
 @overload
 def scan(
-    source: Source, index: Index | None = ..., start: int = ..., length: int = ..., *, copy: bool
+    source: Source,
+    index: Index | None = ...,
+    start: int = ...,
+    length: int = ...,
+    *,
+    copy: bool,
+    max_inflated: int = ...,
 ) -> Records: ...
 
 
@@ -69,6 +78,7 @@ def scan(
     length: int = -1,
     *,
     copy: bool = True,
+    max_inflated: int = DEFAULT_MAX_INFLATED,
 ) -> Records:
     """Yield the records with global numbers in [start, start + length), in file order.
 
@@ -82,11 +92,14 @@ def scan(
     `copy=False` yields read-only memoryviews into the chunk's buffer instead of `bytes`: no
     per-record copy. A view stays valid for as long as it is referenced (a buffer still viewed
     is never reused), but holding views across chunks costs a fresh buffer per chunk.
+
+    A compressed chunk that would inflate to more than `max_inflated` bytes raises
+    InflatedTooLargeError while it is decoded (a decompression bomb never takes the memory).
     """
     if index is None:
-        chunks = _stream_chunks(source, max(start, 0), length, copy)
+        chunks = _stream_chunks(source, max(start, 0), length, copy, max_inflated)
     else:
-        chunks = _indexed_chunks(source, index, start, length, copy)
+        chunks = _indexed_chunks(source, index, start, length, copy, max_inflated)
     return cast(Records, chain.from_iterable(chunks))
 
 
@@ -120,6 +133,7 @@ def _load(
     lo: int,
     hi: int | None,
     copy: bool,
+    max_inflated: int,
 ) -> Records:
     """Read the payload following `header`, verify and decode it, return its records lo..hi-1.
 
@@ -139,7 +153,7 @@ def _load(
         _read_checked(src, view, header, where)
         ends = frame_ends(view, count, where)
         return iter_record_views(view, ends, lo, hi, copy, lambda: buffers.give_back(buf))
-    data, ends = _decode(src, header, where)
+    data, ends = _decode(src, header, where, max_inflated)
     if copy:
         return iter_records(data, ends, lo, hi)
     return iter_record_views(memoryview(data), ends, lo, hi, False, None)
@@ -156,7 +170,9 @@ def check_crc(actual: int, header: ChunkHeader, where: Where) -> None:
         )
 
 
-def _decode(src: Opened, header: ChunkHeader, where: Where) -> tuple[bytes, list[int]]:
+def _decode(
+    src: Opened, header: ChunkHeader, where: Where, max_inflated: int
+) -> tuple[bytes, list[int]]:
     """Read the payload following `header`; check its CRC, decompress it, validate framing."""
     size = header.compressed_size
     payload = read_exact(src.file, size)
@@ -165,12 +181,14 @@ def _decode(src: Opened, header: ChunkHeader, where: Where) -> tuple[bytes, list
             f"payload has {len(payload)} of {size} bytes (Failed to read chunk data: EOF)", **where
         )
     check_crc(crc32(payload), header, where)
-    data = decompress(header.compressor, payload, where)
+    data = decompress(header.compressor, payload, where, max_inflated)
     del payload
     return data, frame_ends(data, header.num_records, where)
 
 
-def load_chunk(source: Source, offset: int, num_records: int) -> tuple[bytes, list[int]]:
+def load_chunk(
+    source: Source, offset: int, num_records: int, max_inflated: int = DEFAULT_MAX_INFLATED
+) -> tuple[bytes, list[int]]:
     """One chunk read whole and checked like scan() checks it: its record data and record ends.
 
     Record i is `data[start : ends[i]]` with start 4 past the previous end (0 for i == 0). The
@@ -181,7 +199,8 @@ def load_chunk(source: Source, offset: int, num_records: int) -> tuple[bytes, li
     with open_source(source) as src:
         src.file.seek(src.base + offset)
         header = read_chunk(src, 0, offset, num_records)
-        return _decode(src, header, {"path": src.name, "chunk": 0, "offset": offset})
+        where: Where = {"path": src.name, "chunk": 0, "offset": offset}
+        return _decode(src, header, where, max_inflated)
 
 
 _LARGE_RECORD = 4096
@@ -213,7 +232,7 @@ def _read_checked(src: Opened, view: memoryview, header: ChunkHeader, where: Whe
 
 
 def _indexed_chunks(
-    source: Source, index: Index, start: int, length: int, copy: bool
+    source: Source, index: Index, start: int, length: int, copy: bool, max_inflated: int
 ) -> Iterator[Records]:
     total = index.num_records
     start = max(start, 0)
@@ -222,7 +241,7 @@ def _indexed_chunks(
     if total == 0 and index.num_chunks:
         # Only zero-record chunks: read them anyway, so that a header count damaged down to 0
         # is reported rather than silently losing the chunk's records.
-        yield from _zero_record_chunks(source, index, copy)
+        yield from _zero_record_chunks(source, index, copy, max_inflated)
         return
     if start >= total or length <= 0:
         return
@@ -247,21 +266,25 @@ def _indexed_chunks(
             header = read_chunk(src, k, offset, count)
             lo_k = lo if k == first else 0
             hi_k = hi_in_last + 1 if k == last else None
-            yield _load(src, header, k, offset, lo_k, hi_k, copy)
+            yield _load(src, header, k, offset, lo_k, hi_k, copy, max_inflated)
             pos = offset + HEADER_SIZE + header.compressed_size
 
 
-def _zero_record_chunks(source: Source, index: Index, copy: bool) -> Iterator[Records]:
+def _zero_record_chunks(
+    source: Source, index: Index, copy: bool, max_inflated: int
+) -> Iterator[Records]:
     with open_source(source) as src:
         for k, (offset, count) in enumerate(
             zip(index.chunk_offsets, index.chunk_records, strict=True)
         ):
             src.file.seek(src.base + offset)
             header = read_chunk(src, k, offset, count)
-            yield _load(src, header, k, offset, 0, None, copy)
+            yield _load(src, header, k, offset, 0, None, copy, max_inflated)
 
 
-def _stream_chunks(source: Source, start: int, length: int, copy: bool) -> Iterator[Records]:
+def _stream_chunks(
+    source: Source, start: int, length: int, copy: bool, max_inflated: int
+) -> Iterator[Records]:
     stop = start + length if length >= 0 else None
     if stop is not None and stop <= start:
         return
@@ -288,7 +311,7 @@ def _stream_chunks(source: Source, start: int, length: int, copy: bool) -> Itera
             else:
                 lo = max(start - first, 0)
                 hi = None if stop is None or stop >= first + n else stop - first
-                yield _load(src, header, chunk, pos, lo, hi, copy)
+                yield _load(src, header, chunk, pos, lo, hi, copy, max_inflated)
             pos += HEADER_SIZE + header.compressed_size
             chunk += 1
             first += n

@@ -27,20 +27,22 @@ class TaskMeta(_message.Message):
     def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("meta", "chunks", "pass_id", "start", "end", "format")
+    __slots__ = ("meta", "chunks", "pass_id", "start", "end", "format", "failures")
     META_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
     meta: TaskMeta
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     pass_id: int
     start: int
     end: int
     format: str
-    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., format: _Optional[str] = ...) -> None: ...
+    failures: int
+    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., format: _Optional[str] = ..., failures: _Optional[int] = ...) -> None: ...
 
 class SetDatasetRequest(_message.Message):
     __slots__ = ("globs",)

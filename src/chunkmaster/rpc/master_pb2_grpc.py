@@ -85,7 +85,9 @@ class MasterServicer:
     """Missing associated documentation comment in .proto file."""
 
     def SetDataset(self, request, context):
-        """The first successful call wins; later calls succeed and change nothing.
+        """The first successful call wins; later calls with the same dataset (the same patterns,
+        however spelled, or patterns matching exactly its files) succeed and change nothing;
+        another dataset is refused: FAILED_PRECONDITION, DatasetMismatchError naming both.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

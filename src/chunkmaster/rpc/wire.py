@@ -5,10 +5,15 @@ Shared by the server and the client so the two can never disagree on a mapping.
 
 from __future__ import annotations
 
+import functools
+
 import grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
 
 from chunkmaster.core import errors
 from chunkmaster.core.model import Chunk, Task, TaskMeta
+from chunkmaster.logs import printable
 from chunkmaster.rpc import master_pb2 as pb
 
 ERROR_KEY = "chunkmaster-error"
@@ -24,6 +29,7 @@ _CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.NotReadyError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.NoDatasetError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.DatasetError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.DatasetMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.TrainerIdEmptyError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
@@ -35,6 +41,69 @@ _CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.RanksMissingError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 _BY_NAME: dict[str, type[errors.MasterError]] = {cls.__name__: cls for cls in _CODES}
+
+MAX_TEXT = 1000
+"""Bytes (UTF-8) kept of a free-text field of a request (FREE_TEXT: a trainer's name and host,
+a worker ID, a failure reason): the master keeps, journals, logs and shows these, so each is
+cut here, once, with its control characters escaped (`logs.printable`). A status holds a few
+thousand of them at most, well within a gRPC message."""
+FREE_TEXT = frozenset({"name", "host", "worker", "reason"})
+MAX_STRING = 4096
+"""Bytes of any other string of a request (a dataset pattern, a request, session or trainer
+ID): one that is longer is refused (INVALID_ARGUMENT): cutting it would change what it names."""
+
+
+def tidy_request(msg: Message) -> str | None:
+    """Cut and escape the free text of a request (in place); the problem with a string that is
+    too long to take, if there is one."""
+    for field in _string_fields(msg.DESCRIPTOR):
+        name = field.name
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            if field.is_repeated:
+                items = getattr(msg, name)
+            elif msg.HasField(name):
+                items = [getattr(msg, name)]
+            else:
+                continue
+            for item in items:
+                problem = tidy_request(item)
+                if problem is not None:
+                    return problem
+        elif name in FREE_TEXT and not field.is_repeated:
+            text = getattr(msg, name)
+            if text:
+                setattr(msg, name, clip_text(text))
+        else:
+            for item in getattr(msg, name) if field.is_repeated else [getattr(msg, name)]:
+                size = len(item.encode())
+                if size > MAX_STRING:
+                    return (
+                        f"{msg.DESCRIPTOR.name}.{name} is {size} bytes long, more than the "
+                        f"{MAX_STRING} a master takes"
+                    )
+    return None
+
+
+@functools.cache
+def _string_fields(descriptor: Descriptor) -> tuple[FieldDescriptor, ...]:
+    """The fields of a message type that are strings or may hold one (at any depth)."""
+    return tuple(
+        f
+        for f in descriptor.fields
+        if f.type == FieldDescriptor.TYPE_STRING
+        or (f.type == FieldDescriptor.TYPE_MESSAGE and _string_fields(f.message_type))
+    )
+
+
+def clip_text(text: str) -> str:
+    """`text` escaped (`logs.printable`) and cut to at most MAX_TEXT bytes of UTF-8, saying
+    how much was cut."""
+    text = printable(text)
+    data = text.encode()
+    if len(data) <= MAX_TEXT:
+        return text
+    note = f"... ({len(data)} bytes, cut)"
+    return data[: MAX_TEXT - len(note)].decode(errors="ignore") + note
 
 
 def status_code_of(exc: errors.MasterError) -> grpc.StatusCode:
@@ -75,6 +144,7 @@ def task_to_pb(task: Task) -> pb.Task:
         start=task.start,
         end=task.end,
         format="" if task.format == "recordio" else task.format,
+        failures=task.failures,
     )
 
 
@@ -86,4 +156,5 @@ def task_from_pb(msg: pb.Task) -> Task:
         msg.start,
         msg.end,
         msg.format or "recordio",
+        msg.failures,
     )

@@ -27,6 +27,7 @@ from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.feed import PassFeed
 from chunkmaster.core.model import Task
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.torch.batches import Batch, Loose, Merger, ReadFailure, pinned
 from chunkmaster.torch.channel import Dispatcher, LocalEnd, Round, TaskKey
 from chunkmaster.torch.readers import Readers
@@ -116,6 +117,7 @@ class Loader:
             collate=self._collate,
             columns=columns,
             storage_options=client_options.get("storage_options") or {},
+            max_inflated=client_options.get("max_inflated_bytes", DEFAULT_MAX_INFLATED),
         )
         self._dispatcher: Dispatcher | None = None
         context = multiprocessing_context

@@ -35,12 +35,14 @@ class Readers(IterableDataset[Item]):
         collate: Callable[[list[Any]], Any],
         columns: Sequence[str] | None,
         storage_options: Mapping[str, Any],
+        max_inflated: int,
     ) -> None:
         self.transform = transform
         self.batch_size = batch_size
         self.collate = collate
         self.columns = None if columns is None else list(columns)
         self.storage_options = dict(storage_options)
+        self.max_inflated = max_inflated
         self.ends: WorkerEnds | None = None  # with workers: the channel's queues
         self.local: LocalEnd | None = None  # without: the main process's own end (not pickled)
 
@@ -64,7 +66,9 @@ class Readers(IterableDataset[Item]):
                 )
             end = QueueEnd(self.ends, info.id)
         options = self.storage_options
-        reader = TaskReader(lambda path: storage_for(path, options), self.columns)
+        reader = TaskReader(
+            lambda path: storage_for(path, options), self.columns, self.max_inflated
+        )
         batcher = Batcher(self.batch_size, self.collate)
         end.open()
         end.ask()
