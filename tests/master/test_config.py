@@ -66,6 +66,10 @@ def test_a_bad_environment_variable_is_one_line_naming_it(env: dict[str, str], n
         (["--job", "a/b"], "--job"),
         (["--metrics-port", "70000"], "--metrics-port"),
         (["--metrics-port", "nine"], "--metrics-port"),
+        (["--data-root", "s3://"], "--data-root"),
+        (["--data-root", "s3://bucket/../other/"], "--data-root"),
+        (["--data-root", "s3://bucket/%2e%2e/other/"], "--data-root"),
+        (["--data-root", "file://host/data"], "--data-root"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it(args: list[str], named: str) -> None:

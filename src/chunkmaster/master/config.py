@@ -19,6 +19,7 @@ from chunkmaster.core.shuffle import MAX_SEED
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
 from chunkmaster.master.auth import is_loopback, read_token
+from chunkmaster.master.roots import DataRoots
 
 __all__ = [
     "ETCD_FIELDS",
@@ -98,9 +99,7 @@ def _flag(text: str) -> bool:
 
 def _roots(text: str) -> tuple[str, ...]:
     roots = tuple(part.strip() for part in text.split(",") if part.strip())
-    for root in roots:
-        if "://" in root and not root.partition("://")[2].strip("/"):
-            raise ValueError(f"{root!r} names a whole scheme: give a bucket or a prefix")
+    DataRoots(roots)  # BadRoot (a ValueError) names a root in no one spelling
     return roots
 
 

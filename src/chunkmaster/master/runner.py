@@ -159,6 +159,7 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
         job=config.job or "default",
         storage_options=config.storage_options,
         shuffle_seed=config.shuffle_seed,
+        data_roots=config.data_roots,
     )
     try:
         await service.start()
@@ -188,7 +189,6 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
         interceptors=() if metrics is None else (RpcMetrics(metrics),),
         credentials=credentials,
         token=config.token,
-        data_roots=config.data_roots,
     )
     await server.start()
     if leadership is not None:

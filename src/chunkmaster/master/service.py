@@ -70,6 +70,7 @@ from chunkmaster.logs import about
 from chunkmaster.master.datasets import INDEX_TIMEOUT, in_daemon_thread, load_dataset
 from chunkmaster.master.leases import LeaseKeeper
 from chunkmaster.master.ledger import Ledger
+from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.timeouts import TimeoutScheduler
 from chunkmaster.store.base import Store
 
@@ -102,6 +103,7 @@ class Service:
         dataset_format: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         shuffle_seed: int | None = None,
+        data_roots: Sequence[str] = (),
     ) -> None:
         if timeout_dur <= 0:
             raise ValueError(f"timeout_dur must be positive, not {timeout_dur}")
@@ -114,6 +116,7 @@ class Service:
         self.index_timeout = index_timeout
         self.dataset_format = dataset_format  # None: each dataset's by its files' names
         self.storage_options = dict(storage_options or {})  # may hold credentials: never logged
+        self.data_roots = DataRoots(data_roots)  # where datasets may lie (docs/security.md)
         self.chunks_per_task = chunks_per_task
         self.timeout_dur = float(timeout_dur)
         self.failure_max = failure_max
@@ -235,6 +238,7 @@ class Service:
         globs = list(globs)
         if not globs:  # checked before "already set", as the original does
             raise NoDatasetError()
+        await in_daemon_thread(self.data_roots.check_all, globs)  # realpath may touch the disk
         st = self.ledger.state
         if st.dataset is not None:
             if list(st.dataset.globs) != globs:
@@ -256,6 +260,7 @@ class Service:
             self.index_timeout,
             self.dataset_format,
             self.storage_options,
+            self.data_roots,
         )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset.with_shuffle(self.shuffle_seed)))
@@ -597,9 +602,10 @@ class Service:
         return checkpoint.encode(cp)
 
     async def restore(self, blob: bytes, *, replace: bool = False) -> bool:
-        """Start from a data checkpoint: index its dataset again, check it is unchanged, and
-        continue from its position. False if this state was already started from it.
-        Raises CheckpointError (a bad blob, changed files, a store that holds a job)."""
+        """Start from a data checkpoint: index its dataset again (held to the data roots, as
+        any dataset), check it is unchanged, and continue from its position. False if this
+        state was already started from it. Raises CheckpointError (a bad blob, changed files, a
+        store that holds a job) or the dataset's errors."""
         self._check_started()
         cp = checkpoint.decode(blob)
         source = hashlib.blake2b(blob, digest_size=16).hexdigest()
@@ -621,6 +627,7 @@ class Service:
             self.index_timeout,
             cp.dataset.format,
             self.storage_options,
+            self.data_roots,
         )
         dataset = dataset.with_shuffle(self.shuffle_seed)
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
