@@ -70,6 +70,7 @@ def test_a_bad_environment_variable_is_one_line_naming_it(env: dict[str, str], n
         (["--data-root", "s3://bucket/../other/"], "--data-root"),
         (["--data-root", "s3://bucket/%2e%2e/other/"], "--data-root"),
         (["--data-root", "file://host/data"], "--data-root"),
+        (["--restore-other-job"], "--restore-other-job"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it(args: list[str], named: str) -> None:

@@ -150,6 +150,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "index_timeout": parse_duration,
     "restore": _optional,
     "restore_replace": _flag,
+    "restore_other_job": _flag,
     "chunks_per_task": _integer,
     "format": _optional,
     "failed_policy": _policy,
@@ -196,6 +197,8 @@ class MasterConfig:
     restore: str | None = None
     #: With `restore`: replace a store that already holds state.
     restore_replace: bool = False
+    #: With `restore`: accept a checkpoint another job (`--job`) saved.
+    restore_other_job: bool = False
     chunks_per_task: int = 10
     #: The dataset files' format (chunkmaster.formats); None: by the files' name endings.
     format: str | None = None
@@ -251,8 +254,9 @@ class MasterConfig:
             raise ConfigError(("trainer_ttl",), "must be a positive duration")
         if not 0 < self.index_timeout < float("inf"):
             raise ConfigError(("index_timeout",), "must be a positive duration")
-        if self.restore_replace and self.restore is None:
-            raise ConfigError(("restore_replace",), "only means something with a restore file")
+        for name in ("restore_replace", "restore_other_job"):
+            if getattr(self, name) and self.restore is None:
+                raise ConfigError((name,), "only means something with a restore file")
         if self.format is not None:
             from chunkmaster.formats import FORMATS
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chunkmaster.master.auth import is_loopback, server_credentials, server_ssl_context
+from chunkmaster.master.checkpoint_file import read_checkpoint
 from chunkmaster.master.config import MasterConfig
 from chunkmaster.master.leadership import Leadership
 from chunkmaster.master.metrics import RpcMetrics, start_metrics
@@ -49,15 +50,6 @@ def external_ip() -> str:
 
 
 _SIOCGIFFLAGS, _SIOCGIFADDR, _IFF_UP = 0x8913, 0x8915, 0x1  # Linux ioctl numbers
-
-
-def _read_checkpoint(path: str) -> bytes:
-    from chunkmaster.core.checkpoint import CheckpointError
-
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"cannot read the data checkpoint {path}: {exc.strerror}") from None
 
 
 def default_store_path(job: str) -> Path:
@@ -164,7 +156,11 @@ async def _serve(config: MasterConfig, stop: asyncio.Event, credentials: Any, ho
     try:
         await service.start()
         if config.restore is not None:
-            await service.restore(_read_checkpoint(config.restore), replace=config.restore_replace)
+            await service.restore(
+                read_checkpoint(config.restore),
+                replace=config.restore_replace,
+                other_job=config.restore_other_job,
+            )
     except Exception:
         await service.close()
         raise

@@ -601,11 +601,11 @@ class Service:
         )
         return checkpoint.encode(cp)
 
-    async def restore(self, blob: bytes, *, replace: bool = False) -> bool:
+    async def restore(self, blob: bytes, *, replace: bool = False, other_job: bool = False) -> bool:
         """Start from a data checkpoint: index its dataset again (held to the data roots, as
         any dataset), check it is unchanged, and continue from its position. False if this
-        state was already started from it. Raises CheckpointError (a bad blob, changed files, a
-        store that holds a job) or the dataset's errors."""
+        state was already started from it. Raises CheckpointError (a bad blob, another job's
+        unless `other_job`, changed files, a store that holds a job) or the dataset's errors."""
         self._check_started()
         cp = checkpoint.decode(blob)
         source = hashlib.blake2b(blob, digest_size=16).hexdigest()
@@ -613,6 +613,12 @@ class Service:
         if st.restored_from == source:
             log.info("the state was started from this data checkpoint already; going on")
             return False
+        if cp.job != self.job and not other_job:
+            raise checkpoint.CheckpointError(
+                f"the data checkpoint is of the job {cp.job!r} and this master runs the job "
+                f"{self.job!r}; start it with --job {cp.job}, or with --restore-other-job to "
+                "restore another job's position"
+            )
         if st.dataset is not None and not replace:
             raise checkpoint.CheckpointError(
                 f"the store already holds a job (pass {st.cur_pass}, dataset "
