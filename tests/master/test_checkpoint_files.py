@@ -12,7 +12,6 @@ import os
 import struct
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +28,33 @@ SMALL_RSS = 200 << 20  # bytes: a process that never holds the file's bytes stay
 RESTORE = ("master", "--port", "0", "--store", ":memory:", "--restore")
 
 
+# Runs the command, then prints the peak resident memory of its own process image (VmHWM: what
+# ru_maxrss would give includes the test process's memory at fork, before the exec).
+_MEASURED = """
+import atexit, sys
+def peak():
+    with open("/proc/self/status") as f:
+        print(next(ln.split()[1] for ln in f if ln.startswith("VmHWM:")), flush=True)
+atexit.register(peak)
+from chunkmaster.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def run(tmp_path: Path, *args: str) -> tuple[int, str, int]:
     """`chunkmaster ARGS`: its exit code, its stderr, and its peak resident memory in bytes.
     SIGKILLed after 120 s (a master that restored what it should have refused serves on)."""
     with open(tmp_path / "out", "w+b") as out, open(tmp_path / "err", "w+b") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chunkmaster", *args], stdout=out, stderr=err
-        )
-        watchdog = threading.Timer(120, proc.kill)
-        watchdog.start()
+        proc = subprocess.Popen([sys.executable, "-c", _MEASURED, *args], stdout=out, stderr=err)
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            watchdog.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.seek(0)
         err.seek(0)
-        return proc.returncode, err.read().decode(), usage.ru_maxrss * 1024
+        peak = out.read().split()
+        return proc.returncode, err.read().decode(), int(peak[-1]) * 1024 if peak else 0
 
 
 def refusal(stderr: str, prefix: str) -> str:
