@@ -290,7 +290,9 @@ def test_a_whole_job_crash_resumes_from_the_data_checkpoint_exactly_once(
             if ln[0] == "r" and int(ln[1]) >= floor:
                 assert int(ln[2]) in committed.get(int(ln[1]), set()), ln
 
-    fresh = Cluster(kind, tmp_path, etcd, "--restore", str(ckpt))
+    # On etcd the fresh cluster takes a fresh namespace, so another --job: it must say so.
+    other = ["--restore-other-job"] if kind == "etcd" else []
+    fresh = Cluster(kind, tmp_path, etcd, "--restore", str(ckpt), *other)
     try:
         st = fresh.status()
         assert st["cur_pass"] == floor

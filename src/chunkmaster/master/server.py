@@ -14,7 +14,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from chunkmaster.core.errors import InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.auth import TokenInterceptor, peer_identity
-from chunkmaster.master.datasets import check_data_roots, in_daemon_thread
 from chunkmaster.master.owners import TaskOwners
 from chunkmaster.master.service import Service
 from chunkmaster.master.stream import Malformed, SessionConversation, SessionOwners
@@ -106,9 +105,8 @@ def _master_handler(servicer: MasterServicer) -> grpc.GenericRpcHandler[Any, Any
 
 
 class MasterServicer(pb_grpc.MasterServicer):
-    def __init__(self, service: Service, data_roots: Sequence[str] = ()) -> None:
+    def __init__(self, service: Service) -> None:
         self.service = service
-        self.data_roots = tuple(data_roots)
         self.owners = SessionOwners()
         self.task_owners = TaskOwners()
 
@@ -120,13 +118,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def SetDataset(self, request: Any, context: Any) -> Any:
         globs = list(request.globs)
-
-        async def set_dataset() -> None:
-            # In a thread: checking a pattern globs the file system, which may be slow.
-            await in_daemon_thread(check_data_roots, globs, self.data_roots)
-            await self.service.set_dataset(globs)
-
-        await _answer(context, set_dataset)
+        await _answer(context, lambda: self.service.set_dataset(globs))
         return pb.SetDatasetResponse()
 
     async def GetTask(self, request: Any, context: Any) -> Any:
@@ -192,10 +184,10 @@ class MasterServer:
 
     `interceptors`: run before the token check (e.g. metrics, which then count refusals);
     `credentials`: serve over TLS (`chunkmaster.master.auth.server_credentials`); `token`:
-    every Master call must carry it; `data_roots`: where datasets may lie
-    (`chunkmaster.master.datasets.check_data_roots`); `max_connections`: connections served
-    at once (gRPC accepts and closes those beyond at once, so a flood cannot take every file
-    descriptor: `runner.connection_limit`).
+    every Master call must carry it; `max_connections`: connections served at once (gRPC
+    accepts and closes those beyond at once, so a flood cannot take every file descriptor:
+    `runner.connection_limit`). Where datasets may lie is the Service's to say (`data_roots`),
+    for every way a dataset reaches it.
     """
 
     def __init__(
@@ -207,7 +199,6 @@ class MasterServer:
         interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
         credentials: grpc.ServerCredentials | None = None,
         token: str | None = None,
-        data_roots: Sequence[str] = (),
         max_connections: int | None = None,
     ) -> None:
         self.service = service
@@ -225,7 +216,7 @@ class MasterServer:
             interceptors=[*interceptors, *([] if token is None else [TokenInterceptor(token)])],
             options=options,
         )
-        servicer = MasterServicer(service, data_roots)
+        servicer = MasterServicer(service)
         self.server.add_generic_rpc_handlers((_master_handler(servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         where = f"{_bracket(host)}:{port}"

@@ -84,6 +84,7 @@ from chunkmaster.master.datasets import (
 )
 from chunkmaster.master.leases import LeaseKeeper
 from chunkmaster.master.ledger import Ledger
+from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.timeouts import TimeoutScheduler
 from chunkmaster.store.base import Store
 
@@ -118,6 +119,7 @@ class Service:
         storage_options: Mapping[str, Any] | None = None,
         shuffle_seed: int | None = None,
         chunk_size: int | None = None,
+        data_roots: Sequence[str] = (),
     ) -> None:
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1 byte, not {chunk_size}")
@@ -133,6 +135,7 @@ class Service:
         self.max_inflated = check_limit(max_inflated)  # what indexing may decompress a file to
         self.dataset_format = dataset_format  # None: each dataset's by its files' names
         self.storage_options = dict(storage_options or {})  # may hold credentials: never logged
+        self.data_roots = DataRoots(data_roots)  # where datasets may lie (docs/security.md)
         self.chunks_per_task = chunks_per_task
         self.chunk_size = chunk_size  # None: each format's default (formats' chunk_size)
         self.timeout_dur = float(timeout_dur)
@@ -292,12 +295,14 @@ class Service:
     async def set_dataset(self, globs: Sequence[str]) -> None:
         """The first dataset wins; a later call with the same dataset (the same patterns
         however spelled, or patterns matching exactly its files) succeeds and changes nothing,
-        one with another dataset is refused with DatasetMismatchError naming both. A restored
-        data checkpoint's dataset is the master's like any other."""
+        one with another dataset is refused with DatasetMismatchError naming both. Patterns
+        outside the data roots are refused first (PermissionDeniedError). A restored data
+        checkpoint's dataset is the master's like any other."""
         self._check_started()
         globs = list(globs)
         if not globs:  # checked before "already set", as the original does
             raise NoDatasetError()
+        await in_daemon_thread(self.data_roots.check_all, globs)  # realpath may touch the disk
         while self.ledger.state.dataset is None:
             loading = self._loading
             if loading is None or loading.done():
@@ -313,7 +318,9 @@ class Service:
         assert ds is not None
         if same_patterns(ds.globs, globs):
             return
-        why = await in_daemon_thread(dataset_mismatch, ds, globs, self.storage_options)
+        why = await in_daemon_thread(
+            dataset_mismatch, ds, globs, self.storage_options, self.data_roots
+        )
         if why is not None:
             log.warning("set_dataset refused: %s", why)
             raise DatasetMismatchError(why)
@@ -329,6 +336,7 @@ class Service:
             self.storage_options,
             self.chunk_size,
             self.max_inflated,
+            self.data_roots,
         )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset.with_shuffle(self.shuffle_seed)))
@@ -681,10 +689,11 @@ class Service:
         )
         return checkpoint.encode(cp)
 
-    async def restore(self, blob: bytes, *, replace: bool = False) -> bool:
-        """Start from a data checkpoint: index its dataset again, check it is unchanged, and
-        continue from its position. False if this state was already started from it.
-        Raises CheckpointError (a bad blob, changed files, a store that holds a job)."""
+    async def restore(self, blob: bytes, *, replace: bool = False, other_job: bool = False) -> bool:
+        """Start from a data checkpoint: index its dataset again (held to the data roots, as
+        any dataset), check it is unchanged, and continue from its position. False if this
+        state was already started from it. Raises CheckpointError (a bad blob, another job's
+        unless `other_job`, changed files, a store that holds a job) or the dataset's errors."""
         self._check_started()
         cp = checkpoint.decode(blob)
         source = hashlib.blake2b(blob, digest_size=16).hexdigest()
@@ -692,6 +701,12 @@ class Service:
         if st.restored_from == source:
             log.info("the state was started from this data checkpoint already; going on")
             return False
+        if cp.job != self.job and not other_job:
+            raise checkpoint.CheckpointError(
+                f"the data checkpoint is of the job {cp.job!r} and this master runs the job "
+                f"{self.job!r}; start it with --job {cp.job}, or with --restore-other-job to "
+                "restore another job's position"
+            )
         if st.dataset is not None and not replace:
             raise checkpoint.CheckpointError(
                 f"the store already holds a job (pass {st.cur_pass}, dataset "
@@ -713,6 +728,7 @@ class Service:
             self.storage_options,
             self.chunk_size,
             self.max_inflated,
+            self.data_roots,
         )
         dataset = dataset.with_shuffle(self.shuffle_seed)
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
