@@ -31,7 +31,7 @@ def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None
 
 def _trainer(addr: str, out: Path, *args: str) -> subprocess.Popen[bytes]:
     err = open(out.with_suffix(".log"), "w")  # noqa: SIM115 - the process owns it
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     cmd = [sys.executable, TRAINER, "--addr", addr, "--out", str(out), "--passes", "1", *args]
     return subprocess.Popen(cmd, stderr=err, env=env)
 

@@ -139,7 +139,15 @@ def test_another_certificate_cannot_report_a_sessions_task_on_any_path(
     _unchanged(master, pki, 2, sid_a)
     a.send(next=pb.NextTask(finished=[_pos(0, 2)]))
     assert a.recv().ack.applied == 1  # its holder finishes it
+    # Finished, the task is nobody's to hold, but only A's certificate may commit it.
+    b, _ = _session(master, _b(pki))
+    msg = _refused(b, commit=pb.Commit(positions=[_pos(0, 2)]))
+    assert "task 0 of pass 0 was not finished by this trainer's certificate" in msg
+    assert _status(master, pki)["ledger"][0]["committed"] == 0
+    a.send(commit=pb.Commit(positions=[_pos(0, 2)]))
+    assert a.recv().ack.applied == 1
     a.close()
+    b.close()
 
 
 def test_after_a_restart_another_certificate_cannot_resume_a_session(

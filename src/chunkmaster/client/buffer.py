@@ -156,7 +156,8 @@ class PassBuffer:
         Tasks whose last record this hands out are appended to `done` (and reported finished).
         A chunk that cannot be read is reported failed and raised as TaskReadError.
         """
-        self.fenced = self._fence is not None and not self._fence()
+        holding = self._task is not None or bool(self._tasks)
+        self.fenced = holding and self._fence is not None and not self._fence()
         if self.fenced:
             return None
         while True:

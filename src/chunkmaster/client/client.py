@@ -573,7 +573,7 @@ class Client:
                         lost_seen = self._lost_count
                         buf.clear()
                         reading = key = None
-                    if not self._lease_ok():
+                    if (buf or reading is not None) and not self._lease_ok():
                         self._cond.wait()
                         continue
                     while not ended and buf.room:

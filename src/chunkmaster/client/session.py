@@ -222,6 +222,7 @@ class TrainerSession:
         self._ping_due = False
         self._pinged_at = 0.0
         self._ping: Reply | None = None
+        self._failure: Exception | None = None  # why the master is out of reach, if it is
         self.generation = 0  # sessions found lost so far: tasks of an older one are not ours
         self.name = name
         self._report_every = report_every
@@ -358,6 +359,8 @@ class TrainerSession:
         self._fence_used = now
         if now < self._heard_at + LEASE_SAFE * ttl:
             return True
+        if self._failure is not None:  # the master could not be reached in retry_timeout
+            raise self._failure
         self._fence_waiting = True
         self._ping_due = True
         self._wake.set()
@@ -503,6 +506,14 @@ class TrainerSession:
         if self._on_lost is not None:
             self._on_lost()
 
+    def _unreachable(self, exc: Exception) -> None:
+        """The master stayed out of reach (no lock held): a trainer fenced waits no more."""
+        self._failure = exc
+        if self._fence_waiting:
+            self._fence_waiting = False
+            if self._on_alive is not None:
+                self._on_alive()
+
     def _heard(self, sent_at: float) -> None:
         """The master answered a message sent at `sent_at` (no lock held): the lease held then."""
         if sent_at > self._heard_at:
@@ -525,12 +536,14 @@ class TrainerSession:
                     pending, self._pending = self._pending, {}
                 for p in pending.values():
                     p.reply.fail(exc)
+                self._unreachable(exc)
                 continue
             except UnauthenticatedError as exc:  # no retry mends a wrong token or certificate
                 with self._lock:
                     pending, self._pending = self._pending, {}
                 for p in pending.values():
                     p.reply.fail(exc)
+                self._unreachable(exc)
                 log.error("Session: %s", exc)
                 try:
                     self._token.sleep(self._link.backoff_max)
@@ -625,6 +638,7 @@ class TrainerSession:
             if welcome.keep_alive_seconds > 0:
                 self.keep_alive_seconds = welcome.keep_alive_seconds
             self._ttl = max(0.0, welcome.ttl_seconds)
+            self._failure = None
             now = time.monotonic()
             for seq in sorted(self._pending):
                 entry = self._pending[seq]
