@@ -66,7 +66,8 @@ class Trainer:
         self.log = out.with_suffix(".log")
         cmd = [sys.executable, TRAINER, *where, "--out", str(out), *args]
         cmd += ["--report-every", str(REPORT_EVERY)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # faulthandler: a trainer that hangs is stopped with SIGABRT, its threads' stacks in its log
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(cmd, stderr=err, env=env)
 
@@ -87,7 +88,8 @@ class Trainer:
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.kill()
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(10)
             raise AssertionError(
                 f"trainer did not finish:\n{self.log.read_text()[-3000:]}"
             ) from None

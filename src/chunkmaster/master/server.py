@@ -14,9 +14,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from chunkmaster.core.errors import InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.auth import TokenInterceptor, peer_identity
-from chunkmaster.master.owners import TaskOwners
 from chunkmaster.master.service import Service
-from chunkmaster.master.stream import Malformed, SessionConversation, SessionOwners
+from chunkmaster.master.stream import Malformed, SessionConversation
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc
 from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb, tidy_request
@@ -107,14 +106,6 @@ def _master_handler(servicer: MasterServicer) -> grpc.GenericRpcHandler[Any, Any
 class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, service: Service) -> None:
         self.service = service
-        self.owners = SessionOwners()
-        self.task_owners = TaskOwners()
-
-    def _check_reporter(self, context: Any, task_id: int, epoch: int) -> None:
-        identity = peer_identity(context)
-        if identity is not None:
-            state = self.service.ledger.state
-            self.task_owners.check(state, self.owners, task_id, epoch, identity)
 
     async def SetDataset(self, request: Any, context: Any) -> Any:
         globs = list(request.globs)
@@ -127,34 +118,38 @@ class MasterServicer(pb_grpc.MasterServicer):
         if remaining is not None:  # answer before the caller's own deadline expires
             wait = min(wait, max(0.0, remaining - 0.25))
         worker = request.worker or context.peer()
+        owner = peer_identity(context) or ""  # journaled with the dispatch
         task = await _answer(
             context,
             lambda: self.service.get_task(
-                request.pass_id, wait=wait, worker=worker, request_id=request.request_id
+                request.pass_id,
+                wait=wait,
+                worker=worker,
+                request_id=request.request_id,
+                owner=owner,
             ),
         )
-        identity = peer_identity(context)
-        if identity is not None:
-            self.task_owners.record(task.meta.id, task.meta.epoch, identity)
         return pb.GetTaskResponse(task=task_to_pb(task))
 
     async def TaskFinished(self, request: Any, context: Any) -> Any:
-        async def finish() -> bool:
-            self._check_reporter(context, request.task_id, request.epoch)
-            return await self.service.task_finished(
-                request.task_id, epoch=request.epoch, pass_id=request.pass_id
-            )
-
-        return pb.TaskReportResponse(applied=await _answer(context, finish))
+        applied = await _answer(
+            context,
+            lambda: self.service.task_finished(
+                request.task_id,
+                epoch=request.epoch,
+                pass_id=request.pass_id,
+                identity=peer_identity(context),
+            ),
+        )
+        return pb.TaskReportResponse(applied=applied)
 
     async def TaskFailed(self, request: Any, context: Any) -> Any:
         meta = TaskMeta(request.meta.id, request.meta.epoch)
-
-        async def fail() -> bool:
-            self._check_reporter(context, meta.id, meta.epoch)
-            return await self.service.task_failed(meta, request.reason)
-
-        return pb.TaskReportResponse(applied=await _answer(context, fail))
+        applied = await _answer(
+            context,
+            lambda: self.service.task_failed(meta, request.reason, identity=peer_identity(context)),
+        )
+        return pb.TaskReportResponse(applied=applied)
 
     async def RequestSaveModel(self, request: Any, context: Any) -> Any:
         approved = await _answer(
@@ -172,9 +167,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.DataCheckpointResponse(checkpoint=blob)
 
     async def Session(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        conversation = SessionConversation(
-            self.service, context.peer(), peer_identity(context), self.owners
-        )
+        conversation = SessionConversation(self.service, context.peer(), peer_identity(context))
         async for response in conversation.run(request_iterator):
             yield response
 
