@@ -9,6 +9,7 @@ restart of the master. B cannot resume A's session after a restart either.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,28 @@ def test_after_a_restart_another_certificate_cannot_resume_a_session(
     a2.send(next=pb.NextTask(finished=[_pos(0, 1)]))
     assert a2.recv().ack.applied == 1  # its holder finishes it
     a2.close()
+
+
+def test_a_refused_resume_does_not_keep_the_session_alive(master: MasterProcess, pki: Pki) -> None:
+    """B's Hello naming A's session is refused before the lease is touched: else B could keep
+    the session of a dead trainer A, and its tasks, from ever ending."""
+    a, welcome = _session(master, _a(pki))
+    sid_a = welcome.welcome.session_id
+    _task(a)
+    a.close()
+
+    def lease_left() -> float:
+        (trainer,) = [t for t in _status(master, pki)["trainers"] if t["session"] == sid_a]
+        return float(trainer["lease_expires_in"])
+
+    deadline = time.monotonic() + 60
+    while lease_left() > 58:  # of 60 s: A has been silent for 2 s
+        assert time.monotonic() < deadline, "the lease never ran down"
+    b = RawSession(_addr(master), _b(pki))
+    refused = b.hello(session_id=sid_a)
+    assert refused.error.error == "PermissionDeniedError", refused
+    b.close()
+    assert lease_left() <= 58
 
 
 def test_another_certificate_cannot_report_a_unary_task_before_or_after_a_restart(
