@@ -66,7 +66,8 @@ class Trainer:
         self.log = out.with_suffix(".log")
         cmd = [sys.executable, TRAINER, *where, "--out", str(out), *args]
         cmd += ["--report-every", str(REPORT_EVERY)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # faulthandler: a trainer that hangs is stopped with SIGABRT, its threads' stacks in its log
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(cmd, stderr=err, env=env)
 
@@ -87,7 +88,8 @@ class Trainer:
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.kill()
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(10)
             raise AssertionError(
                 f"trainer did not finish:\n{self.log.read_text()[-3000:]}"
             ) from None
@@ -290,7 +292,9 @@ def test_a_whole_job_crash_resumes_from_the_data_checkpoint_exactly_once(
             if ln[0] == "r" and int(ln[1]) >= floor:
                 assert int(ln[2]) in committed.get(int(ln[1]), set()), ln
 
-    fresh = Cluster(kind, tmp_path, etcd, "--restore", str(ckpt))
+    # On etcd the fresh cluster takes a fresh namespace, so another --job: it must say so.
+    other = ["--restore-other-job"] if kind == "etcd" else []
+    fresh = Cluster(kind, tmp_path, etcd, "--restore", str(ckpt), *other)
     try:
         st = fresh.status()
         assert st["cur_pass"] == floor

@@ -266,3 +266,56 @@ def test_before_reading_a_task_that_failed_the_master_has_every_earlier_finish(
             # (its one record is its last too: the client has just taken it as finished)
             assert finished[-1] == suspect.meta.id and len(got) == 49
             assert m.status()["done"] == len(finished) - 1 == 49, m.status()["done"]
+
+
+def test_finishes_refused_together_for_one_taken_task_are_each_judged_alone(
+    tmp_path: Path, sent: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer finishes task 0, whose dispatch timed out and went to another session, and
+    task 1, still its own, in one message: the master refuses the message whole (task 0 is
+    another's), so each finish goes again alone and task 1's is applied, not dropped with it
+    (before, a message that asked for no task was refused for good, both finishes lost)."""
+    from helpers.raw_session import RawSession
+
+    from chunkmaster.client.link import CancelToken, MasterLink
+    from chunkmaster.rpc import master_pb2 as pb
+
+    # Finishes go out only when settle() sends them: both in one message.
+    monkeypatch.setattr(TrainerSession._arm_flush, "__defaults__", (600.0,))
+    data, _ = _dataset(tmp_path, 40, chunk=200)  # 2 tasks of 1 chunk each
+    with InProcessMaster(chunks_per_task=1, timeout_dur=5.0, trainer_ttl=300.0) as m:
+        assert m.service is not None
+        service = m.service
+        m.call(lambda: service.set_dataset([data]))
+        assert m.status()["num_tasks"] == 2
+        s = TrainerSession(
+            MasterLink(m.addr),
+            name="a",
+            report_every=0,
+            report_interval=600.0,
+            progress=list,
+            on_unclaimed=lambda task: None,
+        )
+        other = RawSession(m.addr)
+        try:
+            (first,) = s.next_tasks(0, 1, 5.0, "r1", CancelToken())
+            wait_for(lambda: m.status()["pending"] == 0, "task 0's dispatch to time out")
+            (second,) = s.next_tasks(0, 1, 5.0, "r2", CancelToken())
+            other.hello(name="b")
+            other.send(next=pb.NextTask(want_task=True, pass_id=0, wait_seconds=5))
+            assert other.recv().task.meta.id == first.meta.id  # task 0 is b's now
+            s.finished(first)
+            s.finished(second)
+            woken = threading.Event()
+            reply = s.settle(woken.set)
+            assert reply is not None
+            wait_for(lambda: reply.done, "the answer to both finishes")
+            wait_for(lambda: m.status()["done"] == 1, "task 1's finish to be applied")
+            st = m.status()
+            held = {t["name"]: t["tasks_held"] for t in st["trainers"]}
+            assert st["pending"] == 1 and held == {"a": 0, "b": 1}, st
+            together = [msg for kind, msg in sent if kind == "next" and len(msg.finished) == 2]
+            assert len(together) == 1
+        finally:
+            other.close()
+            s.close([], timeout=10)

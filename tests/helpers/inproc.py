@@ -20,8 +20,8 @@ T = TypeVar("T")
 
 
 class InProcessMaster:
-    """`server_options` go to MasterServer (credentials, token, data_roots); the rest of the
-    keyword arguments to the Service."""
+    """`server_options` go to MasterServer (credentials, token); the rest of the keyword
+    arguments to the Service (data_roots among them)."""
 
     def __init__(
         self,

@@ -8,16 +8,18 @@ from typing import Any
 
 import grpc
 
+from chunkmaster.client.connection import PLAIN, ChannelSecurity
 from chunkmaster.rpc import master_pb2 as pb
 
 _END = object()
 
 
 class RawSession:
-    """Send SessionRequest bodies with `send`; read answers with `recv` (blocking, bounded)."""
+    """Send SessionRequest bodies with `send`; read answers with `recv` (blocking, bounded).
+    `security`: a token, TLS (and a client certificate, for mutual TLS)."""
 
-    def __init__(self, addr: str, token: str | None = None) -> None:
-        self.channel = grpc.insecure_channel(addr)
+    def __init__(self, addr: str, security: ChannelSecurity = PLAIN) -> None:
+        self.channel = security.channel(addr, [])
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._seq = 0
         method = self.channel.stream_stream(
@@ -25,6 +27,7 @@ class RawSession:
             request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
             response_deserializer=pb.SessionResponse.FromString,
         )
+        token = security.token
         metadata = None if token is None else (("authorization", f"Bearer {token}"),)
         self.call = method(self._iter(), metadata=metadata)
         self._responses: queue.SimpleQueue[Any] = queue.SimpleQueue()

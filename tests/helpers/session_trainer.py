@@ -2,12 +2,16 @@
 
 Each record taken appends "r PASS ID" to --out; each commit() that returned appends "c N"
 (N counts the commits); "e PASS" marks the end of a pass for this trainer, "l" leaving
-mid-pass (--leave-after) and "x" a clean exit. One os.write per line on an O_APPEND
-descriptor, so a SIGKILL loses no logged line. Records are ASCII integers (b"%06d").
+mid-pass (--leave-after), "z" freezing (--freeze-after) and "x" a clean exit. One os.write
+per line on an O_APPEND descriptor, so a SIGKILL loses no logged line. Records are ASCII
+integers (b"%06d").
 
     python tests/helpers/session_trainer.py --addr HOST:PORT --out FILE --passes 2 \
         [--first-pass P] [--commit-every N] [--report-every N] [--step-time S] [--name NAME]
-        [--shuffle-buffer N] [--wait-for FILE] [--prefetch-tasks N]
+        [--shuffle-buffer N] [--wait-for FILE] [--prefetch-tasks N] [--freeze-after N]
+
+--freeze-after N: after the N-th record, once the master knows this trainer consumed them
+all, the trainer stops itself (SIGSTOP), as a trainer frozen or cut off past its lease.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -39,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shuffle-buffer", type=int, default=0)
     ap.add_argument("--wait-for", default=None, help="start once this file exists")
     ap.add_argument("--prefetch-tasks", type=int, default=1)
+    ap.add_argument("--freeze-after", type=int, default=0, help="SIGSTOP self after N records")
     args = ap.parse_args(argv)
     while args.wait_for and not os.path.exists(args.wait_for):
         time.sleep(0.005)  # imports done: the trainer joins within milliseconds of the word
@@ -73,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             for record in client.records(p):
                 emit(f"r {p} {int(record)}")
                 taken += 1
+                if taken == args.freeze_after:
+                    freeze(client, taken)
+                    emit("z")
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 if args.leave_after and taken == args.leave_after:
                     break
                 if args.commit_every and taken % args.commit_every == 0:
@@ -91,6 +101,19 @@ def main(argv: list[str] | None = None) -> int:
             emit(f"e {p}")
     emit("x")
     return 0
+
+
+def freeze(client: Client, consumed: int) -> None:
+    """Wait until the master has this session's position at `consumed` records: what it
+    hands out again after the freeze starts there, so any record read twice is one read
+    after it."""
+    sid = client.session_id
+    while True:
+        trainers = client.status()["trainers"]
+        assert isinstance(trainers, list)
+        if any(t["session"] == sid and t["records_consumed"] >= consumed for t in trainers):
+            return
+        time.sleep(0.01)  # the next keep-alive carries the position
 
 
 if __name__ == "__main__":

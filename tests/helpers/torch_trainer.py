@@ -43,7 +43,12 @@ def main() -> None:
     ap.add_argument("--die-at-step", type=int)
     ap.add_argument("--transform", default="record_id")
     ap.add_argument("--name")
+    ap.add_argument("--log", help="append each batch's record IDs here, a line a batch")
+    ap.add_argument(
+        "--freeze-after-step", type=int, help="SIGSTOP the process group after this step's commit"
+    )
     args = ap.parse_args()
+    batches = open(args.log, "a") if args.log else None  # noqa: SIM115 - closed at exit
 
     loader = Loader(
         args.addr,
@@ -67,10 +72,16 @@ def main() -> None:
     for p in range(first, args.passes):
         loader.set_pass(p)
         for batch in loader:
-            for i in torch_parts.ids_of(batch):
+            ids = torch_parts.ids_of(batch)
+            for i in ids:
                 counts[p, i] += 1  # "training" on the batch
+            if batches is not None:
+                batches.write(f"{p} {' '.join(map(str, ids))}\n")
+                batches.flush()
             loader.commit()
             step += 1
+            if step == args.freeze_after_step:  # frozen, workers and all, until SIGCONT
+                os.killpg(os.getpgid(0), signal.SIGSTOP)
             if args.die_at_step == step and died is not None and not died.exists():
                 died.write_text("")
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -78,6 +89,7 @@ def main() -> None:
                 state = {"counts": counts, "step": step, "loader": loader.state_dict()}
                 torch.save(state, f"{ckpt}.tmp")
                 os.replace(f"{ckpt}.tmp", ckpt)
+        loader.commit()  # the pass's last batches (a no-op when nothing is left to commit)
     Path(args.out).write_text(
         json.dumps({"counts": counts.tolist(), "read_errors": loader.read_errors})
     )

@@ -4,11 +4,13 @@ refused with a CheckpointError that says what is wrong; the fingerprint names wh
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import random
 import struct
 import zlib
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 from helpers.datasets import numbered_records
 from hypothesis import given, settings
 
+from chunkmaster.cli.checkpoint_cmd import describe
 from chunkmaster.core.checkpoint import (
     MAGIC,
     VERSION,
@@ -34,6 +37,7 @@ from chunkmaster.core.checkpoint import (
 from chunkmaster.core.codec import encode_snapshot
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.state import MasterState
+from chunkmaster.master.checkpoint_file import load
 
 FILES = ("/d/a.rio", "/d/b.rio", "/d/c.rio")
 
@@ -64,7 +68,11 @@ def checkpoint(passes: tuple[PassCommits, ...] | None = None, floor: int = 2) ->
 
 def seal(head: dict[str, Any], sections: bytes = b"", version: int = VERSION) -> bytes:
     """A blob laid out as the module docstring says, with a valid checksum."""
-    js = json.dumps(head).encode()
+    return sealed(json.dumps(head).encode(), sections, version)
+
+
+def sealed(js: bytes, sections: bytes = b"", version: int = VERSION) -> bytes:
+    """A blob of this JSON header text and these sections, with a valid checksum."""
     body = struct.pack("<I", len(js)) + js + sections
     out = MAGIC + struct.pack("<IQ", version, len(body)) + body
     return out + hashlib.blake2b(out, digest_size=16).digest()
@@ -131,7 +139,9 @@ def test_a_million_tasks_cost_about_a_bit_each() -> None:
     assert decode(small) == in_order
 
 
-names = st.text(max_size=12)  # surrogates included: paths may hold undecodable bytes
+# Paths and globs: any text but NUL (no path holds one); jobs: names, no control characters.
+names = st.text(st.characters(exclude_characters="\x00"), max_size=12)
+jobs = st.text(st.characters(exclude_categories=("Cc", "Cs")), max_size=12)
 
 
 @st.composite
@@ -154,8 +164,8 @@ def checkpoints(draw: st.DrawFn) -> DataCheckpoint:
         partial = {t: draw(st.integers(1, 2**64 - 1)) for t in tasks[cut:]}
         passes.append(PassCommits(pass_id, frozenset(tasks[:cut]), partial))
         pass_id += draw(st.integers(1, 3))
-    created = draw(st.floats(allow_nan=False, allow_infinity=False))
-    return DataCheckpoint(draw(names), created, fp, ds.num_tasks, floor, tuple(passes))
+    created = draw(st.floats(0, 253402300799.0))  # up to the end of year 9999
+    return DataCheckpoint(draw(jobs), created, fp, ds.num_tasks, floor, tuple(passes))
 
 
 @settings(max_examples=300, deadline=None)
@@ -164,6 +174,80 @@ def test_round_trip_any(cp: DataCheckpoint) -> None:
     blob = encode(cp)
     assert decode(blob) == cp
     assert encode(decode(blob)) == blob
+
+
+# --- hostile content: valid blobs mutated and sealed again ------------------------------------
+
+EDGES = [2**32, 2**62, 2**63, 2**64, -1, -(2**63), 10**400, 1e300, -1e300, "\x00", "a\x1bb"]
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from(EDGES)
+    | st.floats()
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield prefix
+    items = (
+        node.items()
+        if isinstance(node, dict)
+        else enumerate(node)
+        if isinstance(node, list)
+        else ()
+    )
+    for key, value in items:
+        yield from _paths(value, (*prefix, key))
+
+
+@st.composite
+def mutated_blobs(draw: st.DrawFn) -> bytes:
+    """A valid checkpoint's blob with a few fields of its JSON header replaced (by any JSON
+    value, or a list nested 5,000 deep), removed or added, or a byte of its sections changed;
+    sealed again, so only the content is wrong."""
+    head, sections = parts(encode(draw(checkpoints())))
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(list(_paths(head))))
+        parent: Any = head
+        for key in path[:-1]:
+            parent = parent[key]
+        kind = draw(st.sampled_from(["replace", "replace", "replace", "deep", "delete", "add"]))
+        if not path or (kind == "add" and not isinstance(parent[path[-1]], dict)):
+            head[draw(st.text(max_size=8))] = draw(json_values)
+        elif kind == "add":
+            parent[path[-1]][draw(st.text(max_size=8))] = draw(json_values)
+        elif kind == "delete":
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = "DEEP" if kind == "deep" else draw(json_values)
+    if sections and draw(st.booleans()):
+        at = draw(st.integers(0, len(sections) - 1))
+        sections = sections[:at] + bytes([draw(st.integers(0, 255))]) + sections[at + 1 :]
+    js = json.dumps(head).encode().replace(b'"DEEP"', b"[" * 5000 + b"]" * 5000)
+    return sealed(js, sections, draw(st.sampled_from([VERSION, VERSION_SHUFFLED])))
+
+
+@settings(max_examples=400, deadline=None)
+@given(mutated_blobs())
+def test_mutated_blobs_decode_or_are_refused_never_a_traceback(blob: bytes) -> None:
+    """And a file of those bytes is refused by its first bytes only if decode refuses it."""
+    try:
+        read = load(io.BytesIO(blob), len(blob))
+    except CheckpointError:
+        read = None
+    try:
+        cp = decode(blob)
+    except CheckpointError:
+        return
+    assert read == blob
+    describe(cp)  # what `chunkmaster checkpoint show` prints
+    assert decode(encode(cp)) == cp
 
 
 # --- damage ------------------------------------------------------------------------------------

@@ -51,9 +51,11 @@ def comparable(s: MasterState) -> tuple[object, ...]:
         s.failed,
         list(s.epochs),
         [  # in dispatch order: a lost session charges the first task it holds
-            (t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start)
+            (t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start, p.owner)
             for t, p in s.pending.items()
         ],
+        s.taken,
+        {p: (f.ids, list(f.tasks), f.pieces) for p, f in s.finishers.items()},
         s.sessions,
         s.progress,
         s.commits,
@@ -97,11 +99,13 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
             if not live.todo:
                 continue
             session = f"s{x % 3}" if f"s{x % 3}" in live.sessions else ""
+            owner = f"CN=trainer-{x % 2}" if x % 4 == 1 and not session else ""
             ev = Dispatch(
-                1000.0 + x, f"worker-{x}", f"req-{len(journal)}" if x % 2 else "", session
+                1000.0 + x, f"worker-{x}", f"req-{len(journal)}" if x % 2 else "", session, owner
             )
         elif kind == "O":
-            ev = OpenSession(f"s{x % 3}", f"trainer {x}", "host", 100 + x, x * 10)
+            owner = f"CN=trainer-{x % 2}" if x % 3 else ""
+            ev = OpenSession(f"s{x % 3}", f"trainer {x}", "host", 100 + x, x * 10, owner)
         elif kind == "E":
             lost = x % 2 == 1
             ev = EndSession(
@@ -144,7 +148,7 @@ def test_replay_and_snapshot_agree_with_equal_steps(mode: str, ops: list[tuple[s
     """Equal steps (pieces, quotas, drops, pads, trainers lost) replay and load exactly."""
     live, journal = MasterState(), []
     first = [EqualSteps(mode), SetDataset(ds(9))]
-    first += [OpenSession(f"s{i}", f"t{i}", "h", i) for i in range(3)]
+    first += [OpenSession(f"s{i}", f"t{i}", "h", i, 0, f"CN=t{i % 2}") for i in range(3)]
     for ev in first:
         journal.append(encode_event(ev))
         apply(live, ev)  # type: ignore[arg-type]
@@ -223,6 +227,27 @@ def test_a_lost_trainers_charge_replays_and_loads_to_the_same_quarantine() -> No
         apply(replayed, decode_event(data))
     assert comparable(replayed) == comparable(live)
     assert comparable(decode_snapshot(encode_snapshot(live))) == comparable(live)
+
+
+def test_a_snapshot_of_an_older_version_loads_with_no_identities() -> None:
+    """Versions 2 to 4 knew no identities and no dispatches taken back: they load with none
+    (every session resumable by any certificate, as before); an older build refuses 5."""
+    from chunkmaster.core.codec import SNAPSHOT_VERSION, pack, unpack
+
+    live = MasterState()
+    apply(live, SetDataset(ds(9)))
+    apply(live, OpenSession("s1", "t", "h", 1, 0, "CN=trainer-a"))
+    apply(live, Dispatch(1000.0, "w", "r", "s1"))
+    apply(live, Dispatch(1000.0, "w", "", "", "CN=trainer-b"))
+    apply(live, EndSession("s1", "trainer lost"))
+    header, blobs = unpack(encode_snapshot(live))
+    assert header["version"] == SNAPSHOT_VERSION == 5
+    assert header["taken"] and header["sessions"] == []
+    old = dict(header, version=3, pending=[p[:7] for p in header["pending"]])
+    del old["taken"], old["finishers"]
+    back = decode_snapshot(pack(old, blobs))
+    assert [p.owner for p in back.pending.values()] == [""] and back.taken == {}
+    assert decode_snapshot(encode_snapshot(live)).pending[1].owner == "CN=trainer-b"
 
 
 def test_empty_state_snapshot() -> None:

@@ -215,6 +215,35 @@ def test_a_commit_for_a_task_now_held_by_another_trainer_is_refused() -> None:
     assert job.state.commits.get(0, {}) == {}
 
 
+def test_a_commit_for_a_task_taken_from_its_trainer_is_refused_once_its_pass_is_over() -> None:
+    """Issue 19: the task was finished by its new holder (not pending any more), its pass is
+    over and even wholly committed by the others: the lost trainer's commit is refused all
+    the same, naming the task."""
+    from chunkmaster.core.state import commit_refused
+
+    job = small_job()
+    a, b = job.trainers
+    job.get(a)
+    job.consume(a, 2)
+    job.progress(a)
+    stale = a.positions()
+    apply(job.state, EndSession(a.sid, TRAINER_LOST_REASON))
+    a.held.clear()
+    for _ in range(3):
+        job.get(b)
+        job.consume(b, 5)
+        job.finish(b)
+    assert job.state.cur_pass == 1 and 0 not in job.state.pending
+    for pos in stale:
+        assert "was taken from this trainer" in str(commit_refused(job.state, pos))
+    job.commit(b)
+    assert committed_position(job.state) == (1, ())  # pass 0 wholly committed
+    for pos in stale:
+        why = commit_refused(job.state, pos)
+        assert why is not None and f"task {pos.task_id} (epoch {pos.epoch}) was taken" in why
+    assert apply(job.state, Commit(tuple(stale))) == 0
+
+
 def test_the_floor_moves_once_every_task_of_a_pass_is_committed() -> None:
     job = small_job(1)
     (a,) = job.trainers

@@ -77,6 +77,11 @@ def test_a_bad_environment_variable_is_one_line_naming_it(env: dict[str, str], n
         (["--chunk-size", "4MB"], "--chunk-size"),
         (["--max-inflated-bytes", "0"], "--max-inflated-bytes"),
         (["--max-inflated-bytes", "1.5G"], "--max-inflated-bytes"),
+        (["--data-root", "s3://"], "--data-root"),
+        (["--data-root", "s3://bucket/../other/"], "--data-root"),
+        (["--data-root", "s3://bucket/%2e%2e/other/"], "--data-root"),
+        (["--data-root", "file://host/data"], "--data-root"),
+        (["--restore-other-job"], "--restore-other-job"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it(args: list[str], named: str) -> None:

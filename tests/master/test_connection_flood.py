@@ -205,7 +205,7 @@ def test_refused_calls_in_their_thousands_log_a_few_lines(tmp_path: Path) -> Non
             for _ in range(2000):
                 with pytest.raises(UnauthenticatedError):
                     c.status()
-        marker = RawSession(master.addr, token="the-right-token")
+        marker = RawSession(master.addr, ChannelSecurity(token="the-right-token"))
         try:
             assert marker.hello(name="after-the-refusals").WhichOneof("body") == "welcome"
         finally:

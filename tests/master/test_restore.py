@@ -119,12 +119,18 @@ def test_bad_restores_are_refused_with_the_reason(tmp_path: Path, data: str) -> 
         assert status(m.addr)["done"] == 1
     finally:
         m.kill()
-    # A damaged file.
+    # A damaged file: a byte of its sections, a byte of its JSON header (refused before the
+    # sections are read: nothing says how long they may be).
     damaged = tmp_path / "damaged.ckpt"
     blob = bytearray(ckpt.read_bytes())
-    blob[len(blob) // 2] ^= 0xFF
+    blob[-20] ^= 0xFF
     damaged.write_bytes(bytes(blob))
     assert "checksum" in refused(tmp_path / "x.db", "--restore", str(damaged))
+    blob = bytearray(ckpt.read_bytes())
+    blob[30] ^= 0xFF
+    damaged.write_bytes(bytes(blob))
+    err = refused(tmp_path / "x.db", "--restore", str(damaged))
+    assert "invalid data checkpoint: header is not ASCII JSON" in err
     assert "not a chunkmaster data checkpoint" in refused(tmp_path / "y.db", "--restore", data)
     # The dataset changed since: a file grew by a chunk.
     write_records(Path(data), [b"%03d" % i for i in range(50)], max_chunk_size=30)

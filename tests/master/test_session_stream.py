@@ -238,3 +238,34 @@ def test_a_session_whose_trainer_leaves_while_it_is_written_still_expires(
             await svc.close()
 
     asyncio.run(main())
+
+
+def test_a_session_reports_only_its_own_tasks_without_tls_too(master: InProcessMaster) -> None:
+    """No TLS, so no identities: still, a report of session b on a task session a holds is
+    refused (PERMISSION_DENIED), whatever its epoch, and changes nothing."""
+    a, b = RawSession(master.addr), RawSession(master.addr)
+    a.hello(name="a")
+    b.hello(name="b")
+    t = next_task(a)
+    end = position(t, RECORDS_PER_TASK)
+    older = pb.TaskPosition(task_id=t.meta.id, epoch=0, pass_id=0, records=RECORDS_PER_TASK)
+    for body in (
+        {"next": pb.NextTask(finished=[end])},
+        {"next": pb.NextTask(finished=[older], want_task=True, pass_id=0, wait_seconds=1)},
+        {"failed": pb.TaskFailedRequest(meta=t.meta, reason="not mine")},
+        {"keep_alive": pb.KeepAlive(progress=[position(t, 5)])},
+        {"commit": pb.Commit(positions=[position(t, 5)])},
+    ):
+        seq = b.send(**body)
+        resp = b.recv()
+        assert resp.seq == seq and resp.error.error == "PermissionDeniedError", (body, resp)
+        assert f"task {t.meta.id}" in resp.error.message
+    st = master.status()
+    assert st["pending"] == 1 and st["done"] == 0 and st["tasks_with_failures"] == 0, st
+    held = {x["name"]: (x["tasks_held"], x["records_consumed"]) for x in st["trainers"]}
+    assert held == {"a": (1, 0), "b": (0, 0)}
+    assert st["ledger"][-1]["consumed"] == 0 and st["ledger"][-1]["committed"] == 0
+    a.send(next=pb.NextTask(finished=[end]))
+    assert a.recv().ack.applied == 1  # its holder's finish is applied
+    a.close()
+    b.close()

@@ -262,15 +262,14 @@ def test_the_seed_flag_is_checked() -> None:
 
 
 def test_snapshots_and_journal_entries_of_a_seeded_job_refuse_older_readers() -> None:
-    from chunkmaster.core.codec import SNAPSHOT_VERSION_RANKS, SNAPSHOT_VERSION_SHUFFLED, unpack
+    from chunkmaster.core.codec import SNAPSHOT_VERSION, unpack
 
     plain, seeded = MasterState(), MasterState()
     apply(plain, SetDataset(dataset(9, 2, None)))
     apply(seeded, SetDataset(dataset(9, 2, 4)))
-    # Builds that read version 3 but not 4 would drop the seed; version 5 is newer than both.
-    assert unpack(encode_snapshot(plain))[0]["version"] == SNAPSHOT_VERSION_RANKS
-    assert unpack(encode_snapshot(seeded))[0]["version"] == SNAPSHOT_VERSION_RANKS
-    assert SNAPSHOT_VERSION_RANKS > SNAPSHOT_VERSION_SHUFFLED
+    # Every snapshot is version 5: builds that read 3 but not 4 would drop the seed.
+    assert unpack(encode_snapshot(plain))[0]["version"] == SNAPSHOT_VERSION == 5
+    assert unpack(encode_snapshot(seeded))[0]["version"] == SNAPSHOT_VERSION
     assert encode_event(SetDataset(dataset(9, 2, None)))[:1] == b"T"
     assert encode_event(SetDataset(dataset(9, 2, 4)))[:1] == b"H"
     ev = decode_event(encode_event(SetDataset(dataset(9, 2, 4))))

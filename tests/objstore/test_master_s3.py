@@ -14,7 +14,7 @@ from helpers.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 
 from chunkmaster.client import Client
 from chunkmaster.client.connection import MasterConnection
-from chunkmaster.core.errors import DatasetError, PermissionDeniedError
+from chunkmaster.core.errors import DatasetError, DatasetMismatchError, PermissionDeniedError
 
 
 def upload_dataset(s3: S3Server, tmp: Path, files: int, records: int, prefix: str) -> list[str]:
@@ -112,3 +112,58 @@ def test_wrong_credentials_fail_set_dataset_naming_the_url(tmp_path: Path) -> No
         assert SECRET_KEY not in m.log()
     finally:
         locked.stop()
+
+
+def test_no_spelling_of_a_url_leaves_the_data_root(s3: S3Server, tmp_path: Path) -> None:
+    """Under --data-root s3://data/train/, objects whose keys lie outside train/ stay unread,
+    however the URL is spelled: S3 keys are literal, so `x/../train/s.rio` and `/train/s.rio`
+    (`data//train`) are objects outside the prefix, and percent-encoded dots mean `..` to any
+    reader that decodes them."""
+    upload_dataset(s3, tmp_path, files=1, records=20, prefix="train")
+    secret = write_records(tmp_path / "secret.rio", [b"secret"] * 5)
+    for key in ("x/../train/s.rio", "/train/s.rio", "train/%2e%2e/s.rio", "secret.rio"):
+        s3.fs().put_file(str(secret), f"data/{key}")
+    m = master_with_options(tmp_path, s3)
+    try:
+        for url in (
+            "s3://data/x/../train/s.rio",
+            "S3://data/x/../train/s.rio",
+            "s3://data//train/s.rio",
+            "s3://data/train/%2e%2e/s.rio",
+            "s3://data/train/%2E%2E/secret.rio",
+            "s3://data/train/.%2e/secret.rio",
+            "s3://data/train/..%2fsecret.rio",
+            "s3://data/train/./../secret.rio",
+            "s3://data/train\\..\\secret.rio",
+        ):
+            with Client(m.addr) as c, pytest.raises(PermissionDeniedError) as err:
+                c.set_dataset([url])
+            assert repr(url) in str(err.value), url
+        with MasterConnection(m.addr) as conn:
+            assert conn.status()["ready"] is False
+        with Client(m.addr) as c:
+            c.set_dataset(["S3://data/train/part-*.rio"])  # a scheme's case is no spelling
+        with MasterConnection(m.addr) as conn:
+            assert conn.status()["dataset"]["records"] == 20
+    finally:
+        m.terminate()
+
+
+def test_a_trainer_naming_the_url_datasets_objects_one_by_one_is_served(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    """A URL dataset set once; a trainer naming its objects one by one names the same
+    dataset, and one naming fewer is refused as another (the objects its patterns list are
+    held to the data roots, as any dataset's, not refused as URLs of a master with none)."""
+    urls = upload_dataset(s3, tmp_path, files=2, records=20, prefix="train")
+    m = master_with_options(tmp_path, s3)
+    try:
+        with Client(m.addr) as c:
+            c.set_dataset(["s3://data/train/part-*.rio"])
+        with Client(m.addr) as c:
+            c.set_dataset(list(reversed(urls)))
+        with Client(m.addr) as c, pytest.raises(DatasetMismatchError) as err:
+            c.set_dataset(urls[:1])
+        assert "1 file(s), 1 of them in the master's" in str(err.value)
+    finally:
+        m.terminate()

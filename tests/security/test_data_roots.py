@@ -18,7 +18,18 @@ from helpers.master_process import MasterProcess
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import PermissionDeniedError
-from chunkmaster.master.datasets import check_data_roots
+from chunkmaster.master.datasets import expand_globs
+from chunkmaster.master.roots import DataRoots
+
+
+def check_data_roots(globs: list[str], roots: list[str]) -> None:
+    """What a master with `roots` does before it opens anything: check the patterns, list the
+    local ones and check every file they match (URL patterns are only checked: no server)."""
+    allowed = DataRoots(roots)
+    allowed.check_all(globs)
+    local = [g for g in globs if "://" not in g]
+    if local:
+        expand_globs(local, roots=allowed)
 
 
 @pytest.fixture
@@ -90,8 +101,7 @@ def test_url_schemes_only_those_of_the_roots(tree: Path) -> None:
 
 @pytest.fixture
 def rooted_master(tree: Path) -> Iterator[InProcessMaster]:
-    roots = {"data_roots": [str(tree / "root")]}
-    with InProcessMaster(chunks_per_task=2, server_options=roots) as m:
+    with InProcessMaster(chunks_per_task=2, data_roots=[str(tree / "root")]) as m:
         yield m
 
 
@@ -146,3 +156,91 @@ def test_the_master_command_takes_repeated_data_roots(tree: Path) -> None:
         assert done.returncode == 0 and "pass 0: 5 records" in done.stdout, done.stderr
     finally:
         m.kill()
+
+
+# --- every spelling, every way in: real master processes -----------------------------------------
+
+
+def read_cmd(addr: str | None, dataset: str) -> subprocess.CompletedProcess[str]:
+    """One pass of `chunkmaster read` over `dataset`."""
+    cmd = [sys.executable, "-m", "chunkmaster", "read", "--addr", str(addr), "--passes", "1"]
+    return subprocess.run([*cmd, "--dataset", dataset], capture_output=True, text=True, timeout=120)
+
+
+def denied(done: subprocess.CompletedProcess[str], pattern: str) -> bool:
+    return done.returncode == 1 and (
+        f"PermissionDeniedError: permission denied: dataset pattern {pattern!r}" in done.stderr
+    )
+
+
+@pytest.mark.parametrize("spelling", ["file://{root}/", "{root}"])
+def test_file_urls_are_local_paths_held_to_the_roots(tree: Path, spelling: str) -> None:
+    root = str(tree / "root")
+    m = MasterProcess(["--store", ":memory:", "--data-root", spelling.format(root=root)]).start()
+    try:
+        for pattern in (
+            f"file://{root}/link.rio",  # a symlink inside the root to a file outside
+            f"FILE://{root}/link.rio",
+            f"file://{root}/door/secret.rio",  # through a symlinked directory
+            f"file://{root}/*.rio",  # matches link.rio among others
+            f"file://{root}//sub/../../outside/secret.rio",
+            f"file://localhost{root}/../outside/secret.rio",
+        ):
+            done = read_cmd(m.addr, pattern)
+            assert denied(done, pattern), (pattern, done.stdout, done.stderr)
+        done = read_cmd(m.addr, f"file://{root}/sub/*.rio")
+        assert done.returncode == 0 and "pass 0: 5 records" in done.stdout, done.stderr
+    finally:
+        m.kill()
+
+
+def save_checkpoint(tmp_path: Path, dataset: str, *args: str) -> Path:
+    """A data checkpoint of a job on `dataset`, saved by a master with `args`."""
+    m = MasterProcess(["--store", ":memory:", *args]).start()
+    try:
+        with MasterConnection(str(m.addr)) as conn:
+            conn.set_dataset([dataset])
+        ckpt = tmp_path / "job.ckpt"
+        cmd = [sys.executable, "-m", "chunkmaster", "checkpoint", "save", "--addr", str(m.addr)]
+        done = subprocess.run([*cmd, str(ckpt)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return ckpt
+    finally:
+        m.kill()
+
+
+def refused_restore(ckpt: Path, *args: str) -> str:
+    """Start a master with --restore `ckpt`; it must exit without serving. Its log."""
+    m = MasterProcess(["--store", ":memory:", "--restore", str(ckpt), *args]).start(wait=False)
+    try:
+        assert not m.wait_serving(120), f"the master restored {ckpt}:\n{m.log()}"
+        return m.log()
+    finally:
+        m.kill()
+
+
+def test_a_restored_checkpoint_is_held_to_the_data_roots(tree: Path, tmp_path: Path) -> None:
+    secret = str(tree / "outside" / "secret.rio")
+    ckpt = save_checkpoint(tmp_path, secret)  # a master without roots may read it
+    log = refused_restore(ckpt, "--data-root", str(tree / "root"))
+    assert f"permission denied: dataset pattern {secret!r}" in log
+    assert "Traceback" not in log
+
+
+def test_a_restored_checkpoint_of_urls_makes_no_connection(tmp_path: Path) -> None:
+    """A master without roots reads no URL, whether a trainer or a checkpoint names it."""
+    from chunkmaster.core.checkpoint import DataCheckpoint, encode, fingerprint
+    from chunkmaster.core.dataset import Dataset
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/x.rio"
+        ds = Dataset.build([url], [url], [([0], [5])], 1)
+        ckpt = tmp_path / "urls.ckpt"
+        ckpt.write_bytes(encode(DataCheckpoint("default", 0.0, fingerprint(ds), 1, 0, ())))
+        log = refused_restore(ckpt)
+        assert f"permission denied: dataset pattern {url!r} is a URL" in log
+        listener.setblocking(False)  # the master has exited: a connection would be queued
+        with pytest.raises(BlockingIOError):
+            listener.accept()

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -310,3 +313,61 @@ def test_the_old_dataset_names_point_to_the_loader() -> None:
 def status(addr: str) -> dict[str, Any]:
     with MasterConnection(addr) as c:
         return c.status()
+
+
+def test_a_thawed_trainer_trains_on_none_of_the_tasks_it_lost_and_its_commit_is_refused(
+    tmp_path: Path, master_process: Any
+) -> None:
+    """Issue 19, 4 with a Loader: a trainer process group (main process and workers, which
+    have read ahead) is frozen past its lease; another trainer reads the whole pass. Thawed,
+    the first trainer hands its training loop no batch of the tasks it lost (its workers had
+    read them), and, since it committed every batch it trained on, nothing was delivered
+    twice: the tasks went on from its commits."""
+    n = 400
+    write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(n)], max_chunk_size=60)
+    m = master_process("--chunk-per-task", "2", "--trainer-ttl", "1")
+    args = ["--addr", m.addr, "--dataset", str(tmp_path / "d.rio"), "--records", str(n)]
+    args += ["--passes", "1", "--transform", "slow_record_id", "--prefetch-factor", "4"]
+    a_log, b_log = tmp_path / "a.batches", tmp_path / "b.batches"
+    freeze = ["--log", str(a_log), "--freeze-after-step", "3"]
+    a = subprocess.Popen(
+        [sys.executable, TRAINER, "--out", str(tmp_path / "a.json"), *args, *freeze],
+        stdout=open(tmp_path / "a.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: stopped(a.pid))
+        frozen = len(a_log.read_text().splitlines())
+        assert frozen == 3
+        wait_until(lambda: status(m.addr)["sessions"] == 0)  # its lease ran out
+        b = trainer(tmp_path, "b", *args, "--log", str(b_log), "--transform", "record_id")
+        finish(tmp_path, "b", b)
+        os.killpg(a.pid, signal.SIGCONT)
+        assert a.wait(120) == 0
+    finally:
+        if a.poll() is None:
+            os.killpg(a.pid, signal.SIGCONT)
+            a.kill()
+    log = (tmp_path / "a.log").read_text()
+    assert "went to other trainers while this one was away: dropped unread" in log, log[-3000:]
+    a_batches = [line.split()[1:] for line in a_log.read_text().splitlines()]
+    before = {int(i) for batch in a_batches[:frozen] for i in batch}
+    after = [int(i) for batch in a_batches[frozen:] for i in batch]
+    by_b = [int(i) for line in b_log.read_text().splitlines() for i in line.split()[1:]]
+    assert after == [], f"trained on {len(after)} records of lost tasks after the thaw"
+    assert sorted(before | set(by_b)) == list(range(n))
+    assert not set(by_b) & before  # committed: the new holder started past them
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def wait_until(cond: Any, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("timed out")
+        time.sleep(0.05)

@@ -87,11 +87,10 @@ def describe(cp: Any) -> dict[str, Any]:
 
 def run_show(args: argparse.Namespace) -> int:
     from chunkmaster.core.checkpoint import CheckpointError, decode
+    from chunkmaster.master.checkpoint_file import read_checkpoint
 
     try:
-        cp = decode(Path(args.file).read_bytes())
-    except OSError as exc:
-        raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+        cp = decode(read_checkpoint(args.file))
     except CheckpointError as exc:
         raise CliError(f"{args.file}: {exc}") from None
     info = describe(cp)

@@ -248,6 +248,15 @@ SETTINGS = (
         const="yes",
     ),
     Setting(
+        "restore_other_job",
+        ("--restore-other-job",),
+        _env("RESTORE_OTHER_JOB"),
+        "with --restore: accept a data checkpoint another job (--job) saved (default: refuse "
+        "it, naming both jobs)",
+        "yes|no",
+        const="yes",
+    ),
+    Setting(
         "chunks_per_task",
         ("--chunk-per-task",),
         _env("CHUNK_PER_TASK"),

@@ -79,7 +79,8 @@ def register(sub: Any) -> None:
         help="a chunk that cannot be read is printed (with --json as a line with read_error) "
         "and the pass goes on; the master, told of it, hands the task out again or "
         "quarantines it. Each pass line then also says how many read errors this trainer met "
-        "and how many records the master quarantined in that pass",
+        "and how many records the master quarantined in that pass (unknown, JSON null, for a "
+        "pass its status no longer shows: it shows the last two)",
     )
     p.add_argument(
         "--buffer-size",
@@ -228,8 +229,8 @@ def run(args: argparse.Namespace) -> int:
                     out.write(json.dumps(line) + "\n")
                 else:
                     extra = (
-                        f", {line['read_errors']} read error(s), {line['quarantined']} records "
-                        "quarantined by the master"
+                        f", {line['read_errors']} read error(s), "
+                        + _quarantined_text(line["quarantined"], p)
                         if args.continue_on_read_error
                         else ""
                     )
@@ -242,13 +243,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _quarantined(client: Client, p: int) -> int:
-    """Records of pass `p` the master quarantined (its ledger keeps recent passes)."""
+def _quarantined(client: Client, p: int) -> int | None:
+    """Records of pass `p` the master quarantined; None if its status no longer lists the pass
+    (it shows the last two: a trainer that reached `p` after the others had read past it)."""
     ledger = client.status().get("ledger")
     for led in ledger if isinstance(ledger, list) else ():
         if isinstance(led, dict) and led.get("pass") == p:
             return int(led.get("quarantined", 0))
-    return 0
+    return None
+
+
+def _quarantined_text(records: int | None, p: int) -> str:
+    if records is None:
+        return f"records quarantined by the master unknown (its status no longer shows pass {p})"
+    return f"{records} records quarantined by the master"
 
 
 def _records_past_errors(client: Client, p: int, errors: list[TaskReadError]) -> Iterator[bytes]:

@@ -18,6 +18,10 @@ chunk's rows in one piece; taking it takes all its rows, for progress and commit
 
 With `readahead` (client/readahead.py), a task's chunks in an object store are fetched as the
 task arrives, and the loader gets their bytes.
+
+With `fence` (a session's `lease_ok`), no run is handed out while it says no: the trainer's
+lease may have run out, and its tasks be someone else's (`fenced` tells the caller to wait
+rather than end the pass). A session found lost drops every task it held (`drop_held`).
 """
 
 from __future__ import annotations
@@ -79,8 +83,13 @@ class PassBuffer:
         storage: Callable[[str], Storage] = storage_for,
         readahead: ReadAhead | None = None,
         max_inflated: int = DEFAULT_MAX_INFLATED,
+        fence: Callable[[], bool] | None = None,
+        generation: Callable[[], int] | None = None,
     ) -> None:
         self.pass_id = pass_id
+        self._fence = fence
+        self._generation = generation  # the session's, which a task must have come in
+        self.fenced = False  # the last next_run handed out nothing because of the fence
         self.cancel = CancelToken(parent)
         self._cond = cond
         self._reporter = reporter
@@ -122,13 +131,19 @@ class PassBuffer:
         self.cancel.check()
         return free
 
-    def add_task(self, task: Task) -> None:
+    def add_task(self, task: Task, generation: int | None = None) -> None:
         with self._cond:
-            self.add_task_locked(task)
+            self.add_task_locked(task, generation)
 
-    def add_task_locked(self, task: Task) -> None:
+    def add_task_locked(self, task: Task, generation: int | None = None) -> None:
+        """Hold `task` and read it in turn; not if it came in a session (`generation`) that
+        was found lost since: the master handed it to another trainer."""
         if self.cancel.cancelled:
             raise Cancelled()  # abandoned meanwhile
+        current = self._generation
+        if generation is not None and current is not None and generation != current():
+            log.info("task %d came in a session since lost: not read", task.meta.id)
+            return
         self.held[task.meta.id] = task
         self.got_task = True
         self._progress.add(task)
@@ -152,6 +167,10 @@ class PassBuffer:
         Tasks whose last record this hands out are appended to `done` (and reported finished).
         A chunk that cannot be read is reported failed and raised as TaskReadError.
         """
+        holding = self._task is not None or bool(self._tasks)
+        self.fenced = holding and self._fence is not None and not self._fence()
+        if self.fenced:
+            return None
         while True:
             task = self._task
             loaded = self._loaded
@@ -292,6 +311,22 @@ class PassBuffer:
         self._cond.notify_all()  # a slot for the fetcher
         self._reporter.finished(task)
         done.append(task)
+
+    def drop_held(self) -> list[Task]:
+        """The session that holds these tasks ended on the master (lock held): they went to
+        other trainers. Drop them unread; the pass goes on with the next session's tasks.
+        The tasks dropped."""
+        dropped = list(self.held.values())
+        if self._ahead is not None:
+            for task in dropped:
+                self._ahead.drop(task)
+        self._tasks.clear()
+        self.held.clear()
+        self._task = None
+        self._loaded = None
+        self._progress.stop_reading()
+        self._cond.notify_all()  # slots for the fetcher
+        return dropped
 
     def abandon(self, why: str) -> None:
         """Stop the pass's fetcher and drop what it fetched (lock held)."""

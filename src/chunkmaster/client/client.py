@@ -243,6 +243,7 @@ class Client:
         #: The last pass this client read to its end. A trainer that starts late may find pass
         #: 0 over (the others were quicker to start): that is not asking for a finished pass.
         self._last_ended = -1
+        self._feed: PassFeed | None = None  # the pass read by outside readers (client/feed.py)
         if report_every < 0 or not report_interval > 0:
             raise ValueError(
                 f"report_every ({report_every}) must be >= 0 and report_interval "
@@ -251,6 +252,7 @@ class Client:
         self.report_every = report_every if session else 0
         self._progress = Progress(self.report_every, keep_finished=session)
         self._session: TrainerSession | None = None
+        self._lost_count = 0  # sessions found lost: a shuffle buffer drops their records
         self._reporter: Reporter | None = None
         self._reports: Reports
         self._source: TaskSource
@@ -265,6 +267,8 @@ class Client:
                 world_size=self.world_size,
                 rank=self.rank,
                 data_wait=self._data_wait,
+                on_lost=self._session_lost,
+                on_alive=self._wake,
             )
             self._reports = self._source = self._session
         else:
@@ -399,6 +403,43 @@ class Client:
         with self._lock:
             return self._progress.report()
 
+    def _session_lost(self) -> None:
+        """The master ended this trainer's session while it was away (frozen, cut off): every
+        task it held went to other trainers. Stop reading them (the records already in the
+        training loop's hands are delivered again, docs/sessions.md); where they were read
+        to stays for the next commit(), which the master refuses."""
+        with self._lock:
+            ps = self._pass
+            dropped = [] if ps is None else ps.drop_held()
+            if self._feed is not None:
+                dropped += self._feed.lose_stock()
+            lost = self._progress.lose_held()
+            self._it = _EMPTY_ITER
+            self._next = _EMPTY_ITER.__next__
+            self._lost_count += 1
+            self._cond.notify_all()
+        ids = sorted({t.meta.id for t in dropped} | {p.task_id for p in lost})
+        if ids:
+            log.warning(
+                "tasks %s went to other trainers while this one was away: dropped unread; "
+                "the next commit() is refused (the model holds records of them that are "
+                "delivered again)",
+                ids,
+            )
+
+    def _lease_ok(self) -> bool:
+        """Whether records of the held tasks may be handed out (lock held): with a session,
+        only while its lease certainly holds (`TrainerSession.lease_ok`)."""
+        return self._session is None or self._session.lease_ok()
+
+    def wait_lease(self) -> None:
+        """Wait while the session's lease is in doubt (readers outside the client hand out
+        records only while it certainly holds); raises if the master stays unreachable."""
+        with self._lock:
+            while not self._lease_ok():
+                self._check_open()
+                self._cond.wait(1.0)
+
     def _adopt(self, task: Task) -> None:
         """A task that came for a request given up on: read it if its pass is being read,
         else hold it so that the session hands it back."""
@@ -468,6 +509,8 @@ class Client:
                 storage=self._storage,
                 readahead=self._readahead,
                 max_inflated=self.max_inflated_bytes,
+                fence=None if session is None else session.lease_ok,
+                generation=None if session is None else (lambda: session.generation),
             )
             ps.joined = self._last_ended == pass_id - 1
             self._pass = ps
@@ -498,7 +541,7 @@ class Client:
             if old is not None:
                 self._abandon(old, f"a feed of pass {pass_id} started")
                 self._pass = None
-            feed = PassFeed(
+            feed = self._feed = PassFeed(
                 pass_id,
                 self._cond,
                 session,
@@ -577,7 +620,7 @@ class Client:
                 self._it = run.records
                 self._next = run.records.__next__
                 continue
-            if ps.end is not None:
+            if ps.end is not None and not ps.fenced:
                 self._check_open()
                 if isinstance(ps.end, EndOfPass):
                     self._ended(ps)
@@ -632,6 +675,7 @@ class Client:
         reading: Iterator[Any] | None = None
         key: Key | None = None
         index = 0
+        lost_seen = self._lost_count
         ended = finished = starving = False
         batch: list[tuple[Any, Key, int]] = []
         try:
@@ -644,6 +688,13 @@ class Client:
                         self._check_open()
                         log.warning("pass %d was replaced while iterating it", ps.pass_id)
                         return
+                    if lost_seen != self._lost_count:  # those tasks went to other trainers
+                        lost_seen = self._lost_count
+                        buf.clear()
+                        reading = key = None
+                    if (buf or reading is not None) and not self._lease_ok():
+                        self._cond.wait()
+                        continue
                     while not ended and buf.room:
                         if reading is not None:
                             room = buf.room
@@ -660,7 +711,7 @@ class Client:
                             reading, index = run.records, run.first
                             key = (run.task.meta.id, run.task.meta.epoch)
                             continue
-                        if ps.end is not None:
+                        if ps.end is not None and not ps.fenced:
                             if not isinstance(ps.end, EndOfPass):
                                 raise ps.end
                             self._ended(ps)
@@ -746,7 +797,7 @@ class Client:
             run = ps.next_run(done)
             if run is not None:
                 return run.records
-            if ps.end is not None:
+            if ps.end is not None and not ps.fenced:
                 if isinstance(ps.end, EndOfPass):
                     self._ended(ps)
                     return None

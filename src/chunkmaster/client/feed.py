@@ -123,23 +123,42 @@ class PassFeed:
             self._stock.appendleft(replace(task, start=max(records, task.start)))
             self._cond.notify_all()
 
+    def lose_stock(self) -> list[Task]:
+        """The session was lost: the tasks in stock went to other trainers (lock held)."""
+        lost = list(self._stock)
+        self._stock.clear()
+        self._cond.notify_all()
+        return lost
+
     # ---- the trainer's thread: how far the training loop took each task --------------------
 
-    def taken(self, task: Task, records: int) -> None:
-        """The training loop took records [0, records) of `task`; at its end it is finished."""
+    def held(self, task: Task) -> bool:
+        """Whether this trainer still holds `task` (not if its session was lost meanwhile)."""
         with self._cond:
+            return self._progress.holds(task)
+
+    def taken(self, task: Task, records: int) -> bool:
+        """The training loop took records [0, records) of `task`; at its end it is finished.
+        False for a task this trainer no longer holds (its session was lost: another trainer
+        has it now), which nothing is reported of."""
+        with self._cond:
+            if not self._progress.holds(task):
+                return False
             due = self._progress.advance(task, records)
             if records >= task.num_records:
                 self._progress.finished(task)
                 self._session.finished(task)
             elif due:
                 self._session.report_now()
+            return True
 
     def failed(self, task: Task, records: int, reason: str) -> None:
         """A chunk of `task` could not be read: the training loop took [0, records) of it.
         The master learns that position, then the failure (it hands the task out again from
         there, or quarantines it)."""
         with self._cond:
+            if not self._progress.holds(task):
+                return  # another trainer's now: its failure is not ours to report
             self._progress.advance(task, records)
             self._progress.dropped(task)
             meta = task.meta

@@ -41,6 +41,15 @@ PASS_POLL_MAX = 0.5  # seconds between GetTask calls while the master is still i
 WAIT_LOG_EVERY = 30.0
 
 
+class Dispatched(list[Task]):
+    """Tasks a session got, with its `generation` then: once the session is found lost
+    (a new generation), they are someone else's and the buffer refuses them."""
+
+    def __init__(self, tasks: list[Task], generation: int) -> None:
+        super().__init__(tasks)
+        self.generation = generation
+
+
 class TaskSource(Protocol):
     """Asks the master for the next tasks of a pass (at least one, at most `count`, and at
     most `max_batch` at a time); raises the master's answer otherwise."""
@@ -171,9 +180,10 @@ class TaskFetcher:
                     polls += 1
                 continue
             waiting = None
+            generation = tasks.generation if isinstance(tasks, Dispatched) else None
             for i, task in enumerate(tasks):
                 try:
-                    buf.add_task(task)
+                    buf.add_task(task, generation)
                 except Cancelled:
                     if self._on_unclaimed is not None:
                         for unclaimed in tasks[i:]:

@@ -76,6 +76,7 @@ class Progress:
         self._keep_finished = keep_finished
         self._held: dict[TaskKey, HeldTask] = {}
         self._finished: dict[TaskKey, Position] = {}  # finished since the last commit, at their end
+        self._lost: list[Position] = []  # held when the session was lost: the next commit's
         self._run: _Run | None = None
         self._consumed = 0  # records taken in runs that are over
         self._reported_at = 0  # `consumed` when progress was last sent
@@ -121,6 +122,21 @@ class Progress:
         """The task failed here (a chunk could not be read): it is no longer this trainer's."""
         self._forget(task)
 
+    def lose_held(self) -> list[Position]:
+        """The session ended on the master: every held task went to other trainers. They are
+        no longer tracked; where they were consumed to (since their last commit) stays for
+        the next commit, which the master refuses: the model holds records of them that are
+        delivered again. Those positions."""
+        self._close_run()
+        lost = [
+            held.at(pos)
+            for held in self._held.values()
+            if (pos := self.position(held)) > max(held.committed, held.task.start)
+        ]
+        self._held.clear()
+        self._lost += lost
+        return lost
+
     def _forget(self, task: Task) -> HeldTask | None:
         run = self._run
         if run is not None and key_of(run.held.task) == key_of(task):
@@ -129,6 +145,11 @@ class Progress:
         if held is not None and held.task.meta.epoch == task.meta.epoch:
             return self._held.pop(key_of(task))
         return None
+
+    def holds(self, task: Task) -> bool:
+        """Whether `task` (this dispatch of it) is held here."""
+        held = self._held.get(key_of(task))
+        return held is not None and held.task.meta.epoch == task.meta.epoch
 
     def advance(self, task: Task, records: int) -> bool:
         """The trainer has taken records [0, records) of a held task (a reader outside the
@@ -199,6 +220,7 @@ class Progress:
         if self.clip is not None:  # finished at the source, but records still buffered: later
             clip = self.clip
             out = [p for p in out if clip(p.task_id, p.epoch) is None]
+        out += self._lost
         for held in self._held.values():
             pos = self.position(held)
             if pos > max(held.committed, held.task.start):
@@ -208,6 +230,9 @@ class Progress:
     def committed(self, positions: list[Position]) -> None:
         """These positions were committed (or refused: they are not sent again)."""
         for pos in positions:
+            if pos in self._lost:
+                self._lost.remove(pos)
+                continue
             key = (pos.pass_id, pos.task_id)
             fin = self._finished.get(key)
             if fin is not None and fin == pos:

@@ -9,14 +9,25 @@ message); the client a Commit or the Goodbye.
 
 A message that expects an answer stays pending until answered and is sent again as is (same
 seq, same request_id) on the next stream: the master treats a repeat as the original. If the
-session ended while the trainer was away (SessionExpiredError), a new one is opened and the
-pending messages go out in it; task requests get fresh request IDs.
+session ended while the trainer was away (SessionExpiredError), its tasks went to other
+trainers: `on_lost` tells the client to stop reading them, the finishes and failures not yet
+sent are dropped (they are no longer this trainer's to report), a new session is opened and
+the other pending messages go out in it; task requests get fresh request IDs.
 
-A finish is never dropped: one the master answers with "not now" (UnavailableError while its
-store refuses writes, NotReadyError) goes back into the queue and out again with backoff, in
-whichever message carries it (a NextTask, alone, before a Commit or the Goodbye), until the
-master applies it or answers that it is moot (an Ack: the task is not pending, another epoch,
-the pass is over) or refuses it for good (a malformed report: logged).
+Fencing: the master ends a session `ttl` seconds after it last heard from it, so a trainer
+that was frozen or cut off may hold tasks that are someone else's already. `lease_ok()` says
+whether the master has certainly heard from this session within 0.8 ttl (it answered a
+message sent then); if not, the trainer hands out no more records of its tasks until it knows
+(a ping, an empty NextTask, is answered: `on_alive`; or the session is found lost: `on_lost`).
+While the trainer reads, the session pings ahead of need, so that it never waits.
+
+A finish is never dropped while its session lasts: one the master answers with "not now"
+(UnavailableError while its store refuses writes, NotReadyError) goes back into the queue and
+out again with backoff, in whichever message carries it (a NextTask, alone, before a Commit or
+the Goodbye), until the master applies it or answers that it is moot (an Ack: the task is not
+pending, another epoch, the pass is over) or refuses it for good (a malformed report, or a task
+no longer this session's: logged). Finishes refused together because one of them is on a task
+no longer this session's go again one by one, each judged on its own.
 """
 
 from __future__ import annotations
@@ -36,11 +47,13 @@ from typing import Any
 import grpc
 
 from chunkmaster.client.connection import CallCancelled, MasterConnection, TransportError
+from chunkmaster.client.fetcher import Dispatched
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink, backoff_delay
 from chunkmaster.client.progress import task_records
 from chunkmaster.core.errors import (
     MasterError,
     NotReadyError,
+    PermissionDeniedError,
     SessionExpiredError,
     UnauthenticatedError,
     UnavailableError,
@@ -67,6 +80,10 @@ it goes at once if a task request is in flight already (the next waits for its a
 #: of these is sent again with backoff (the master has not applied it).
 TRY_AGAIN = (UnavailableError, NotReadyError)
 
+LEASE_SAFE = 0.8
+"""The part of the TTL after a message the master answered during which the trainer may go on
+reading its tasks without hearing from the master again (its lease holds at least a TTL)."""
+
 
 def session_error(err: pb.SessionError) -> MasterError:
     """The master's error carried by a SessionError."""
@@ -90,6 +107,7 @@ class Reply:
         self._response: pb.SessionResponse | None = None
         self._error: BaseException | None = None
         self.cancelled = False
+        self.generation = -1  # the session generation of the stream that answered
         self._callbacks: list[Callable[[], None]] = []
 
     def on_done(self, fn: Callable[[], None]) -> None:
@@ -154,6 +172,7 @@ class Reply:
 class _Pending:
     request: pb.SessionRequest
     reply: Reply
+    sent_at: float = 0.0  # time.monotonic() it last went out on a stream (0: not yet)
 
 
 class _Stream:
@@ -174,6 +193,7 @@ class _Stream:
         self.sender: threading.Thread | None = None  # gRPC's thread iterating requests()
         self.welcomed = False  # a stream that never got its Welcome fails quietly (the link logs)
         self.expired = False
+        self.generation = 0  # TrainerSession.generation when it was opened
 
     def requests(self) -> Iterator[pb.SessionRequest]:
         self.sender = threading.current_thread()
@@ -205,7 +225,10 @@ class TrainerSession:
 
     `progress()` returns the positions to send with a keep-alive (called without this
     session's lock: it takes the client's). `on_unclaimed(task)` gets a task that arrived for
-    a request its sender gave up on (a pass abandoned meanwhile).
+    a request its sender gave up on (a pass abandoned meanwhile). `on_lost()` is called when
+    the master ended the session while the trainer was away (its tasks are others' now),
+    before a new session is opened; `on_alive()` when the master answered while `lease_ok()`
+    had said no. Both are called without this session's lock.
     """
 
     def __init__(
@@ -220,8 +243,21 @@ class TrainerSession:
         world_size: int = 0,
         rank: int = 0,
         data_wait: Callable[[], pb.DataWait | None] | None = None,
+        on_lost: Callable[[], None] | None = None,
+        on_alive: Callable[[], None] | None = None,
     ) -> None:
         self._link = link
+        self._on_lost = on_lost
+        self._on_alive = on_alive
+        self._ttl = 0.0  # the master's session TTL (0: no Welcome yet)
+        self._heard_at = 0.0  # when the newest message the master answered was sent
+        self._fence_used = 0.0  # when the trainer last asked lease_ok()
+        self._fence_waiting = False  # lease_ok() said no: on_alive() once the master answers
+        self._ping_due = False
+        self._pinged_at = 0.0
+        self._ping: Reply | None = None
+        self._failure: Exception | None = None  # why the master is out of reach, if it is
+        self.generation = 0  # sessions found lost so far: tasks of an older one are not ours
         self.name = name
         self._world_size = world_size
         self._rank = rank
@@ -285,8 +321,17 @@ class TrainerSession:
             assert reply is not None
             try:
                 resp = cancel.run(reply)
+                if reply.generation != self.generation:
+                    continue  # answered in a session lost since: its tasks went to others
             except MasterError as exc:
-                # finishes it carried are queued again already (_on_response)
+                if finished and isinstance(exc, PermissionDeniedError):
+                    # A finish on a task no longer this session's (its dispatch timed out and
+                    # went to another trainer) refuses the whole message, and nothing changed:
+                    # each finish goes again alone (_on_response); the request without them.
+                    log.warning("NextTask(pass %d): %s", pass_id, exc)
+                    continue
+                # finishes it carried that the master did not take for now are queued again
+                # already (_on_response)
                 if not isinstance(exc, UnavailableError):
                     raise
                 if attempt == 0:
@@ -296,8 +341,10 @@ class TrainerSession:
                 attempt += 1
                 continue
             if resp.WhichOneof("body") == "tasks":
-                return [task_from_pb(t) for t in resp.tasks.tasks]
-            return [task_from_pb(resp.task)]
+                tasks = [task_from_pb(t) for t in resp.tasks.tasks]
+            else:
+                tasks = [task_from_pb(resp.task)]
+            return Dispatched(tasks, reply.generation)
 
     def finished(self, task: Task) -> None:
         """Queue the finish of `task`: it rides on the next NextTask, or goes alone soon."""
@@ -381,6 +428,25 @@ class TrainerSession:
                     log.warning("commit: %s; sending it again with backoff", exc)
                 self._token.sleep(delay)
                 attempt += 1
+
+    def lease_ok(self) -> bool:
+        """Whether the trainer may hand out records of its tasks: the master answered a
+        message sent less than LEASE_SAFE x ttl ago, so the session still holds them. If not,
+        a ping goes out and `on_alive` (or `on_lost`) follows. Called with the client's lock
+        held (not this session's)."""
+        ttl = self._ttl
+        if ttl <= 0:
+            return True  # no Welcome yet, so no task either
+        now = time.monotonic()
+        self._fence_used = now
+        if now < self._heard_at + LEASE_SAFE * ttl:
+            return True
+        if self._failure is not None:  # the master could not be reached in retry_timeout
+            raise self._failure
+        self._fence_waiting = True
+        self._ping_due = True
+        self._wake.set()
+        return False
 
     def report_now(self) -> None:
         """Send progress soon: enough records were consumed since the last report. Called
@@ -468,13 +534,27 @@ class TrainerSession:
         self._seq += 1
         req = pb.SessionRequest(seq=self._seq, **{kind: msg})
         reply = None
+        stream = self._stream
         if answered:
             reply = Reply(kind)
-            self._pending[self._seq] = _Pending(req, reply)
-        stream = self._stream
+            sent = 0.0 if stream is None else time.monotonic()
+            self._pending[self._seq] = _Pending(req, reply, sent)
         if stream is not None:
             stream.send(req)
         return reply
+
+    def _maybe_ping(self, now: float) -> None:
+        """Ask for an answer (an empty NextTask) when lease_ok() found the lease in doubt, or
+        ahead of that while the trainer reads and the master has not answered for a third of
+        the TTL, so that the trainer does not wait for it."""
+        if self._ping is not None and not self._ping.done:
+            return
+        reading = self._fence_used > self._pinged_at
+        if not self._ping_due and not (reading and now - self._heard_at > self._ttl / 3):
+            return
+        self._ping_due = False
+        self._pinged_at = now
+        self._ping = self._send("next", pb.NextTask(), answered=True)
 
     def _take_finishes(self) -> list[pb.TaskPosition]:
         finished, self._finishes = self._finishes, []
@@ -547,18 +627,58 @@ class TrainerSession:
 
     def _renew(self) -> None:
         """The session ended on the master: the next Hello opens a new one, and the pending
-        task requests get fresh IDs (the old IDs belong to the old session's dispatches)."""
+        task requests get fresh IDs (the old IDs belong to the old session's dispatches). Its
+        finishes and failures not yet applied are dropped: those tasks went to others, whose
+        reports they are now (the new session's would be refused)."""
         self._session_id = ""
+        self.generation += 1
+        self._finishes = []
+        self._flush_at = None
+        self._finish_retries, self._finish_retry_at = 0, None
         for seq, p in list(self._pending.items()):
-            if p.reply.kind != "next" or not p.request.next.want_task:
+            if p.reply.kind == "failed":
+                del self._pending[seq]
+                p.reply.cancel()
                 continue
-            if p.reply.cancelled:
+            if p.reply.kind != "next":
+                continue
+            want = p.request.next.want_task
+            if want and p.reply.cancelled:
                 del self._pending[seq]
                 continue
             req = pb.SessionRequest()
             req.CopyFrom(p.request)
-            req.next.request_id = uuid.uuid4().hex
+            del req.next.finished[:]
+            if want:
+                req.next.request_id = uuid.uuid4().hex
             self._pending[seq] = _Pending(req, p.reply)
+
+    def _lost(self, old: str) -> None:
+        """Tell the client its session `old` ended on the master (no lock held)."""
+        log.warning(
+            "session %s ended while this trainer was away (its tasks went to other trainers); "
+            "opening a new session",
+            old,
+        )
+        if self._on_lost is not None:
+            self._on_lost()
+
+    def _unreachable(self, exc: Exception) -> None:
+        """The master stayed out of reach (no lock held): a trainer fenced waits no more."""
+        self._failure = exc
+        if self._fence_waiting:
+            self._fence_waiting = False
+            if self._on_alive is not None:
+                self._on_alive()
+
+    def _heard(self, sent_at: float) -> None:
+        """The master answered a message sent at `sent_at` (no lock held): the lease held then."""
+        if sent_at > self._heard_at:
+            self._heard_at = sent_at
+        if self._fence_waiting and self._heard_at + LEASE_SAFE * self._ttl > time.monotonic():
+            self._fence_waiting = False
+            if self._on_alive is not None:
+                self._on_alive()
 
     # ---- the session's thread ------------------------------------------------------------
 
@@ -570,9 +690,11 @@ class TrainerSession:
                 return
             except TransportError as exc:  # retry_timeout ran out: the waiters get the error
                 self._fail_pending(exc)
+                self._unreachable(exc)
                 continue
             except UnauthenticatedError as exc:  # no retry mends a wrong token or certificate
                 self._fail_pending(exc)
+                self._unreachable(exc)
                 log.error("Session: %s", exc)
                 try:
                     self._token.sleep(self._link.backoff_max)
@@ -599,11 +721,7 @@ class TrainerSession:
                 if closing:
                     self._end_goodbye()
                     raise Cancelled() from None
-                log.warning(
-                    "session %s ended while this trainer was away (its tasks went to other "
-                    "trainers); opening a new session",
-                    old,
-                )
+                self._lost(old)
             except UnauthenticatedError:
                 raise
             except MasterError as exc:
@@ -626,6 +744,7 @@ class TrainerSession:
         """Open a stream and say Hello; once welcomed, send everything pending again."""
         stream = _Stream(conn.addr)
         with self._lock:
+            stream.generation = self.generation
             if self._closing and not self._session_id:
                 self._said_goodbye = True
                 raise Cancelled()
@@ -644,6 +763,7 @@ class TrainerSession:
                 ),
             )
             resuming = self._session_id
+        hello_sent = time.monotonic()
         stream.send(hello)
         stream.call = conn.open_session(stream.requests())
         reader = threading.Thread(
@@ -670,11 +790,17 @@ class TrainerSession:
             self._session_id = welcome.session_id
             if welcome.keep_alive_seconds > 0:
                 self.keep_alive_seconds = welcome.keep_alive_seconds
+            self._ttl = max(0.0, welcome.ttl_seconds)
+            self._failure = None
+            now = time.monotonic()
             for seq in sorted(self._pending):
-                stream.send(self._pending[seq].request)
+                entry = self._pending[seq]
+                entry.sent_at = now
+                stream.send(entry.request)
             resent = len(self._pending)
             self._stream = stream
             stream.welcomed = True
+        self._heard(hello_sent)
         if resuming:
             log.warning(
                 "session %s resumed with the master at %s (%d message(s) sent again)",
@@ -709,6 +835,8 @@ class TrainerSession:
             with self._lock:
                 if self._flush_at is not None and now >= self._flush_at:
                     self._flush_finishes()
+                if not self._closing:
+                    self._maybe_ping(now)
             due = self._report_due and now - self._reported >= REPORT_GAP
             if due or now >= next_keep_alive:
                 self._report_due = False
@@ -771,6 +899,8 @@ class TrainerSession:
         if resp.seq == stream.hello_seq and not stream.hello.done:
             stream.hello.resolve(resp)
             return
+        if stream.expired:
+            return  # the old session's: what it answers now is no longer this trainer's
         kind = resp.WhichOneof("body")
         if kind == "error" and resp.error.error == SessionExpiredError.__name__:
             self._expired(stream, resp.seq)
@@ -783,6 +913,14 @@ class TrainerSession:
                 refused = session_error(resp.error) if kind == "error" else None
                 if isinstance(refused, TRY_AGAIN):
                     self._finishes_refused(entry.request.next.finished, refused)
+                elif isinstance(refused, PermissionDeniedError) and (
+                    len(entry.request.next.finished) > 1
+                ):
+                    # One of them is on a task no longer this session's (its dispatch timed
+                    # out and went to another trainer), which refused them all and changed
+                    # nothing: each goes again alone, judged on its own.
+                    for one in entry.request.next.finished:
+                        self._send("next", pb.NextTask(finished=[one]), answered=True)
                 else:
                     self._finish_retries, self._finish_retry_at = 0, None
                     if refused is not None and not entry.request.next.want_task:
@@ -796,10 +934,13 @@ class TrainerSession:
                         )
         if kind == "error" and entry is not None and entry.reply.kind == "next":
             self._wake.set()  # the finishes may go again once their backoff is over
+        if entry is not None:
+            self._heard(entry.sent_at)  # answered under the session: its lease was renewed
         if entry is None:
             if kind == "error":
                 log.warning("session %s: master: %s", self._session_id, session_error(resp.error))
             return
+        entry.reply.generation = stream.generation
         if entry.reply.resolve(resp):
             return
         if kind == "task":  # its request was given up on: hand the task to whoever can use it
@@ -825,11 +966,7 @@ class TrainerSession:
             self._end_goodbye()
             stream.close()
             return
-        log.warning(
-            "session %s ended while this trainer was away (its tasks went to other trainers); "
-            "opening a new session",
-            old,
-        )
+        self._lost(old)
         stream.close()
 
 

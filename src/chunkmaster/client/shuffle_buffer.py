@@ -73,6 +73,12 @@ class ShuffleBuffer:
         marks.count += len(records)
         self._items += zip(records, repeat(key), count(first))
 
+    def clear(self) -> None:
+        """Drop every record and deferred finish (their tasks went to other trainers)."""
+        self._items.clear()
+        self._marks.clear()
+        self._deferred.clear()
+
     def draw(self, most: int) -> list[tuple[bytes, Key, int]]:
         """Up to `most` records drawn at random, with their dispatches and indexes, to give
         to `handed` once the trainer has them all."""

@@ -22,6 +22,12 @@ No pickle: reading a checkpoint must not mean running code. Layout (little-endia
     trailer  blake2b-128 of header + body
 
 A file's index digest is blake2b-128 of its chunk offsets (u64 each) then records (u32 each).
+
+Every field has a range (`_check`: a name without control characters, a time before the year
+10000, passes below 2**62 so that pass + 1 still fits the wire's int64, ...), and the file's
+size follows from its header: the JSON is at most MAX_HEAD_SIZE bytes, and a pass of N tasks
+adds at most zlib's bound for N bits plus 12 bytes a task. `check_prefix` and `check_head`
+let a reader refuse a file from its first bytes, before reading a body it could not hold.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import struct
 import sys
 import zlib
@@ -53,6 +60,18 @@ _JSON_LEN = struct.Struct("<I")
 _DIGEST_SIZE = 16
 _MAX_TASK_ID = 0xFFFFFFFF  # partial task ids are u32
 _MAX_RECORDS = 0xFFFFFFFFFFFFFFFF  # partial records are u64
+_MAX_I64 = 2**63 - 1  # file sizes, chunk counts, chunks per task
+_MAX_PASS = 2**62  # far beyond any job; pass + 1 still fits the wire's int64
+_MAX_CREATED = 253402300799.0  # 9999-12-31T23:59:59Z: what a calendar can show
+_MAX_TEXT = 4096  # characters of a path or a glob
+_MAX_NAME = 255  # characters of a job name
+_FORMAT_NAME = re.compile(r"[a-z0-9_-]{1,32}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_HEAD_DEPTH = 4  # {dataset: {files: [[...]]}}: a deeper header is no checkpoint's
+#: The JSON header's limit in bytes: about 400,000 files of 100-character paths.
+MAX_HEAD_SIZE = 64 << 20
+#: The bytes `check_prefix` needs: the fixed header and the JSON header's length.
+PREFIX_SIZE = 24
 _RECORDIO_MAGIC = bytes.fromhex("04030201")
 _STORE_MAGIC = b"CMB1"
 
@@ -237,24 +256,59 @@ def differences(
 # --- semantic checks (both directions) ---------------------------------------------------------
 
 
+def _shown(value: object) -> str:
+    """A value for an error line: never more than a few dozen characters of it."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
+
+
+def _ranged(value: int, what: str, low: int, high: int, high_text: str = "") -> None:
+    if not low <= value <= high:
+        raise CheckpointError(
+            f"{what} {_shown(value)} is out of range ({low} to {high_text or high})"
+        )
+
+
+def _text(value: str, what: str, limit: int = _MAX_TEXT) -> None:
+    if len(value) > limit:
+        raise CheckpointError(f"{what} is longer than {limit} characters")
+    if "\x00" in value:
+        raise CheckpointError(f"{what} holds a NUL character")
+
+
 def _check(cp: DataCheckpoint) -> None:
-    """Refuse a checkpoint whose content contradicts itself, whichever side made it."""
+    """Refuse a checkpoint whose content is out of range or contradicts itself, whichever side
+    made it; each error names the field."""
     if not isinstance(cp.job, str):
         raise CheckpointError("job must be a string")
+    _text(cp.job, "job", _MAX_NAME)
+    if _CONTROL.search(cp.job):
+        raise CheckpointError("job holds control characters")
     if not math.isfinite(cp.created):
         raise CheckpointError("created must be a finite time")
-    if not 0 <= cp.num_tasks <= _MAX_TASK_ID + 1:
-        raise CheckpointError(f"num_tasks {cp.num_tasks} is out of range")
+    if not 0 <= cp.created <= _MAX_CREATED:
+        raise CheckpointError(
+            f"created {_shown(cp.created)} is out of range (0 to {_MAX_CREATED:.0f}: the end of "
+            "the year 9999)"
+        )
+    _ranged(cp.num_tasks, "num_tasks", 0, _MAX_TASK_ID + 1, "2**32")
     ds = cp.dataset
-    if ds.chunks_per_task < 1:
-        raise CheckpointError(f"chunks per task {ds.chunks_per_task} is less than 1")
-    if ds.chunk_size is not None and ds.chunk_size < 1:
-        raise CheckpointError(f"chunk size {ds.chunk_size} is less than 1")
-    for f in ds.files:
-        if f.size < -1 or f.num_chunks < 0 or f.num_records < 0:
-            raise CheckpointError(f"{f.path}: negative size, chunk count or records")
+    _ranged(ds.chunks_per_task, "chunks per task", 1, _MAX_I64, "2**63-1")
+    if ds.chunk_size is not None:
+        _ranged(ds.chunk_size, "chunk size", 1, _MAX_I64, "2**63-1")
+    if not _FORMAT_NAME.fullmatch(ds.format):
+        raise CheckpointError(
+            f"format {_shown(ds.format)} is not a format name (1 to 32 of a-z, 0-9, _ and -)"
+        )
+    for i, glob in enumerate(ds.globs):
+        _text(glob, f"glob {i}")
+    for i, f in enumerate(ds.files):
+        _text(f.path, f"file {i} path")
+        _ranged(f.size, f"file {i} size", -1, _MAX_I64, "2**63-1")
+        _ranged(f.num_chunks, f"file {i} chunk count", 0, _MAX_I64, "2**63-1")
+        _ranged(f.num_records, f"file {i} records", 0, _MAX_RECORDS, "2**64-1")
         if len(f.index_digest) != _DIGEST_SIZE:
-            raise CheckpointError(f"{f.path}: index digest is not {_DIGEST_SIZE} bytes")
+            raise CheckpointError(f"file {i} index digest is not {_DIGEST_SIZE} bytes")
     expected_tasks = count_tasks(ds.num_chunks, ds.chunks_per_task)
     if cp.num_tasks != expected_tasks:
         raise CheckpointError(
@@ -263,10 +317,12 @@ def _check(cp: DataCheckpoint) -> None:
         )
     if cp.floor < 0:
         raise CheckpointError(f"floor {cp.floor} is negative")
-    if cp.shuffle_seed is not None and not 0 <= cp.shuffle_seed <= MAX_SEED:
-        raise CheckpointError(f"shuffle seed {cp.shuffle_seed} is out of range")
+    _ranged(cp.floor, "floor", 0, _MAX_PASS, "2**62")
+    if cp.shuffle_seed is not None:
+        _ranged(cp.shuffle_seed, "shuffle seed", 0, MAX_SEED, "2**64-1")
     previous = cp.floor - 1
     for p in cp.passes:
+        _ranged(p.pass_id, "pass", 0, _MAX_PASS, "2**62")
         if p.pass_id <= previous:
             raise CheckpointError(
                 f"pass {p.pass_id} is out of order: passes must be ascending and from the "
@@ -392,14 +448,19 @@ def encode(cp: DataCheckpoint) -> bytes:
             **({} if cp.shuffle_seed is None else {"shuffle_seed": cp.shuffle_seed}),
         }
     )
+    if len(head) > MAX_HEAD_SIZE:
+        raise CheckpointError(
+            f"cannot write the checkpoint header: its {len(ds.files)} files take "
+            f"{len(head) >> 20} MiB, over the format's {MAX_HEAD_SIZE >> 20} MiB"
+        )
     body = b"".join([_JSON_LEN.pack(len(head)), head, *sections])
     version = VERSION if cp.shuffle_seed is None else VERSION_SHUFFLED
     out = _HEADER.pack(MAGIC, version, len(body)) + body
     return out + hashlib.blake2b(out, digest_size=_DIGEST_SIZE).digest()
 
 
-def _foreign(data: memoryview) -> CheckpointError:
-    n = len(data)
+def _foreign(data: memoryview, n: int) -> CheckpointError:
+    """Why a file of `n` bytes starting with `data` is no checkpoint."""
     if n == 0:
         return CheckpointError(f"empty file: not a chunkmaster data checkpoint; {_WHAT_TO_DO}")
     start = bytes(data[:8])
@@ -416,10 +477,11 @@ def _foreign(data: memoryview) -> CheckpointError:
     return CheckpointError(f"not a chunkmaster data checkpoint{kind}; {_WHAT_TO_DO}")
 
 
-def decode(data: bytes | bytearray | memoryview) -> DataCheckpoint:
-    view = memoryview(data).cast("B")
-    if len(view) < _HEADER.size or bytes(view[:8]) != MAGIC:
-        raise _foreign(view)
+def _frame(view: memoryview, n: int) -> int:
+    """The body length the fixed header of a blob of `n` bytes gives, once its magic, version
+    and total size are checked."""
+    if n < _HEADER.size or bytes(view[:8]) != MAGIC:
+        raise _foreign(view, n)
     _, version, body_len = _HEADER.unpack_from(view)
     if version not in (VERSION, VERSION_SHUFFLED):
         raise CheckpointError(
@@ -428,14 +490,56 @@ def decode(data: bytes | bytearray | memoryview) -> DataCheckpoint:
             f"version that wrote it"
         )
     total = _HEADER.size + body_len + _DIGEST_SIZE
-    if len(view) < total:
+    if n < total:
         raise CheckpointError(
-            f"truncated data checkpoint: {len(view)} of {total} bytes; {_WHAT_TO_DO}, copied whole"
+            f"truncated data checkpoint: {n} of {total} bytes; {_WHAT_TO_DO}, copied whole"
         )
-    if len(view) > total:
+    if n > total:
         raise CheckpointError(
-            f"data checkpoint has {len(view) - total} bytes after its end; {_WHAT_TO_DO}, unchanged"
+            f"data checkpoint has {n - total} bytes after its end; {_WHAT_TO_DO}, unchanged"
         )
+    return int(body_len)
+
+
+def check_prefix(prefix: bytes, size: int) -> int:
+    """A file of `size` bytes whose first bytes are `prefix` (PREFIX_SIZE of them, or all of a
+    shorter file): refuse it unless its size is the one its header gives and its JSON header
+    fits the format's limit. Returns the JSON header's length, to read and `check_head` next
+    (0: the file is too short to hold one; `decode` says what is wrong)."""
+    view = memoryview(prefix).cast("B")
+    body_len = _frame(view, size)
+    if len(view) < PREFIX_SIZE or body_len < _JSON_LEN.size:
+        return 0
+    (head_len,) = _JSON_LEN.unpack_from(view, _HEADER.size)
+    if head_len > MAX_HEAD_SIZE or _JSON_LEN.size + head_len > body_len:
+        raise CheckpointError(
+            f"invalid data checkpoint: its JSON header would be {head_len} bytes, more than "
+            f"{'the format allows' if head_len > MAX_HEAD_SIZE else 'its body holds'}; "
+            f"{_WHAT_TO_DO}, from an intact copy"
+        )
+    return int(head_len)
+
+
+def check_head(prefix: bytes, head: bytes) -> None:
+    """Refuse a checkpoint from its JSON header (`head`, after `prefix`), before its sections
+    are read: every field must be in range, and the sections it declares (at most what its
+    tasks allow) must fill the body the fixed header gives exactly."""
+    if len(prefix) < PREFIX_SIZE:
+        return
+    _, _, body_len = _HEADER.unpack_from(prefix)
+    try:
+        cp, entries = _parse_head(memoryview(head))
+        _check_entries(entries, cp.num_tasks, body_len - _JSON_LEN.size - len(head))
+    except CheckpointError as exc:
+        raise CheckpointError(
+            f"invalid data checkpoint: {exc}; {_WHAT_TO_DO}, from an intact copy"
+        ) from None
+
+
+def decode(data: bytes | bytearray | memoryview) -> DataCheckpoint:
+    view = memoryview(data).cast("B")
+    total = _HEADER.size + _frame(view, len(view)) + _DIGEST_SIZE
+    _, version, _ = _HEADER.unpack_from(view)
     digest = hashlib.blake2b(view[: total - _DIGEST_SIZE], digest_size=_DIGEST_SIZE).digest()
     if digest != bytes(view[total - _DIGEST_SIZE :]):
         raise CheckpointError(
@@ -469,20 +573,39 @@ def _list(v: Any, what: str, length: int | None = None) -> list[Any]:
     return v
 
 
-def _parse(body: memoryview) -> DataCheckpoint:
-    """The body's fields, type-checked; their meaning is checked by `_check`."""
-    if len(body) < _JSON_LEN.size:
-        raise CheckpointError("body is shorter than its header length")
-    (head_len,) = _JSON_LEN.unpack_from(body)
-    pos = _JSON_LEN.size + head_len
-    if pos > len(body):
-        raise CheckpointError("header runs past the end of the body")
+def _depth(value: Any) -> int:
+    """How deeply a parsed JSON value nests (without recursion: it may nest thousands deep)."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        v, d = todo.pop()
+        deepest = max(deepest, d)
+        if deepest > _HEAD_DEPTH:
+            break
+        if type(v) is dict:
+            todo.extend((x, d + 1) for x in v.values())
+        elif type(v) is list:
+            todo.extend((x, d + 1) for x in v)
+    return deepest
+
+
+def _load_head(js: memoryview) -> dict[str, Any]:
     try:
-        head = json.loads(bytes(body[_JSON_LEN.size : pos]).decode("ascii"))
+        head = json.loads(bytes(js).decode("ascii"))
+    except RecursionError:
+        raise CheckpointError(f"header nests deeper than {_HEAD_DEPTH} levels") from None
     except (UnicodeDecodeError, ValueError):
         raise CheckpointError("header is not ASCII JSON") from None
     if type(head) is not dict:
         raise CheckpointError("header is not a JSON object")
+    if _depth(head) > _HEAD_DEPTH:
+        raise CheckpointError(f"header nests deeper than {_HEAD_DEPTH} levels")
+    return head
+
+
+def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, int, int]]]:
+    """The JSON header's fields, type- and range-checked (`_check`, passes aside), and its
+    pass entries (pass, tasks wholly committed, bitmap bytes, tasks partly committed)."""
+    head = _load_head(js)
     try:
         ds_head = head["dataset"]
         if type(ds_head) is not dict:
@@ -512,50 +635,92 @@ def _parse(body: memoryview) -> DataCheckpoint:
             if ds_head.get("chunk_size") is None
             else _int(ds_head["chunk_size"], "chunk size"),
         )
-        num_tasks = _int(head["num_tasks"], "num_tasks")
-        if not 0 <= num_tasks <= _MAX_TASK_ID + 1:
-            raise CheckpointError(f"num_tasks {num_tasks} is out of range")
         created = head["created"]
         if type(created) not in (int, float):
             raise CheckpointError("created is not a number")
-        passes = []
+        if type(created) is int and not 0 <= created <= _MAX_CREATED:  # float() may overflow
+            raise CheckpointError(f"created {_shown(created)} is out of range")
+        entries = []
         for entry in _list(head["passes"], "passes"):
-            pass_id, num_full, bitmap_len, num_partial = (
+            pass_id, full, bitmap_len, partial = (
                 _int(v, "pass entry field") for v in _list(entry, "pass entry", 4)
             )
-            end = pos + bitmap_len + num_partial * 12
-            if bitmap_len < 0 or num_partial < 0 or end > len(body):
-                raise CheckpointError(f"pass {pass_id}: sections run past the end of the body")
-            bitmap = _inflate(body[pos : pos + bitmap_len], num_tasks, pass_id)
-            full = _tasks(bitmap, num_tasks, pass_id)
-            if len(full) != num_full:
-                raise CheckpointError(
-                    f"pass {pass_id}: bitmap holds {len(full)} tasks, the header says {num_full}"
-                )
-            pos += bitmap_len
-            ids: array[int] = array("I")
-            ids.frombytes(body[pos : pos + 4 * num_partial])
-            pos += 4 * num_partial
-            records: array[int] = array("Q")
-            records.frombytes(body[pos : pos + 8 * num_partial])
-            pos += 8 * num_partial
-            if any(a >= b for a, b in pairwise(ids)):
-                raise CheckpointError(f"pass {pass_id}: partial task ids are not ascending")
-            passes.append(PassCommits(pass_id, full, dict(zip(ids, records, strict=True))))
-        if pos != len(body):
-            raise CheckpointError(f"{len(body) - pos} bytes in the body belong to no section")
+            entries.append((pass_id, full, bitmap_len, partial))
         seed = head.get("shuffle_seed")
-        return DataCheckpoint(
+        cp = DataCheckpoint(
             _str(head["job"], "job"),
             float(created),
             dataset,
-            num_tasks,
+            _int(head["num_tasks"], "num_tasks"),
             _int(head["floor"], "floor"),
-            tuple(passes),
+            (),
             None if seed is None else _int(seed, "shuffle seed"),
         )
     except KeyError as exc:
         raise CheckpointError(f"header lacks the field {exc}") from None
+    _check(cp)
+    return cp, entries
+
+
+def _bitmap_bound(num_tasks: int) -> int:
+    """The longest zlib stream of a bitmap of `num_tasks` bits (zlib's compressBound)."""
+    n = (num_tasks + 7) // 8
+    return n + (n >> 12) + (n >> 14) + (n >> 25) + 13
+
+
+def _check_entries(entries: list[tuple[int, int, int, int]], num_tasks: int, room: int) -> None:
+    """The sections the pass entries declare fill `room` bytes exactly, and none is longer
+    than `num_tasks` tasks allow."""
+    pos = 0
+    bound = _bitmap_bound(num_tasks)
+    for pass_id, num_full, bitmap_len, num_partial in entries:
+        if bitmap_len < 0 or num_partial < 0 or num_full < 0:
+            raise CheckpointError(f"pass {_shown(pass_id)}: a negative count or length")
+        pos += bitmap_len + num_partial * 12
+        if pos > room:
+            raise CheckpointError(f"pass {_shown(pass_id)}: sections run past the end of the body")
+        if bitmap_len > bound or num_full + num_partial > num_tasks:
+            raise CheckpointError(
+                f"pass {_shown(pass_id)}: {num_full} tasks committed whole and {num_partial} in "
+                f"part, in a bitmap of {bitmap_len} bytes: more than {num_tasks} tasks hold"
+            )
+    if pos != room:
+        raise CheckpointError(
+            f"{room - pos} bytes in the body belong to no section (a checkpoint of {num_tasks} "
+            f"tasks with {len(entries)} pass(es) of commits)"
+        )
+
+
+def _parse(body: memoryview) -> DataCheckpoint:
+    """The body's fields, type-checked; their meaning is checked by `_check`."""
+    if len(body) < _JSON_LEN.size:
+        raise CheckpointError("body is shorter than its header length")
+    (head_len,) = _JSON_LEN.unpack_from(body)
+    pos = _JSON_LEN.size + head_len
+    if pos > len(body):
+        raise CheckpointError("header runs past the end of the body")
+    head, entries = _parse_head(body[_JSON_LEN.size : pos])
+    num_tasks = head.num_tasks
+    _check_entries(entries, num_tasks, len(body) - pos)
+    passes = []
+    for pass_id, num_full, bitmap_len, num_partial in entries:
+        bitmap = _inflate(body[pos : pos + bitmap_len], num_tasks, pass_id)
+        full = _tasks(bitmap, num_tasks, pass_id)
+        if len(full) != num_full:
+            raise CheckpointError(
+                f"pass {pass_id}: bitmap holds {len(full)} tasks, the header says {num_full}"
+            )
+        pos += bitmap_len
+        ids: array[int] = array("I")
+        ids.frombytes(body[pos : pos + 4 * num_partial])
+        pos += 4 * num_partial
+        records: array[int] = array("Q")
+        records.frombytes(body[pos : pos + 8 * num_partial])
+        pos += 8 * num_partial
+        if any(a >= b for a, b in pairwise(ids)):
+            raise CheckpointError(f"pass {pass_id}: partial task ids are not ascending")
+        passes.append(PassCommits(pass_id, full, dict(zip(ids, records, strict=True))))
+    return replace(head, passes=tuple(passes))
 
 
 def _inflate(section: memoryview, num_tasks: int, pass_id: int) -> bytes:

@@ -38,6 +38,7 @@ from chunkmaster.core.model import FailedPolicy, Failure, Position
 from chunkmaster.core.quarantine import ErrorBudget, JobStop
 from chunkmaster.core.state import (
     FAILURE_HISTORY,
+    Finishers,
     MasterState,
     PassLedger,
     Pending,
@@ -51,17 +52,18 @@ if sys.byteorder != "little":  # pragma: no cover - every platform we ship for i
 
 CONTAINER_MAGIC = b"CMB1"
 #: 3: quarantined records in the ledger, the error budget and a stopped job, equal steps (a
-#: version 2 snapshot reads with none of them).
-SNAPSHOT_VERSION = 3
-#: A snapshot of a job with a shuffle seed: an older build must refuse it, not drop the seed.
-SNAPSHOT_VERSION_SHUFFLED = 4
-#: 5: sessions' ranks and world sizes, the last restore's key. Written for every snapshot: an
-#: older build refuses it rather than drop them. A version 2 to 4 snapshot reads with none.
-SNAPSHOT_VERSION_RANKS = 5
+#: version 2 snapshot reads with none of them). 4: the same with a shuffle seed, which an
+#: older build must refuse, not drop. 5: either, with who holds what (the identities of
+#: sessions and dispatches, the dispatches taken back, the finishers of each pass), the
+#: sessions' ranks and world sizes and the last restore's key: an older build must refuse it
+#: rather than let any identity resume any session (a version 2 to 4 snapshot reads with no
+#: identities, nothing taken back, no ranks).
+SNAPSHOT_VERSION = 5
+SNAPSHOT_VERSION_SHUFFLED = SNAPSHOT_VERSION
+READABLE_VERSIONS = (2, 3, 4, SNAPSHOT_VERSION)
 #: A dataset's `chunk_size` (the bound its chunks were cut at) is an optional key, read as None
 #: when absent, and needs no new version: an older build that drops it hands out the same
 #: tasks; only the data checkpoints it writes lack the size (and read as cut at 4 MiB).
-READABLE_VERSIONS = (2, SNAPSHOT_VERSION, SNAPSHOT_VERSION_SHUFFLED, SNAPSHOT_VERSION_RANKS)
 _LEN = struct.Struct("<I")
 
 
@@ -161,7 +163,9 @@ def _budget_from(v: Any) -> ErrorBudget:
 
 def encode_event(ev: Event) -> bytes:
     match ev:
-        case Dispatch(deadline=d, worker=w, request=r, session=sid):
+        case Dispatch(deadline=d, worker=w, request=r, session=sid, owner=who):
+            if who:
+                return b"D" + _dumps([d, w, r, sid, who])
             return b"D" + _dumps([d, w, r, sid] if sid else [d, w, r] if r else [d, w])
         case Finish(task_id=t, epoch=e, pass_id=p):
             return b"F" + _dumps([t, e, p])
@@ -176,9 +180,21 @@ def encode_event(ev: Event) -> bytes:
         case Resume(not_before=nb):
             return b"R" + _dumps([nb])
         case OpenSession(
-            session=sid, name=n, host=h, pid=pid, report_every=every, world_size=w, rank=r
+            session=sid,
+            name=n,
+            host=h,
+            pid=pid,
+            report_every=every,
+            owner=who,
+            world_size=w,
+            rank=r,
         ):
-            return b"O" + _dumps([sid, n, h, pid, every, w, r] if w else [sid, n, h, pid, every])
+            fields: list[Any] = [sid, n, h, pid, every]
+            if who or w:
+                fields.append(who)
+            if w:
+                fields += [w, r]
+            return b"O" + _dumps(fields)
         case EndSession(session=sid, reason=r, positions=ps, charge=charge):
             # A charging end has a tag of its own: an older build refuses it rather than
             # replaying it without the failure it counts.
@@ -215,10 +231,19 @@ def decode_event(data: bytes) -> Event:
                 str(v[1]),
                 str(v[2]) if len(v) > 2 else "",
                 str(v[3]) if len(v) > 3 else "",
+                str(v[4]) if len(v) > 4 else "",
             )
         if tag == b"O":
-            ranked = (int(v[5]), int(v[6])) if len(v) > 5 else (0, 0)
-            return OpenSession(str(v[0]), str(v[1]), str(v[2]), int(v[3]), int(v[4]), *ranked)
+            return OpenSession(
+                str(v[0]),
+                str(v[1]),
+                str(v[2]),
+                int(v[3]),
+                int(v[4]),
+                str(v[5]) if len(v) > 5 else "",
+                int(v[6]) if len(v) > 7 else 0,
+                int(v[7]) if len(v) > 7 else 0,
+            )
         if tag in (b"E", b"L"):
             return EndSession(str(v[0]), str(v[1]), _positions_from(v[2]), tag == b"L")
         if tag == b"U":
@@ -255,17 +280,32 @@ def decode_event(data: bytes) -> Event:
 
 def encode_snapshot(state: MasterState) -> bytes:
     header: dict[str, Any] = {
-        "version": SNAPSHOT_VERSION_RANKS,
+        "version": SNAPSHOT_VERSION,
         "cur_pass": state.cur_pass,
         "failure_max": state.failure_max,
         "failed_policy": state.failed_policy.value,
         "pending": [
-            [t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start]
+            [t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start, p.owner]
             for t, p in state.pending.items()
         ],
         "sessions": [
-            [sid, s.name, s.host, s.pid, s.report_every, s.consumed, s.world_size, s.rank]
+            [
+                sid,
+                s.name,
+                s.host,
+                s.pid,
+                s.report_every,
+                s.consumed,
+                s.owner,
+                s.world_size,
+                s.rank,
+            ]
             for sid, s in state.sessions.items()
+        ],
+        "taken": [[t, e, p] for (t, e), p in state.taken.items()],
+        "finishers": [
+            [p, list(fin.ids.items()), list(fin.pieces.items())]
+            for p, fin in state.finishers.items()
         ],
         "progress": list(state.progress.items()),
         "commits": [[p, list(c.items())] for p, c in state.commits.items()],
@@ -311,6 +351,8 @@ def encode_snapshot(state: MasterState) -> bytes:
         "failed": array("q", state.failed),
         "epochs": state.epochs,
     }
+    for p, fin in state.finishers.items():
+        blobs[f"finishers{p}"] = fin.tasks
     if state.dataset is not None:
         ds_header, ds_blobs = _dataset_parts(state.dataset)
         header["dataset"] = ds_header
@@ -327,9 +369,7 @@ def decode_snapshot(data: bytes) -> MasterState:
         if header["dataset"] is not None:
             st.dataset = _dataset_from(header["dataset"], blobs)
         seeded = st.dataset is not None and st.dataset.shuffle_seed is not None
-        if header["version"] < SNAPSHOT_VERSION_RANKS and seeded != (
-            header["version"] == SNAPSHOT_VERSION_SHUFFLED
-        ):
+        if header["version"] < 5 and seeded != (header["version"] == 4):
             raise CodecError("a snapshot's version and its dataset's shuffle seed disagree")
         st.cur_pass = int(header["cur_pass"])
         st.failure_max = int(header["failure_max"])
@@ -339,13 +379,20 @@ def decode_snapshot(data: bytes) -> MasterState:
         st.failed = list(blobs["failed"])
         st.epochs = blobs["epochs"]
         st.pending = {
-            int(t): Pending(int(e), float(d), str(w), str(r), str(sid), int(start))
-            for t, e, d, w, r, sid, start in header["pending"]
+            int(t): Pending(int(e), float(d), str(w), str(r), str(sid), int(start), *map(str, who))
+            for t, e, d, w, r, sid, start, *who in header["pending"]
         }
         st.sessions = {
-            str(sid): Session(str(n), str(h), int(pid), int(every), int(consumed), *map(int, more))
+            str(sid): _session_from(n, h, pid, every, consumed, more)
             for sid, n, h, pid, every, consumed, *more in header["sessions"]
         }
+        st.taken = {(int(t), int(e)): int(p) for t, e, p in header.get("taken", ())}
+        for p, ids, pieces in header.get("finishers", ()):
+            st.finishers[int(p)] = Finishers(
+                {str(name): int(n) for name, n in ids},
+                blobs[f"finishers{int(p)}"],
+                {int(u): int(n) for u, n in pieces},
+            )
         st.progress = {int(t): int(r) for t, r in header["progress"]}
         for p, commits in header["commits"]:
             c = st.commits[int(p)] = {int(t): int(r) for t, r in commits}
@@ -389,6 +436,13 @@ def decode_snapshot(data: bytes) -> MasterState:
         raise
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt snapshot: {exc}") from exc
+
+
+def _session_from(n: Any, h: Any, pid: Any, every: Any, consumed: Any, more: list[Any]) -> Session:
+    """A snapshot's session: owner, world size and rank are absent before version 5."""
+    owner = str(more[0]) if more else ""
+    world, rank = (int(more[1]), int(more[2])) if len(more) > 2 else (0, 0)
+    return Session(str(n), str(h), int(pid), int(every), int(consumed), owner, world, rank)
 
 
 def _steps_header(st: StepsState) -> dict[str, Any]:

@@ -55,6 +55,7 @@ class Dispatch:
     worker: str = ""
     request: str = ""
     session: str = ""  # the trainer session that holds the task ("" for a unary GetTask)
+    owner: str = ""  # a unary GetTask's identity (mutual TLS); a session's is the session's
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ class OpenSession:
     host: str
     pid: int
     report_every: int = 0
+    owner: str = ""  # the identity (mutual TLS certificate subject) that opened it
     world_size: int = 0  # the job's trainers, as the trainer declared them (0: not said)
     rank: int = 0  # its rank in 0 .. world_size - 1 (meaningless without a world size)
 

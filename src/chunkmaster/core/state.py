@@ -54,6 +54,8 @@ from chunkmaster.core.shuffle import pass_queue
 
 FAILURE_HISTORY = 8  # failures remembered per task; the count is kept in full
 LEDGER_PASSES = 16  # passes whose record counts are kept
+COMMIT_PASSES = steps.PIECES_KEPT  # passes back a commit may still name (late commits)
+NO_IDENTITY = 0  # a Finishers entry: not finished in the pass (or before identities were kept)
 READ_FAILURE = "read failure"  # the ledger's reason for a trainer's TaskFailed
 
 
@@ -69,6 +71,33 @@ class Pending:
     request: str = ""
     session: str = ""
     start: int = 0  # the record this dispatch started at
+    owner: str = ""  # the identity holding it (mutual TLS): the session's, or the GetTask's
+
+
+@dataclass(slots=True)
+class Finishers:
+    """Which identity (mutual TLS) finished each task and piece of one pass, for the commits
+    still to come: 4 bytes a task, kept only once a finisher had an identity."""
+
+    ids: dict[str, int]  # identity -> its number (1, 2, ...)
+    tasks: array[int]  # task -> the number of its finisher's identity; 0: not finished
+    pieces: dict[int, int] = field(default_factory=dict)  # the same, for pieces
+
+    def finisher(self, unit: int) -> str | None:
+        """The identity that finished `unit` in this pass (None: not finished in it)."""
+        n = self.tasks[unit] if unit < len(self.tasks) else self.pieces.get(unit, NO_IDENTITY)
+        if n == NO_IDENTITY:
+            return None
+        return next(name for name, k in self.ids.items() if k == n)
+
+    def note(self, unit: int, identity: str) -> None:
+        n = self.ids.get(identity)
+        if n is None:
+            n = self.ids[identity] = len(self.ids) + 1
+        if unit < len(self.tasks):
+            self.tasks[unit] = n
+        else:
+            self.pieces[unit] = n
 
 
 @dataclass(slots=True)
@@ -78,6 +107,7 @@ class Session:
     pid: int
     report_every: int = 0
     consumed: int = 0  # records it reported consumed, all passes
+    owner: str = ""  # the identity that opened it (mutual TLS): only it may resume it
     world_size: int = 0  # the job's trainers as this one declared them (0: not said)
     rank: int = 0
 
@@ -131,6 +161,12 @@ class MasterState:
     error_budget: ErrorBudget = field(default_factory=ErrorBudget)  # quarantine.py
     stopped: JobStop | None = None  # the error budget was exceeded: no more tasks
     steps: steps.StepsState = field(default_factory=steps.StepsState)  # equal steps
+    #: Dispatches taken from their holder (timeout, failure, lost or closed session), as
+    #: (task or piece, epoch) -> pass, for the last COMMIT_PASSES passes: a commit naming one
+    #: is refused, even once its pass is over or wholly committed by others.
+    taken: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: Passes not yet wholly committed (COMMIT_PASSES at most) -> who finished what in them.
+    finishers: dict[int, Finishers] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -287,9 +323,16 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
                 p.deadline = max(p.deadline, nb)
             return True
         case OpenSession(
-            session=sid, name=name, host=host, pid=pid, report_every=every, world_size=w, rank=r
+            session=sid,
+            name=name,
+            host=host,
+            pid=pid,
+            report_every=every,
+            owner=owner,
+            world_size=w,
+            rank=r,
         ):
-            state.sessions[sid] = Session(name, host, pid, every, 0, w, r)
+            state.sessions[sid] = Session(name, host, pid, every, 0, owner, w, r)
             return True
         case EndSession():
             return _end_session(state, event)
@@ -298,6 +341,8 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
         case Progress(positions=positions):
             return sum(_progress(state, pos) for pos in positions)
         case Commit(positions=positions):
+            for pos in positions:  # a committed record was consumed: no later report needed
+                _progress(state, pos)
             applied = sum(_commit(state, pos) for pos in positions)
             _close_committed_passes(state)
             return applied
@@ -330,24 +375,35 @@ def _dispatch(state: MasterState, ev: Dispatch) -> Task | None:
         piece = state.steps.pieces[task_id]
         piece.epoch = epoch = piece.epoch + 1
         start = state.progress.get(task_id, piece.start)
-    state.pending[task_id] = Pending(epoch, ev.deadline, ev.worker, ev.request, ev.session, start)
+    owner = ev.owner
+    if ev.session:
+        holder = state.sessions.get(ev.session)
+        owner = "" if holder is None else holder.owner
+    state.pending[task_id] = Pending(
+        epoch, ev.deadline, ev.worker, ev.request, ev.session, start, owner
+    )
     if ev.request:
         state.requests[ev.request] = task_id
     state.pass_ledger().dispatched += state.task_records(task_id) - start
     return state.task(task_id)
 
 
-def _leave_pending(state: MasterState, task_id: int) -> None:
+def _leave_pending(state: MasterState, task_id: int, *, taken: bool = True) -> None:
+    """The dispatch ends: finished (`taken` False), or taken from its holder, whose commits
+    naming it are refused from now on."""
     p = state.pending.pop(task_id)
     if p.request:
         state.requests.pop(p.request, None)
+    if taken:
+        state.taken[(task_id, p.epoch)] = state.cur_pass
 
 
 def _finish(state: MasterState, ev: Finish) -> bool:
     if finish_ignored(state, ev) is not None:
         return False
     _consumed(state, ev.task_id, state.task_records(ev.task_id))
-    _leave_pending(state, ev.task_id)
+    _note_finisher(state, ev.task_id, state.pending[ev.task_id].owner)
+    _leave_pending(state, ev.task_id, taken=False)
     state.progress.pop(ev.task_id, None)
     state.num_failures.pop(ev.task_id, None)
     if ev.task_id >= len(state.epochs):
@@ -415,6 +471,17 @@ def lost_reason(session: Session) -> str:
         f"{TRAINER_LOST_REASON} while reading it: {session.name} on {session.host} (pid "
         f"{session.pid}) went silent past its lease (killed? out of memory?)"
     )
+
+
+def _note_finisher(state: MasterState, unit: int, owner: str) -> None:
+    """Remember who finished `unit` in this pass, once identities are in use."""
+    fin = state.finishers.get(state.cur_pass)
+    if fin is None:
+        if not owner:
+            return
+        fin = Finishers({}, array("I", bytes(4 * state.num_tasks)))
+        state.finishers[state.cur_pass] = fin
+    fin.note(unit, owner)
 
 
 def _redispatched(state: MasterState, task_id: int, why: str) -> None:
@@ -504,11 +571,25 @@ def _return_tasks(state: MasterState, ev: ReturnTasks) -> int:
 
 
 def commit_refused(state: MasterState, pos: Position) -> str | None:
-    """Why a committed position cannot be taken (None when it can)."""
+    """Why a committed position cannot be taken (None when it can). A position must name a
+    dispatch its trainer holds now or finished: one taken from it (its lease ran out, it timed
+    out or failed) is refused, whatever happened to the task since."""
     if state.dataset is None:
         return "no dataset is set"
     if pos.pass_id > state.cur_pass:
         return f"pass {pos.pass_id} has not started (the master is in pass {state.cur_pass})"
+    lost = state.taken.get((pos.task_id, pos.epoch))
+    if lost is not None:
+        return (
+            f"task {pos.task_id} (epoch {pos.epoch}) was taken from this trainer in pass {lost} "
+            f"(its lease ran out, or it timed out or failed) and handed to another trainer; "
+            f"records this trainer consumed past its last report are delivered again"
+        )
+    if state.commit_floor <= pos.pass_id <= state.cur_pass - COMMIT_PASSES:
+        return (
+            f"pass {pos.pass_id} ended more than {COMMIT_PASSES} passes ago: who held its tasks "
+            f"is no longer known (commit at least once every {COMMIT_PASSES} passes)"
+        )
     if pos.task_id >= state.num_tasks:
         why = steps.piece_commit_refused(state, pos.task_id, pos.epoch, pos.records)
         if why is not None:
@@ -552,6 +633,7 @@ def _close_committed_passes(state: MasterState) -> None:
         state.commits.pop(f, None)
         state.full_commits.pop(f, None)
         state.pass_done.pop(f, None)
+        state.finishers.pop(f, None)
         state.commit_floor = f + 1
 
 
@@ -570,8 +652,11 @@ def _restore(state: MasterState, ev: Restore) -> bool:
         return False
     keep_failed = state.failed if state.failed_policy is FailedPolicy.KEEP else []
     kept = set(keep_failed)
+    for task_id, p in state.pending.items():  # their holders' commits must be refused
+        state.taken[(task_id, p.epoch)] = state.cur_pass
     state.sessions.clear()
     state.pending.clear()
+    state.finishers = {}
     state.requests.clear()
     state.progress = {}
     state.done = []
@@ -635,11 +720,21 @@ def _maybe_roll_over(state: MasterState) -> None:
         quarantine.note_pass_started(state)
         for old in [p for p in state.ledger if p <= state.cur_pass - LEDGER_PASSES]:
             del state.ledger[old]
+        _forget_old_holders(state)
         steps.new_pass(state)
         _start_pass(state)
         _close_committed_passes(state)
         if not state.todo and not state.done:
             return  # every task failed and is kept out: nothing to roll over to
+
+
+def _forget_old_holders(state: MasterState) -> None:
+    """Passes a commit may no longer name need no record of who held their tasks."""
+    horizon = state.cur_pass - COMMIT_PASSES
+    for old in [p for p in state.finishers if p <= horizon]:
+        del state.finishers[old]
+    if state.taken and min(state.taken.values()) <= horizon:
+        state.taken = {k: p for k, p in state.taken.items() if p > horizon}
 
 
 def committed_position(state: MasterState) -> tuple[int, tuple[tuple[int, int, int], ...]]:

@@ -22,6 +22,7 @@ DEFAULT_MERGE_LIMIT = 16 * 1024 * 1024  # a coalesced request spans at most this
 DEFAULT_BLOCK_SIZE = 256 * 1024  # read-ahead block of files opened for indexing
 
 _BUCKETED = ("s3", "s3a", "gs", "gcs", "az", "abfs", "oss")  # a path's first part: the bucket
+_UNLISTED = ("http", "https")  # no listing: fsspec would scrape a page's links for one
 _SECRET_MIN = 4  # option values shorter than this are too common to scrub from text
 
 
@@ -97,7 +98,9 @@ class FsspecStorage:
         """The filesystem serving `url`, and the path it knows the file by."""
         import fsspec  # lazy: importing fsspec and its backends costs tens of ms
 
-        protocol = url.partition("://")[0].lower()
+        protocol, sep, rest = url.partition("://")
+        protocol = protocol.lower()
+        url = protocol + sep + rest  # filesystems strip only their scheme in lower case
         try:
             cls = fsspec.get_filesystem_class(protocol)
             from_url = cls._get_kwargs_from_urls(url)  # ftp://host:port/...: host and port
@@ -120,10 +123,8 @@ class FsspecStorage:
         return fs, fs._strip_protocol(url)
 
     def _url(self, fs: Any, path: str) -> str:
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        return (
-            fs.unstrip_protocol(path) if protocol in ("file", "local") else (f"{protocol}://{path}")
-        )
+        """The URL of a path `fs` listed (an HTTP filesystem's paths are whole URLs already)."""
+        return str(fs.unstrip_protocol(path))
 
     def scrub(self, text: str) -> str:
         return scrub(text, self._options)
@@ -143,9 +144,15 @@ class FsspecStorage:
         """The files matching a URL glob (a plain URL matches itself if it is a file), sorted;
         their sizes are kept from the listing, so `size` costs no request for them."""
         fs, path = self._fs(pattern)
+        wild = any(c in path for c in "*?[")
+        if wild and pattern.partition("://")[0].lower() in _UNLISTED:
+            raise OSError(
+                f"{pattern}: HTTP has no listing (a page's links are not one): name each file, "
+                "without *, ? or ["
+            )
         try:
             fs.invalidate_cache()  # list what is there now, not what an earlier listing saw
-            if fs._strip_protocol(pattern) == path and not any(c in path for c in "*?["):
+            if not wild:
                 info = fs.info(path)
                 found = {path: info} if info.get("type") != "directory" else {}
             else:
@@ -238,9 +245,14 @@ class FsspecStorage:
         except Exception as exc:
             raise self._error(path, exc) from None
         out = [b""] * len(ranges)
-        for (start, _, members), blob in zip(live, blobs, strict=True):
+        for (start, end, members), blob in zip(live, blobs, strict=True):
             if isinstance(blob, BaseException):
                 raise self._error(path, blob)
+            if len(blob) != end - start:  # e.g. an HTTP server that sends the whole file
+                raise OSError(
+                    f"{path}: asked for the byte range {start}-{end - 1}, got {len(blob)} bytes "
+                    "(a server that ignores byte ranges cannot serve a dataset)"
+                )
             view = memoryview(blob)
             for i in members:
                 o, n = clamped[i]

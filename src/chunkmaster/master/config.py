@@ -21,6 +21,7 @@ from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.master.auth import is_loopback, read_token
+from chunkmaster.master.roots import DataRoots
 
 __all__ = [
     "ETCD_FIELDS",
@@ -114,9 +115,7 @@ def _flag(text: str) -> bool:
 
 def _roots(text: str) -> tuple[str, ...]:
     roots = tuple(part.strip() for part in text.split(",") if part.strip())
-    for root in roots:
-        if "://" in root and not root.partition("://")[2].strip("/"):
-            raise ValueError(f"{root!r} names a whole scheme: give a bucket or a prefix")
+    DataRoots(roots)  # BadRoot (a ValueError) names a root in no one spelling
     return roots
 
 
@@ -169,6 +168,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "max_inflated_bytes": parse_size,
     "restore": _optional,
     "restore_replace": _flag,
+    "restore_other_job": _flag,
     "chunks_per_task": _integer,
     "chunk_size": _chunk_size,
     "format": _optional,
@@ -220,6 +220,8 @@ class MasterConfig:
     restore: str | None = None
     #: With `restore`: replace a store that already holds state.
     restore_replace: bool = False
+    #: With `restore`: accept a checkpoint another job (`--job`) saved.
+    restore_other_job: bool = False
     chunks_per_task: int = 10
     #: The most bytes of a chunk the master cuts (JSON Lines, text, TFRecord, WebDataset);
     #: None: each format's default (formats' `chunk_size`).
@@ -282,8 +284,9 @@ class MasterConfig:
             raise ConfigError(("index_timeout",), "must be a positive duration")
         if self.max_inflated_bytes < 1:
             raise ConfigError(("max_inflated_bytes",), "must be at least 1 byte")
-        if self.restore_replace and self.restore is None:
-            raise ConfigError(("restore_replace",), "only means something with a restore file")
+        for name in ("restore_replace", "restore_other_job"):
+            if getattr(self, name) and self.restore is None:
+                raise ConfigError((name,), "only means something with a restore file")
         if self.format is not None:
             from chunkmaster.formats import FORMATS
 

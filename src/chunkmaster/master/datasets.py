@@ -19,17 +19,17 @@ import contextlib
 import glob
 import logging
 import os
-import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from chunkmaster.core.dataset import Dataset, size_text
-from chunkmaster.core.errors import DatasetError, NoDatasetError, PermissionDeniedError
+from chunkmaster.core.errors import DatasetError, NoDatasetError
 from chunkmaster.formats.remote import FsspecStorage
 from chunkmaster.formats.remote import shared as shared_storage
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
+from chunkmaster.master.roots import DataRoots, is_url
 
 if TYPE_CHECKING:
     from chunkmaster.formats.base import FileIndex
@@ -40,6 +40,7 @@ MAX_INDEX_THREADS = 32
 INDEX_TIMEOUT = 120.0  # seconds one file's chunk index may take to read
 T = TypeVar("T")
 R = TypeVar("R")
+NO_ROOTS = DataRoots()  # local paths only, anywhere; no URLs
 
 
 async def in_daemon_thread(fn: Callable[..., R], *args: Any) -> R:
@@ -143,98 +144,38 @@ def map_in_daemon_threads(
 
 
 def _expand_one(pattern: str, remote: FsspecStorage | None) -> list[str]:
-    if "://" in pattern:
+    if is_url(pattern):
         assert remote is not None
         return remote.expand(pattern)
     return sorted(m for m in glob.glob(pattern) if not os.path.isdir(m))
 
 
-def _within(path: str, root: str, sep: str) -> bool:
-    return path == root or path.startswith(root.rstrip(sep) + sep)
-
-
-def _split_url(text: str) -> tuple[str, str]:
-    """(scheme, normalised rest) of a URL; `..` and `.` segments are folded away."""
-    scheme, _, rest = text.partition("://")
-    rest = posixpath.normpath(rest) if rest else ""
-    return scheme.lower(), "" if rest == "." else rest
-
-
-def check_data_roots(globs: Sequence[str], roots: Sequence[str]) -> None:
-    """Refuse, with PermissionDeniedError naming the pattern, any pattern that reaches outside
-    every root, or uses a URL scheme no root names (without roots: any URL scheme).
-
-    Local patterns are resolved as the master would open them (relative to its working
-    directory, `..` and symlinks followed by os.path.realpath), both the pattern itself and
-    every file it matches. Without roots, local paths are not restricted.
-    """
-    local = [os.path.realpath(r) for r in roots if "://" not in r]
-    urls = [_split_url(r) for r in roots if "://" in r]
-    for pattern in globs:
-        if not isinstance(pattern, str) or not pattern:
-            continue  # expand_globs names it as a bad pattern
-        if "://" in pattern or "::" in pattern:
-            _check_url(pattern, urls)
-        elif roots:
-            _check_local(pattern, local)
-
-
-def _refuse(pattern: str, why: str) -> PermissionDeniedError:
-    return PermissionDeniedError(f"permission denied: dataset pattern {pattern!r} {why}")
-
-
-def _check_url(pattern: str, roots: list[tuple[str, str]]) -> None:
-    if not roots:
-        raise _refuse(
-            pattern,
-            "is a URL, and this master reads local paths only; start it with "
-            "--data-root SCHEME://PREFIX to allow URLs under that prefix",
-        )
-    if "::" in pattern:  # fsspec chaining would open a second URL the roots never named
-        raise _refuse(pattern, "chains URLs (::), which is not allowed")
-    scheme, rest = _split_url(pattern)
-    if not any(scheme == s and _within(rest, r, "/") for s, r in roots):
-        allowed = ", ".join(f"{s}://{r}" for s, r in roots)
-        raise _refuse(pattern, f"is outside the master's URL data roots ({allowed})")
-
-
-def _check_local(pattern: str, roots: list[str]) -> None:
-    def inside(path: str) -> bool:
-        return any(_within(path, root, os.sep) for root in roots)
-
-    if not roots:
-        raise _refuse(pattern, "is a local path, and the master's data roots are all URLs")
-    if not inside(os.path.realpath(pattern)):
-        raise _refuse(pattern, f"is outside the master's data roots ({', '.join(roots)})")
-    for match in glob.glob(pattern):
-        if not inside(os.path.realpath(match)):
-            raise _refuse(pattern, "matches a path that resolves outside the master's data roots")
-
-
-def expand_globs(globs: Sequence[str], remote: FsspecStorage | None = None) -> list[str]:
+def expand_globs(
+    globs: Sequence[str], remote: FsspecStorage | None = None, roots: DataRoots = NO_ROOTS
+) -> list[str]:
     """Matches in pattern order, sorted within a pattern, each path once. URL patterns are
-    listed through `remote` (which keeps the listed sizes)."""
+    listed through `remote` (which keeps the listed sizes). Every pattern is held to `roots`
+    before it is listed, and every file it matched after (a symlink, an object key, a link in
+    an HTTP page may lead elsewhere), before any is opened."""
     if not globs:
         raise NoDatasetError()
+    roots.check_all(globs)
     seen: dict[str, None] = {}
     for pattern in globs:
         if not isinstance(pattern, str) or not pattern:
             raise DatasetError(f"no valid dataset specified: bad pattern {pattern!r}")
-        if remote is None and "://" in pattern:
+        if remote is None and is_url(pattern):
             remote = shared_storage()
         try:
             matches = _expand_one(pattern, remote)
         except OSError as exc:
             raise DatasetError(f"no valid dataset specified: cannot list {exc}") from None
         for path in matches:
+            roots.check(path, pattern)
             seen.setdefault(path, None)
     if not seen:
         raise DatasetError(f"no valid dataset specified: nothing matches {list(globs)}")
     return list(seen)
-
-
-def is_url(pattern: str) -> bool:
-    return "://" in pattern
 
 
 def absolute_path(path: str) -> str:
@@ -244,12 +185,14 @@ def absolute_path(path: str) -> str:
 
 
 def absolute_pattern(pattern: str) -> str:
-    """A pattern as the master reads it: a URL with its scheme in lower case and `.`/`..`
-    folded; a local path absolute (a relative one in the master's working directory), `.`,
-    `..` and doubled slashes folded. Two spellings of one pattern give the same text."""
+    """A pattern as the master reads it: a URL with its scheme in lower case (nothing else:
+    an object store reads `.`, `..` and doubled slashes as part of a key, and the data roots
+    refuse them, master/roots.py); a local path absolute (a relative one in the master's
+    working directory), `.`, `..` and doubled slashes folded. Two spellings of one pattern
+    give the same text."""
     if is_url(pattern):
-        scheme, rest = _split_url(pattern)
-        return f"{scheme}://{rest}"
+        scheme, _, rest = pattern.partition("://")
+        return f"{scheme.lower()}://{rest}"
     return os.path.abspath(pattern)
 
 
@@ -283,15 +226,21 @@ def _patterns_text(globs: Sequence[str]) -> str:
 
 
 def dataset_mismatch(
-    dataset: Dataset, globs: Sequence[str], storage_options: Mapping[str, Any] | None = None
+    dataset: Dataset,
+    globs: Sequence[str],
+    storage_options: Mapping[str, Any] | None = None,
+    roots: DataRoots = NO_ROOTS,
 ) -> str | None:
     """None if `globs` name `dataset`: the same patterns (same_patterns), or patterns that
     match exactly its files (symlinks resolved); else why not, naming both, in one line.
-    Lists the patterns' files when they differ from the dataset's (a file system access)."""
+    Lists the patterns' files when they differ from the dataset's (a file system access),
+    held to `roots` as any dataset's (PermissionDeniedError)."""
     if same_patterns(dataset.globs, globs):
         return None
     try:
-        files = expand_globs([absolute_path(g) for g in globs], shared_storage(storage_options))
+        files = expand_globs(
+            [absolute_path(g) for g in globs], shared_storage(storage_options), roots
+        )
     except DatasetError as exc:
         theirs = f"matches no dataset: {str(exc).removeprefix('no valid dataset specified: ')}"
     else:
@@ -365,6 +314,7 @@ def load_dataset(
     storage_options: Mapping[str, Any] | None = None,
     chunk_size: int | None = None,
     max_inflated: int = DEFAULT_MAX_INFLATED,
+    roots: DataRoots = NO_ROOTS,
 ) -> Dataset:
     """Expand `globs` and read every file's chunk index (headers or footers only), in
     parallel; a file whose index takes longer than `file_timeout` seconds (a hung file system)
@@ -374,7 +324,8 @@ def load_dataset(
     default). A compressed file that would inflate to more than `max_inflated` bytes is
     refused, naming it (its records are counted as it is inflated, never held whole where the
     format allows). Local patterns are kept absolute (absolute_pattern), so the dataset's files
-    are too, whatever the trainers' working directories."""
+    are too, whatever the trainers' working directories. Patterns and the files they match
+    must lie under `roots` (default: none, so local paths only)."""
     from chunkmaster.formats import FormatError, get_format, suffix_format
     from chunkmaster.formats.storage import storage_for
     from chunkmaster.recordio import RecordIOError
@@ -384,7 +335,7 @@ def load_dataset(
         log.warning("dataset: %s", note)
     globs = [absolute_path(g) if isinstance(g, str) and g else g for g in globs]
     remote = shared_storage(storage_options)
-    files = expand_globs(globs, remote)
+    files = expand_globs(globs, remote, roots)
     fmt = choose_format(files, fmt)
     form = get_format(fmt)
     bound = chunk_size_for(fmt, chunk_size)
@@ -403,12 +354,12 @@ def load_dataset(
             )
             raise DatasetError(f"no valid dataset specified: {exc}{guessed}") from exc
         except OSError as exc:
-            why = remote.scrub(str(exc)) if "://" in path else str(exc)
+            why = remote.scrub(str(exc)) if is_url(path) else str(exc)
             raise DatasetError(f"no valid dataset specified: cannot read {path}: {why}") from None
         except ValueError as exc:
             raise DatasetError(f"no valid dataset specified: {exc}") from exc
         except Exception as exc:  # an object store client's own error
-            if "://" not in path:
+            if not is_url(path):
                 raise
             why = remote.scrub(str(exc)) or type(exc).__name__
             raise DatasetError(f"no valid dataset specified: cannot read {path}: {why}") from None

@@ -1,44 +1,85 @@
-"""Which authenticated identity holds each unary dispatch, so that under mutual TLS a trainer
-cannot finish or fail a task handed to another trainer's certificate.
+"""Who may report on a task: its holder only (docs/security.md, docs/sessions.md).
 
-Held in the master process, like the session owners (`stream.SessionOwners`): after a restart
-or a failover the binding is empty and any identity may report a task pending then. Without
-mutual TLS there is no identity and nothing is checked (the token is shared by the whole job).
+A session reports (finishes, failures, progress, commits) only on the tasks it holds or
+finished, whatever TLS says. A trainer without a session reports only on tasks handed out by
+unary GetTask, and under mutual TLS only on those handed to its own certificate; a task a
+session holds is reported over that session's stream only. Under mutual TLS a session belongs
+to the certificate that opened it.
+
+Each check reads the state only: the identities are journaled with the sessions and the
+dispatches (`OpenSession.owner`, `Dispatch.owner`), so they hold across restarts and
+failovers. Each returns why a report is refused (PERMISSION_DENIED), or None.
 """
 
 from __future__ import annotations
 
-from chunkmaster.core.errors import PermissionDeniedError
+from chunkmaster.core.model import Position
 from chunkmaster.core.state import MasterState
-from chunkmaster.master.stream import SessionOwners
 
 
-class TaskOwners:
-    def __init__(self) -> None:
-        self._owner: dict[int, tuple[int, str]] = {}  # task -> (epoch, identity); O(tasks)
+def resume_refused(state: MasterState, session_id: str, identity: str | None) -> str | None:
+    """A Hello resuming `session_id` from `identity` (None: no mutual TLS)."""
+    s = state.sessions.get(session_id)
+    if s is None or identity is None or not s.owner or s.owner == identity:
+        return None
+    return (
+        f"permission denied: session {session_id} belongs to another trainer's certificate; "
+        "open a new session"
+    )
 
-    def record(self, task_id: int, epoch: int, identity: str) -> None:
-        self._owner[task_id] = (epoch, identity)
 
-    def check(
-        self,
-        state: MasterState,
-        sessions: SessionOwners,
-        task_id: int,
-        epoch: int,
-        identity: str,
-    ) -> None:
-        """Refuse a report on a pending dispatch that went to another identity."""
-        p = state.pending.get(task_id)
-        if p is None or (epoch and epoch != p.epoch):
-            return  # the state ignores it anyway, and says why
-        if p.session:
-            owner = sessions.owner(p.session)
-        else:
-            held = self._owner.get(task_id)
-            owner = held[1] if held is not None and held[0] == p.epoch else None
-        if owner is not None and owner != identity:
-            raise PermissionDeniedError(
-                f"permission denied: task {task_id} (epoch {p.epoch}) was handed to another "
-                "trainer's certificate"
+def session_report_refused(state: MasterState, session: str, task_id: int) -> str | None:
+    """A finish, failure or progress report of `session` on `task_id`, whatever its epoch: a
+    session reports only its own tasks."""
+    p = state.pending.get(task_id)
+    if p is None or p.session == session:
+        return None  # not pending: the state ignores the report
+    holder = "another trainer's session" if p.session else "a trainer without a session"
+    return (
+        f"permission denied: task {task_id} is held by {holder} (epoch {p.epoch}); a session "
+        "reports only its own tasks"
+    )
+
+
+def unary_report_refused(state: MasterState, task_id: int, identity: str | None) -> str | None:
+    """A TaskFinished or TaskFailed on `task_id` from `identity` (None: no mutual TLS), whatever
+    its epoch: an older epoch completes a task too, so it is no way around the holder."""
+    p = state.pending.get(task_id)
+    if p is None:
+        return None
+    if p.session:
+        return (
+            f"permission denied: task {task_id} is held by a trainer session (epoch {p.epoch}); "
+            "only that session reports it, over its stream"
+        )
+    if identity is not None and p.owner and p.owner != identity:
+        return (
+            f"permission denied: task {task_id} (epoch {p.epoch}) was handed to another "
+            "trainer's certificate"
+        )
+    return None
+
+
+def commit_position_refused(
+    state: MasterState, pos: Position, session: str, identity: str | None
+) -> str | None:
+    """A commit position of `session` naming a dispatch another trainer holds now or (under
+    mutual TLS) a task another certificate finished. A dispatch that is no longer its
+    holder's is the state's to refuse (`commit_refused`: CheckpointRefusedError)."""
+    p = state.pending.get(pos.task_id)
+    if pos.pass_id == state.cur_pass and p is not None:
+        if p.epoch == pos.epoch and p.session != session:
+            return (
+                f"permission denied: commit refused: task {pos.task_id} (epoch {pos.epoch}) "
+                "is held by another trainer"
             )
+        return None
+    fin = state.finishers.get(pos.pass_id)
+    if identity is None or fin is None:
+        return None
+    if fin.finisher(pos.task_id) != identity:
+        return (
+            f"permission denied: commit refused: task {pos.task_id} of pass {pos.pass_id} was "
+            "not finished by this trainer's certificate"
+        )
+    return None

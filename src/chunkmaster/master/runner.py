@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chunkmaster.master.auth import is_loopback, server_credentials, server_ssl_context
+from chunkmaster.master.checkpoint_file import read_checkpoint
 from chunkmaster.master.config import MasterConfig
 from chunkmaster.master.leadership import Leadership
 from chunkmaster.master.metrics import MAX_HTTP_CLIENTS, RpcMetrics, start_metrics
@@ -76,15 +77,6 @@ def connection_limit(open_files: int) -> int:
     """RPC connections served at once under an open-file limit: a flood of connections then
     never leaves the master without a descriptor to accept, write or answer with."""
     return max(open_files // 2, open_files - RESERVED_FDS)
-
-
-def _read_checkpoint(path: str) -> bytes:
-    from chunkmaster.core.checkpoint import CheckpointError
-
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"cannot read the data checkpoint {path}: {exc.strerror}") from None
 
 
 def default_store_path(job: str) -> Path:
@@ -198,11 +190,16 @@ async def _serve(
         job=config.job or "default",
         storage_options=config.storage_options,
         shuffle_seed=config.shuffle_seed,
+        data_roots=config.data_roots,
     )
     try:
         await service.start()
         if config.restore is not None:
-            await service.restore(_read_checkpoint(config.restore), replace=config.restore_replace)
+            await service.restore(
+                read_checkpoint(config.restore),
+                replace=config.restore_replace,
+                other_job=config.restore_other_job,
+            )
     except Exception:
         await service.close()
         raise
@@ -227,7 +224,6 @@ async def _serve(
         interceptors=() if metrics is None else (RpcMetrics(metrics),),
         credentials=credentials,
         token=config.token,
-        data_roots=config.data_roots,
         max_connections=max_connections,
     )
     await server.start()

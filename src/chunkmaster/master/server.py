@@ -15,10 +15,8 @@ from chunkmaster.core.checkpoint import CheckpointError
 from chunkmaster.core.errors import CheckpointRefusedError, InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.auth import TokenInterceptor, peer_identity
-from chunkmaster.master.datasets import check_data_roots, in_daemon_thread
-from chunkmaster.master.owners import TaskOwners
 from chunkmaster.master.service import Service
-from chunkmaster.master.stream import Malformed, SessionConversation, SessionOwners
+from chunkmaster.master.stream import Malformed, SessionConversation
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc
 from chunkmaster.rpc.wire import ERROR_KEY, status_code_of, task_to_pb, tidy_request
@@ -108,27 +106,12 @@ def _master_handler(servicer: MasterServicer) -> grpc.GenericRpcHandler[Any, Any
 
 
 class MasterServicer(pb_grpc.MasterServicer):
-    def __init__(self, service: Service, data_roots: Sequence[str] = ()) -> None:
+    def __init__(self, service: Service) -> None:
         self.service = service
-        self.data_roots = tuple(data_roots)
-        self.owners = SessionOwners()
-        self.task_owners = TaskOwners()
-
-    def _check_reporter(self, context: Any, task_id: int, epoch: int) -> None:
-        identity = peer_identity(context)
-        if identity is not None:
-            state = self.service.ledger.state
-            self.task_owners.check(state, self.owners, task_id, epoch, identity)
 
     async def SetDataset(self, request: Any, context: Any) -> Any:
         globs = list(request.globs)
-
-        async def set_dataset() -> None:
-            # In a thread: checking a pattern globs the file system, which may be slow.
-            await in_daemon_thread(check_data_roots, globs, self.data_roots)
-            await self.service.set_dataset(globs)
-
-        await _answer(context, set_dataset)
+        await _answer(context, lambda: self.service.set_dataset(globs))
         return pb.SetDatasetResponse()
 
     async def GetTask(self, request: Any, context: Any) -> Any:
@@ -137,34 +120,38 @@ class MasterServicer(pb_grpc.MasterServicer):
         if remaining is not None:  # answer before the caller's own deadline expires
             wait = min(wait, max(0.0, remaining - 0.25))
         worker = request.worker or context.peer()
+        owner = peer_identity(context) or ""  # journaled with the dispatch
         task = await _answer(
             context,
             lambda: self.service.get_task(
-                request.pass_id, wait=wait, worker=worker, request_id=request.request_id
+                request.pass_id,
+                wait=wait,
+                worker=worker,
+                request_id=request.request_id,
+                owner=owner,
             ),
         )
-        identity = peer_identity(context)
-        if identity is not None:
-            self.task_owners.record(task.meta.id, task.meta.epoch, identity)
         return pb.GetTaskResponse(task=task_to_pb(task))
 
     async def TaskFinished(self, request: Any, context: Any) -> Any:
-        async def finish() -> bool:
-            self._check_reporter(context, request.task_id, request.epoch)
-            return await self.service.task_finished(
-                request.task_id, epoch=request.epoch, pass_id=request.pass_id
-            )
-
-        return pb.TaskReportResponse(applied=await _answer(context, finish))
+        applied = await _answer(
+            context,
+            lambda: self.service.task_finished(
+                request.task_id,
+                epoch=request.epoch,
+                pass_id=request.pass_id,
+                identity=peer_identity(context),
+            ),
+        )
+        return pb.TaskReportResponse(applied=applied)
 
     async def TaskFailed(self, request: Any, context: Any) -> Any:
         meta = TaskMeta(request.meta.id, request.meta.epoch)
-
-        async def fail() -> bool:
-            self._check_reporter(context, meta.id, meta.epoch)
-            return await self.service.task_failed(meta, request.reason)
-
-        return pb.TaskReportResponse(applied=await _answer(context, fail))
+        applied = await _answer(
+            context,
+            lambda: self.service.task_failed(meta, request.reason, identity=peer_identity(context)),
+        )
+        return pb.TaskReportResponse(applied=applied)
 
     async def RequestSaveModel(self, request: Any, context: Any) -> Any:
         approved = await _answer(
@@ -196,9 +183,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.RestoreResponse(applied=applied, pass_id=self.service.ledger.state.cur_pass)
 
     async def Session(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        conversation = SessionConversation(
-            self.service, context.peer(), peer_identity(context), self.owners
-        )
+        conversation = SessionConversation(self.service, context.peer(), peer_identity(context))
         async for response in conversation.run(request_iterator):
             yield response
 
@@ -208,10 +193,10 @@ class MasterServer:
 
     `interceptors`: run before the token check (e.g. metrics, which then count refusals);
     `credentials`: serve over TLS (`chunkmaster.master.auth.server_credentials`); `token`:
-    every Master call must carry it; `data_roots`: where datasets may lie
-    (`chunkmaster.master.datasets.check_data_roots`); `max_connections`: connections served
-    at once (gRPC accepts and closes those beyond at once, so a flood cannot take every file
-    descriptor: `runner.connection_limit`).
+    every Master call must carry it; `max_connections`: connections served at once (gRPC
+    accepts and closes those beyond at once, so a flood cannot take every file descriptor:
+    `runner.connection_limit`). Where datasets may lie is the Service's to say (`data_roots`),
+    for every way a dataset reaches it.
     """
 
     def __init__(
@@ -223,7 +208,6 @@ class MasterServer:
         interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] = (),
         credentials: grpc.ServerCredentials | None = None,
         token: str | None = None,
-        data_roots: Sequence[str] = (),
         max_connections: int | None = None,
     ) -> None:
         self.service = service
@@ -241,7 +225,7 @@ class MasterServer:
             interceptors=[*interceptors, *([] if token is None else [TokenInterceptor(token)])],
             options=options,
         )
-        servicer = MasterServicer(service, data_roots)
+        servicer = MasterServicer(service)
         self.server.add_generic_rpc_handlers((_master_handler(servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         where = f"{_bracket(host)}:{port}"

@@ -27,6 +27,7 @@ from chunkmaster.core.errors import (
     NoMoreAvailableError,
     NotReadyError,
     PassAfterError,
+    PermissionDeniedError,
     RanksMissingError,
     SessionExpiredError,
     TrainerIdEmptyError,
@@ -62,6 +63,7 @@ from chunkmaster.core.quarantine import ErrorBudget, budget_limit, describe
 from chunkmaster.core.shuffle import ShuffleSeedError, check_seed
 from chunkmaster.core.state import (
     Availability,
+    MasterState,
     check_get_task,
     commit_refused,
     committed_position,
@@ -87,6 +89,13 @@ from chunkmaster.master.datasets import (
 )
 from chunkmaster.master.leases import DataWait, LeaseKeeper
 from chunkmaster.master.ledger import Ledger
+from chunkmaster.master.owners import (
+    commit_position_refused,
+    resume_refused,
+    session_report_refused,
+    unary_report_refused,
+)
+from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.timeouts import TimeoutScheduler
 from chunkmaster.store.base import Store
 
@@ -124,6 +133,7 @@ class Service:
         shuffle_seed: int | None = None,
         rank_wait: float = RANK_WAIT,
         chunk_size: int | None = None,
+        data_roots: Sequence[str] = (),
     ) -> None:
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1 byte, not {chunk_size}")
@@ -144,6 +154,7 @@ class Service:
         self.max_inflated = check_limit(max_inflated)  # what indexing may decompress a file to
         self.dataset_format = dataset_format  # None: each dataset's by its files' names
         self.storage_options = dict(storage_options or {})  # may hold credentials: never logged
+        self.data_roots = DataRoots(data_roots)  # where datasets may lie (docs/security.md)
         self.chunks_per_task = chunks_per_task
         self.chunk_size = chunk_size  # None: each format's default (formats' chunk_size)
         self.timeout_dur = float(timeout_dur)
@@ -303,12 +314,14 @@ class Service:
     async def set_dataset(self, globs: Sequence[str]) -> None:
         """The first dataset wins; a later call with the same dataset (the same patterns
         however spelled, or patterns matching exactly its files) succeeds and changes nothing,
-        one with another dataset is refused with DatasetMismatchError naming both. A restored
-        data checkpoint's dataset is the master's like any other."""
+        one with another dataset is refused with DatasetMismatchError naming both. Patterns
+        outside the data roots are refused first (PermissionDeniedError). A restored data
+        checkpoint's dataset is the master's like any other."""
         self._check_started()
         globs = list(globs)
         if not globs:  # checked before "already set", as the original does
             raise NoDatasetError()
+        await in_daemon_thread(self.data_roots.check_all, globs)  # realpath may touch the disk
         while self.ledger.state.dataset is None:
             loading = self._loading
             if loading is None or loading.done():
@@ -324,7 +337,9 @@ class Service:
         assert ds is not None
         if same_patterns(ds.globs, globs):
             return
-        why = await in_daemon_thread(dataset_mismatch, ds, globs, self.storage_options)
+        why = await in_daemon_thread(
+            dataset_mismatch, ds, globs, self.storage_options, self.data_roots
+        )
         if why is not None:
             log.warning("set_dataset refused: %s", why)
             raise DatasetMismatchError(why)
@@ -340,6 +355,7 @@ class Service:
             self.storage_options,
             self.chunk_size,
             self.max_inflated,
+            self.data_roots,
         )
         if self.ledger.state.dataset is None:
             await self.ledger.commit(SetDataset(dataset.with_shuffle(self.shuffle_seed)))
@@ -353,16 +369,24 @@ class Service:
         worker: str = "",
         request_id: str = "",
         session: str = "",
+        owner: str = "",
     ) -> Task:
         """The next task of `pass_id`, waiting up to `wait` seconds for one to be free.
 
         Raises PassBeforeError and AllTaskFailedError at once; PassAfterError,
         NoMoreAvailableError and NotReadyError only when `wait` has passed (a pass may roll
         over, a task come back, a dataset arrive meanwhile). A retry with the `request_id` of
-        a call whose answer was lost gets the same task again.
+        a call whose answer was lost gets the same task again. `owner`: the identity of a
+        unary caller (mutual TLS), the only one that may report the task.
         """
         tasks = await self.get_tasks(
-            pass_id, 1, wait=wait, worker=worker, request_id=request_id, session=session
+            pass_id,
+            1,
+            wait=wait,
+            worker=worker,
+            request_id=request_id,
+            session=session,
+            owner=owner,
         )
         return tasks[0]
 
@@ -375,17 +399,18 @@ class Service:
         worker: str = "",
         request_id: str = "",
         session: str = "",
+        owner: str = "",
     ) -> list[Task]:
         """Up to `count` tasks of `pass_id`: the first as `get_task` gives it, the others only
         if free at once. One round trip and one durable write for them all, which is what
         lets a trainer that prefetches several tasks outrun one request per task. The i-th
         task's request ID is `request_id#i`, so a retry gets the same tasks back."""
-        task, durable = await self._take(pass_id, wait, worker, request_id, session)
+        task, durable = await self._take(pass_id, wait, worker, request_id, session, owner)
         tasks, writes = [task], [durable]
         while len(tasks) < count:
             rid = f"{request_id}#{len(tasks)}" if request_id else ""
             st = self.ledger.state
-            if rid and (held := st.requests.get(rid)) is not None:
+            if rid and (held := _repeated(st, rid, session, owner)) is not None:
                 tasks.append(st.task(held))
                 continue
             if not self.ledger.available:
@@ -395,7 +420,7 @@ class Service:
                     break
             except MasterError:  # the pass is over or cannot go on: the first ones stand
                 break
-            more, written = self._submit_dispatch(worker, rid, session)
+            more, written = self._submit_dispatch(worker, rid, session, owner)
             writes.append(written)
             if more is None:
                 break
@@ -405,7 +430,7 @@ class Service:
         return tasks
 
     async def _take(
-        self, pass_id: int, wait: float, worker: str, request_id: str, session: str
+        self, pass_id: int, wait: float, worker: str, request_id: str, session: str, owner: str
     ) -> tuple[Task, Awaitable[None]]:
         """get_task's work, but the dispatch's durability is left to the caller to await."""
         self._check_started()
@@ -416,7 +441,7 @@ class Service:
             if not self.ledger.available:
                 raise UnavailableError(f"master cannot persist changes: {self.ledger.error}")
             st = self.ledger.state
-            if request_id and (held := st.requests.get(request_id)) is not None:
+            if request_id and (held := _repeated(st, request_id, session, owner)) is not None:
                 return st.task(held), _DONE
             try:
                 avail = check_get_task(st, pass_id, session)
@@ -427,7 +452,7 @@ class Service:
             if avail is Availability.DISPATCH:
                 if session and session not in st.sessions:
                     raise SessionExpiredError()
-                task, durable = self._submit_dispatch(worker, request_id, session)
+                task, durable = self._submit_dispatch(worker, request_id, session, owner)
                 if task is not None:
                     return task, durable
                 await durable
@@ -468,26 +493,31 @@ class Service:
             )
 
     def _submit_dispatch(
-        self, worker: str, request_id: str, session: str = ""
+        self, worker: str, request_id: str, session: str = "", owner: str = ""
     ) -> tuple[Task | None, Awaitable[None]]:
         """Dispatch the head of Todo (None: equal steps leave nothing for this trainer).
         Applied and its timer armed before any yield: a caller that goes away while the
         dispatch is made durable must not leave the task pending without a timer (it would
         never come back); a failed write resets the timers anyway."""
         deadline = self._clock() + self.timeout_dur
-        task, durable = self.ledger.submit(Dispatch(deadline, worker, request_id, session))
+        task, durable = self.ledger.submit(Dispatch(deadline, worker, request_id, session, owner))
         if task is None:
             return None, durable
         assert isinstance(task, Task)
         self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
         return task, durable
 
-    async def task_finished(self, task_id: int, *, epoch: int = 0, pass_id: int = -1) -> bool:
-        """Complete a pending task; a report about anything else is answered, harmlessly."""
+    async def task_finished(
+        self, task_id: int, *, epoch: int = 0, pass_id: int = -1, identity: str | None = None
+    ) -> bool:
+        """Complete a pending task; a report about anything else is answered, harmlessly.
+        A unary report (`identity`: the caller's certificate under mutual TLS, else None) on a
+        task a session or another certificate holds is refused (PermissionDeniedError)."""
         self._check_started()
         _check(task_id >= 0, f"task_id {task_id} is negative")
         _check(epoch >= 0, f"epoch {epoch} is negative")
         _check(pass_id >= -1, f"pass_id {pass_id} is neither a pass nor -1 (any pass)")
+        _deny(unary_report_refused(self.ledger.state, task_id, identity))
         ev = Finish(task_id, epoch, pass_id)
         why = finish_ignored(self.ledger.state, ev)
         if why is not None:
@@ -501,8 +531,13 @@ class Service:
             return False
         return bool(await self.ledger.commit(ev))
 
-    async def task_failed(self, meta: TaskMeta, reason: str = "") -> bool:
-        """A trainer could not process a task; its reason stays visible in status."""
+    async def task_failed(
+        self, meta: TaskMeta, reason: str = "", *, identity: str | None = None
+    ) -> bool:
+        """A trainer could not process a task; its reason stays visible in status. Refused as
+        `task_finished` is on a task another holds."""
+        self._check_started()
+        _deny(unary_report_refused(self.ledger.state, meta.id, identity))
         return bool(await self.submit_failure(meta, reason))
 
     async def _expire(self, task_id: int, epoch: int) -> None:
@@ -561,9 +596,12 @@ class Service:
         report_every: int,
         world_size: int = 0,
         rank: int = 0,
+        identity: str | None = None,
     ) -> str:
         """Resume `session_id` with a fresh lease, or open a new session (empty id) for a
-        trainer that may say its `rank` among `world_size` trainers (0: not said)."""
+        trainer that may say its `rank` among `world_size` trainers (0: not said). Under
+        mutual TLS (`identity`) a session belongs to the certificate that opened it: the
+        binding is journaled, so no other certificate resumes it, before or after a restart."""
         self._check_started()
         _check(0 <= pid <= MAX_INT, f"pid {pid} is out of range")
         _check(0 <= report_every <= MAX_INT, f"report_every {report_every} is out of range")
@@ -573,6 +611,8 @@ class Service:
             f"rank {rank} is not in 0..{world_size - 1} (world size {world_size})",
         )
         if session_id:
+            # Refused before the lease is renewed: another certificate keeps no session alive.
+            _deny(resume_refused(self.ledger.state, session_id, identity))
             self.touch(session_id)
             return session_id
         sid = uuid.uuid4().hex
@@ -580,7 +620,16 @@ class Service:
         # write is in flight cancels this call, and its session must still end (a failed
         # write rebuilds the state, and the leases with it).
         _, durable = self.ledger.submit(
-            OpenSession(sid, name, host, pid, report_every, world_size, rank if world_size else 0)
+            OpenSession(
+                sid,
+                name,
+                host,
+                pid,
+                report_every,
+                identity or "",
+                world_size,
+                rank if world_size else 0,
+            )
         )
         self.leases.renew(sid)
         await durable
@@ -611,20 +660,35 @@ class Service:
         if lease is not None and all(math.isfinite(v) and v >= 0 for v in values):
             lease.data_wait = wait
 
-    def report_progress(self, session: str, positions: Iterable[Position]) -> None:
-        """Record how far the session's trainer got; nobody waits for it to be durable."""
-        ps = self._own(session, positions)
-        if ps and self.ledger.available:
-            _, durable = self.ledger.submit(Progress(ps))
+    def report_progress(self, session: str, positions: Iterable[Position]) -> int:
+        """Record how far the session's trainer got; nobody waits for it to be durable. How
+        many positions moved; positions on tasks another trainer holds change nothing and
+        raise PermissionDeniedError naming them, once the session's own are recorded."""
+        ps = list(positions)
+        own = self._own(session, ps)
+        applied = 0
+        if own and self.ledger.available:
+            result, durable = self.ledger.submit(Progress(own))
+            assert isinstance(result, int)
+            applied = result
             started(durable)
+        st = self.ledger.state
+        _deny(*(session_report_refused(st, session, pos.task_id) for pos in ps))
+        return applied
 
     def submit_finishes(self, session: str, positions: Iterable[Position]) -> Awaitable[int]:
-        """Finish each task (as TaskFinished would), in order; awaitable: how many applied."""
+        """Finish each task (as TaskFinished would), in order; awaitable: how many applied.
+        All or none: a finish on a task another trainer holds refuses them all
+        (PermissionDeniedError naming it), and nothing changes."""
         self._check_started()
+        ps = list(positions)
+        for pos in ps:
+            _check_position(pos)
+        st = self.ledger.state
+        _deny(*(session_report_refused(st, session, pos.task_id) for pos in ps))
         applied = 0
         durable: Awaitable[None] | None = None
-        for pos in positions:
-            _check_position(pos)
+        for pos in ps:
             ev = Finish(pos.task_id, pos.epoch, pos.pass_id)
             why = finish_ignored(self.ledger.state, ev)
             if why is not None:
@@ -634,10 +698,15 @@ class Service:
             applied += 1
         return _after(durable, applied)
 
-    def submit_failure(self, meta: TaskMeta, reason: str) -> Awaitable[int]:
+    def submit_failure(
+        self, meta: TaskMeta, reason: str, session: str | None = None
+    ) -> Awaitable[int]:
+        """Fail a dispatch; over a `session`, only one of that session's own."""
         self._check_started()
         _check(meta.id >= 0, f"task id {meta.id} is negative")
         _check(meta.epoch >= 0, f"epoch {meta.epoch} is negative")
+        if session is not None:
+            _deny(session_report_refused(self.ledger.state, session, meta.id))
         ev = Fail(meta.id, meta.epoch, reason or "failed (no reason given)")
         why = fail_ignored(self.ledger.state, ev)
         if why is not None:
@@ -647,15 +716,22 @@ class Service:
         self._log_failure(meta.id, ev.reason)
         return _after(durable, 1)
 
-    def submit_commit(self, positions: Iterable[Position]) -> Awaitable[int]:
-        """Commit the positions, all or none: a position that cannot be taken refuses the
-        whole commit with CheckpointRefusedError naming it."""
+    def submit_commit(
+        self, positions: Iterable[Position], session: str = "", identity: str | None = None
+    ) -> Awaitable[int]:
+        """Commit the positions of `session` (`identity`: its certificate under mutual TLS),
+        all or none: a position naming a dispatch another trainer holds or (under mutual
+        TLS) a task another certificate finished refuses the whole commit with
+        PermissionDeniedError, one naming a dispatch no longer this trainer's with
+        CheckpointRefusedError, each naming the task."""
         self._check_started()
         st = self.ledger.state
         ps = tuple(positions)
-        problems = []
         for pos in ps:
             _check_position(pos)
+        _deny(*(commit_position_refused(st, pos, session, identity) for pos in ps))
+        problems = []
+        for pos in ps:
             why = commit_refused(st, pos)
             if why is not None:
                 problems.append(f"task {pos.task_id} of pass {pos.pass_id}: {why}")
@@ -758,16 +834,20 @@ class Service:
         )
         return checkpoint.encode(cp)
 
-    async def restore(self, blob: bytes, *, replace: bool = False, key: str = "") -> bool:
-        """Go to a data checkpoint's position. Raises CheckpointError (a bad blob, changed
-        files, a store that holds a job) naming the problem.
+    async def restore(
+        self, blob: bytes, *, replace: bool = False, other_job: bool = False, key: str = ""
+    ) -> bool:
+        """Go to a data checkpoint's position. Raises CheckpointError (a bad blob, another
+        job's unless `other_job`, changed files, a store that holds a job) or the dataset's
+        errors, naming the problem.
 
         Without `key` (`chunkmaster master --restore`): on an empty store, or over the job it
-        holds with `replace`, index the checkpoint's dataset again, check it is unchanged, and
-        start from its position; False if this state was started from it already. With `key`
-        (the Restore RPC: a training job restarted from its model checkpoint): on the running
-        job, whose dataset must be the checkpoint's; every session ends. False if this key
-        restored the job already (each rank of one restart asks)."""
+        holds with `replace`, index the checkpoint's dataset again (held to the data roots, as
+        any dataset), check it is unchanged, and start from its position; False if this state
+        was started from it already. With `key` (the Restore RPC: a training job restarted
+        from its model checkpoint): on the running job, whose dataset must be the
+        checkpoint's; every session ends. False if this key restored the job already (each
+        rank of one restart asks)."""
         self._check_started()
         cp = checkpoint.decode(blob)
         source = hashlib.blake2b(blob, digest_size=16).hexdigest()
@@ -777,6 +857,12 @@ class Service:
         if st.restored_from == source:
             log.info("the state was started from this data checkpoint already; going on")
             return False
+        if cp.job != self.job and not other_job:
+            raise checkpoint.CheckpointError(
+                f"the data checkpoint is of the job {cp.job!r} and this master runs the job "
+                f"{self.job!r}; start it with --job {cp.job}, or with --restore-other-job to "
+                "restore another job's position"
+            )
         if st.dataset is not None and not replace:
             raise checkpoint.CheckpointError(
                 f"the store already holds a job (pass {st.cur_pass}, dataset "
@@ -798,6 +884,7 @@ class Service:
             self.storage_options,
             self.chunk_size,
             self.max_inflated,
+            self.data_roots,
         )
         dataset = dataset.with_shuffle(self.shuffle_seed)
         checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
@@ -835,6 +922,12 @@ class Service:
                 "the master has no dataset yet: start it with --restore FILE to begin a job "
                 "from a data checkpoint"
             )
+        if cp.job != self.job:
+            raise checkpoint.CheckpointError(
+                f"the data checkpoint is of the job {cp.job!r} and this master runs the job "
+                f"{self.job!r}: a running job goes back only to a checkpoint of its own"
+            )
+        cp = checkpoint.with_paths(cp, absolute_path)
         checkpoint.check_restorable(cp, ds, ds.file_sizes)
         ended = len(st.sessions)
         if not self.ledger.available:
@@ -1097,6 +1190,27 @@ def started(aw: Awaitable[T]) -> asyncio.Future[T]:
     fut = asyncio.ensure_future(aw)
     fut.add_done_callback(lambda f: f.cancelled() or f.exception())
     return fut
+
+
+def _repeated(st: MasterState, request_id: str, session: str, owner: str) -> int | None:
+    """The task a repeated request got, if any: only its own requester gets it again."""
+    held = st.requests.get(request_id)
+    if held is None:
+        return None
+    p = st.pending[held]
+    if p.session != session or (p.owner != owner and not session):
+        raise PermissionDeniedError(
+            f"permission denied: request {request_id} was made by another trainer"
+        )
+    return held
+
+
+def _deny(*refusals: str | None) -> None:
+    """Refuse a report if any of these reasons is given: PERMISSION_DENIED, nothing changes."""
+    problems = [why for why in refusals if why is not None]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise PermissionDeniedError("; ".join(problems[:3]) + more)
 
 
 def _check(ok: bool, problem: str) -> None:

@@ -18,7 +18,6 @@ from typing import Any
 from chunkmaster.core.errors import (
     InvalidArgumentError,
     MasterError,
-    PermissionDeniedError,
     SessionExpiredError,
 )
 from chunkmaster.core.model import RETURNED_REASON, Position, TaskMeta
@@ -56,46 +55,15 @@ def _positions(msgs: Any) -> list[Position]:
     return [Position(m.task_id, m.epoch, m.pass_id, m.records) for m in msgs]
 
 
-class SessionOwners:
-    """Which authenticated identity (a client certificate's subject) opened each session, so
-    that no other identity can resume it. Held in the master process: after a restart or a
-    failover the first identity to resume a session claims it."""
-
-    def __init__(self) -> None:
-        self._owner: dict[str, str] = {}
-
-    def check(self, session_id: str, identity: str) -> None:
-        owner = self._owner.get(session_id)
-        if owner is not None and owner != identity:
-            raise PermissionDeniedError(
-                f"permission denied: session {session_id} belongs to another trainer's "
-                "certificate; open a new session"
-            )
-
-    def owner(self, session_id: str) -> str | None:
-        return self._owner.get(session_id)
-
-    def claim(self, session_id: str, identity: str, live: Callable[[str], bool]) -> None:
-        self._owner.setdefault(session_id, identity)
-        if len(self._owner) > 64 + 2 * sum(1 for sid in self._owner if live(sid)):
-            self._owner = {sid: who for sid, who in self._owner.items() if live(sid)}
-
-
 class SessionConversation:
     """The master's side of one Session stream. `identity`: the authenticated peer (mutual
-    TLS), checked against `owners` when a Hello resumes a session."""
+    TLS), which a session opened here belongs to and which alone may resume it. Every report
+    on the stream is on the session's own tasks only (master/owners.py)."""
 
-    def __init__(
-        self,
-        service: Service,
-        peer: str,
-        identity: str | None = None,
-        owners: SessionOwners | None = None,
-    ) -> None:
+    def __init__(self, service: Service, peer: str, identity: str | None = None) -> None:
         self.service = service
         self.peer = peer
         self.identity = identity
-        self.owners = owners
         self.session = ""  # set by a successful Hello
         self.name = peer
         self._out: asyncio.Queue[pb.SessionResponse | None] = asyncio.Queue()
@@ -154,6 +122,7 @@ class SessionConversation:
             if kind == "next":
                 self._next(req.next, seq)
             elif kind == "keep_alive":
+                # Not answered, but for positions on tasks the session does not hold.
                 self.service.report_progress(self.session, _positions(req.keep_alive.progress))
                 if req.keep_alive.HasField("data_wait"):
                     w = req.keep_alive.data_wait
@@ -165,12 +134,15 @@ class SessionConversation:
                     )
             elif kind == "failed":
                 meta = TaskMeta(req.failed.meta.id, req.failed.meta.epoch)
-                self._answer(seq, self.service.submit_failure(meta, req.failed.reason))
+                failure = self.service.submit_failure(meta, req.failed.reason, self.session)
+                self._answer(seq, failure)
             elif kind == "returned":
                 positions = _positions(req.returned.positions)
                 self._answer(seq, self.service.submit_return(self.session, positions))
             elif kind == "commit":
-                self._answer(seq, self.service.submit_commit(_positions(req.commit.positions)))
+                positions = _positions(req.commit.positions)
+                commit = self.service.submit_commit(positions, self.session, self.identity)
+                self._answer(seq, commit)
             elif kind == "goodbye":
                 held = await self.service.end_session(
                     self.session, RETURNED_REASON, _positions(req.goodbye.progress)
@@ -183,9 +155,6 @@ class SessionConversation:
             self._out.put_nowait(error_response(seq, exc))
 
     async def _hello(self, hello: Any, seq: int) -> None:
-        owners, identity = self.owners, self.identity
-        if owners is not None and identity is not None and hello.session_id:
-            owners.check(hello.session_id, identity)
         sid = await self.service.open_session(
             hello.session_id,
             hello.name,
@@ -194,9 +163,8 @@ class SessionConversation:
             hello.report_every,
             hello.world_size,
             hello.rank,
+            self.identity,
         )
-        if owners is not None and identity is not None:
-            owners.claim(sid, identity, self.service.ledger.state.sessions.__contains__)
         self.session = sid
         self.name = hello.name or self.peer
         ttl = self.service.leases.ttl

@@ -222,6 +222,7 @@ class Loader:
 
     def _run(self, feed: PassFeed) -> Iterator[Any]:
         p = feed.pass_id
+        client = self.client
         self.pass_id = p
         merger = Merger(self.batch_size, self._collate)
         tasks: dict[TaskKey, Task] = {}
@@ -238,16 +239,24 @@ class Loader:
                 raise RuntimeError(f"a worker sent records of task {key}, never handed out")
             return task
 
-        def take(marks: tuple[tuple[TaskKey, int], ...]) -> None:
+        def take(marks: tuple[tuple[TaskKey, int], ...]) -> bool:
+            """The training loop takes a batch: move its tasks on. False when it holds records
+            of no task this trainer still holds (its session was lost, they are another
+            trainer's now): not to train on. Records of a lost task that share a batch with a
+            held one are the duplicates of a lost session (one batch at most)."""
+            client.wait_lease()
+            mine = False
             for key, end in marks:
                 task = task_of(key)
                 received[key] = max(received.get(key, 0), end)
-                feed.taken(task, end)
+                if feed.taken(task, end):
+                    mine = True
                 if end >= task.num_records:
                     done.add(key)
             for key in [k for k in failing if not merger.holds(k)]:
                 self._failed(feed, task_of(key), *failing.pop(key))
                 done.add(key)
+            return mine
 
         try:
             while True:
@@ -276,10 +285,10 @@ class Loader:
                             break
                         waited += time.monotonic() - started
                         if isinstance(item, Batch):
-                            take(item.marks)
-                            self.meter.waited(waited)
-                            waited = 0.0
-                            yield item.data
+                            if take(item.marks):
+                                self.meter.waited(waited)
+                                waited = 0.0
+                                yield item.data
                         elif isinstance(item, Loose):
                             merger.add(item)
                             for key, first, count in item.spans:
@@ -287,10 +296,10 @@ class Loader:
                             while merger.full:
                                 batch = merger.pop()
                                 assert batch is not None
-                                take(batch.marks)
-                                self.meter.waited(waited)
-                                waited = 0.0
-                                yield self._pinned(batch.data)
+                                if take(batch.marks):
+                                    self.meter.waited(waited)
+                                    waited = 0.0
+                                    yield self._pinned(batch.data)
                         elif isinstance(item, ReadFailure):
                             received[item.key] = item.records
                             if merger.holds(item.key):
@@ -307,12 +316,12 @@ class Loader:
                 # The round is over: what is left of the workers' batches goes now (a pass's
                 # last batch), and a task no worker read to its end goes back to the stock.
                 while (batch := merger.pop()) is not None:
-                    take(batch.marks)
-                    self.meter.waited(waited)
-                    waited = 0.0
-                    yield self._pinned(batch.data)
+                    if take(batch.marks):
+                        self.meter.waited(waited)
+                        waited = 0.0
+                        yield self._pinned(batch.data)
                 for key, task in round_.given.items():
-                    if key not in done:
+                    if key not in done and feed.held(task):
                         feed.restock(task, received.get(key, task.start))
             completed = True
             self._completed = p
