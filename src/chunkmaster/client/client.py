@@ -45,7 +45,7 @@ from itertools import chain
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from chunkmaster.client.buffer import PassBuffer
+from chunkmaster.client.buffer import PassBuffer, Run
 from chunkmaster.client.connection import (
     DATASET_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -58,7 +58,9 @@ from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.feed import PassFeed
 from chunkmaster.client.fetcher import TaskFetcher, TaskSource, UnaryTasks
+from chunkmaster.client.files import OpenFiles
 from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
+from chunkmaster.client.pace import Pace
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.readahead import DEFAULT_BUDGET as DEFAULT_READ_AHEAD_BYTES
 from chunkmaster.client.readahead import DEFAULT_CHUNKS as DEFAULT_READ_AHEAD
@@ -90,6 +92,21 @@ _worker_ids = itertools.count()
 _T = TypeVar("_T")
 _EMPTY_ITER: Final[Iterator[Any]] = iter(())
 _MIN_DEADLINE = 0.001  # seconds: a retry at the deadline still gets a (failing) deadline
+
+
+class _Signal:
+    """What the reading loop answers besides a run or the end of the pass."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_NOT_YET: Final = _Signal("_NOT_YET")  # no run before the deadline
+_AGAIN: Final = _Signal("_AGAIN")  # another thread installed a run: take from it
+_REPLACED: Final = _Signal("_REPLACED")  # a new pass replaced this one
 
 
 class PassBufferRecords(chain[Any]):
@@ -217,9 +234,11 @@ class Client:
             security=security,
         )
         options = dict(storage_options or {})  # this trainer's own: never sent to the master
+        self._files = OpenFiles()  # local files held open across chunks, closed at pass end
         self._storage: Callable[[str], Storage] = functools.partial(
-            storage_for, storage_options=options
+            storage_for, storage_options=options, local=self._files
         )
+        self._pace = Pace(1 + prefetch_tasks)  # how many tasks to hold (pace.py)
         if read_ahead < 0:
             raise ValueError(f"read_ahead must be 0 (off) or more chunks, not {read_ahead}")
         self._lock = threading.Lock()
@@ -511,6 +530,8 @@ class Client:
                 max_inflated=self.max_inflated_bytes,
                 fence=None if session is None else session.lease_ok,
                 generation=None if session is None else (lambda: session.generation),
+                pace=self._pace,
+                paced_by_take=not isinstance(reports, DeferredFinishes),
             )
             ps.joined = self._last_ended == pass_id - 1
             self._pass = ps
@@ -519,7 +540,7 @@ class Client:
                 ps,
                 worker=self.worker,
                 poll_wait=self.poll_wait,
-                prefetch_tasks=self.prefetch_tasks,
+                pace=self._pace,
                 on_unclaimed=None if session is None else self._adopt,
             )
             self._fetchers = [t for t in self._fetchers if t.is_alive()]
@@ -562,6 +583,7 @@ class Client:
         """Cancel a pass's fetcher and drop its buffer; with a session, hand the pass's held
         tasks back at their exact positions now (closing, the Goodbye does). Lock held."""
         ps.abandon(why)
+        self._files.close()
         self._it = _EMPTY_ITER
         self._next = _EMPTY_ITER.__next__
         if self._session is not None and not self._closed:
@@ -604,7 +626,7 @@ class Client:
                     self._notify_done(done)
 
     def _refill(self, timeout: float | None, done: list[Task]) -> Any:
-        """Slow path of next_record, lock held: next list, end of pass, error, or wait."""
+        """Slow path of next_record, lock held: the next run's first record, or EndOfPass."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             ps = self._pass
@@ -612,29 +634,61 @@ class Client:
                 self._check_open()
                 raise RuntimeError("no pass started: call start_get_records(pass_id) first")
             try:
-                return self._next()  # another thread may have installed a list meanwhile
+                return self._next()  # another thread may have installed a run meanwhile
             except StopIteration:
                 pass
+            run = self._next_run(ps, done, deadline, installed=self._it)
+            if run is _NOT_YET:
+                raise TimeoutError(f"no record of pass {ps.pass_id} within {timeout}s")
+            if run is None:
+                raise EndOfPass(ps.pass_id)
+            if not isinstance(run, Run):  # _AGAIN: another thread installed a run;
+                continue  # _REPLACED: a new pass replaced this one
+            self._it = run.records
+            self._next = run.records.__next__
+
+    def _next_run(
+        self,
+        ps: PassBuffer,
+        done: list[Task],
+        deadline: float | None = None,
+        installed: Iterator[Any] | None = None,
+    ) -> Run | _Signal | None:
+        """The next run of records of pass `ps`: the one reading loop of next_record(),
+        records(), batches() and the shuffle buffer (lock held).
+
+        Waits for a run until `deadline` (time.monotonic(); None: as long as the pass lasts),
+        then answers _NOT_YET. None at the end of the pass; _REPLACED once `ps` is no longer
+        the client's pass (a new pass replaced it). Raises the pass's error
+        (AllTaskFailedError, JobStoppedError, ...), a chunk's TaskReadError,
+        ClientClosedError. `installed`: the run next_record() had installed; answers _AGAIN
+        once another thread replaced it.
+        """
+        while True:
+            if self._pass is not ps:
+                self._check_open()
+                return _REPLACED
+            if installed is not None and self._it is not installed:
+                return _AGAIN
             run = ps.next_run(done)
             if run is not None:
-                self._it = run.records
-                self._next = run.records.__next__
-                continue
+                return run
             if ps.end is not None and not ps.fenced:
                 self._check_open()
                 if isinstance(ps.end, EndOfPass):
                     self._ended(ps)
-                    raise EndOfPass(ps.pass_id)
+                    return None
                 raise ps.end
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"no record of pass {ps.pass_id} within {timeout}s")
-            self._cond.wait(remaining)
+                return _NOT_YET
+            ps.wait(remaining)
 
     def _ended(self, ps: PassBuffer) -> None:
-        """The trainer read pass `ps` to its end (lock held)."""
+        """The trainer read pass `ps` to its end (lock held): its files are closed."""
         if not ps.cancel.cancelled:
             self._last_ended = max(self._last_ended, ps.pass_id)
+        self._files.close()
 
     def _notify_done(self, done: list[Task]) -> None:
         if self._on_task_done is not None:
@@ -669,6 +723,7 @@ class Client:
         buf = ShuffleBuffer(
             self.shuffle_buffer, buffer_rng(self._buffer_seed(), pass_id, self.name)
         )
+        # A task is done with once its records are handed out: this loop tells the pace.
         ps = self._start(pass_id, columns, reports=DeferredFinishes(self._reports, buf))
         with self._lock:
             self._progress.clip = buf.oldest
@@ -686,7 +741,7 @@ class Client:
                     batch = []
                     if self._pass is not ps:
                         self._check_open()
-                        log.warning("pass %d was replaced while iterating it", ps.pass_id)
+                        self._replaced(ps)
                         return
                     if lost_seen != self._lost_count:  # those tasks went to other trainers
                         lost_seen = self._lost_count
@@ -705,28 +760,30 @@ class Client:
                             if len(got) == room:
                                 continue
                             reading = key = None
-                        run = ps.next_run([])  # the buffer says when a task is done
-                        if run is not None:
-                            starving = False
-                            reading, index = run.records, run.first
-                            key = (run.task.meta.id, run.task.meta.epoch)
-                            continue
-                        if ps.end is not None and not ps.fenced:
-                            if not isinstance(ps.end, EndOfPass):
-                                raise ps.end
-                            self._ended(ps)
-                            ended = True
-                        elif not buf and not buf.deferred:
-                            self._cond.wait()
-                            continue
+                        if not buf and not buf.deferred:
+                            deadline: float | None = None  # nothing to hand out: wait
                         elif buf and not starving:
-                            starving = not self._cond.wait(FILL_WAIT)
-                            continue
-                        break
+                            deadline = time.monotonic() + FILL_WAIT
+                        else:
+                            deadline = 0.0  # hand out what it holds, without waiting
+                        run = self._next_run(ps, [], deadline)  # the buffer says when done
+                        if run is _REPLACED:
+                            self._replaced(ps)
+                            return
+                        if run is _NOT_YET:
+                            starving = bool(buf)
+                            break
+                        if not isinstance(run, Run):
+                            ended = True
+                            break
+                        starving = False
+                        reading, index = run.records, run.first
+                        key = (run.task.meta.id, run.task.meta.epoch)
                     batch = buf.draw(SHUFFLE_BATCH)
                     if buf.deferred:
                         released = buf.releasable(None if reading is None else key)
                         for task in released:
+                            ps.task_done()
                             self._reports.finished(task)
                 if released:
                     self._notify_done(released)
@@ -767,42 +824,31 @@ class Client:
                 done: list[Task] = []
                 try:
                     with self._lock:
-                        batch = self._take(ps, done)
+                        if self._it is not _EMPTY_ITER:  # left by next_record calls, if any
+                            run: Iterator[Any] | None = self._it
+                            self._it = _EMPTY_ITER
+                            self._next = _EMPTY_ITER.__next__
+                        else:
+                            got = self._next_run(ps, done)
+                            if got is _REPLACED:
+                                self._replaced(ps)
+                            run = got.records if isinstance(got, Run) else None
                 finally:
                     if done:
                         self._notify_done(done)
-                if batch is None:
+                if run is None:
                     finished = True
                     return
-                yield batch
+                yield run
         finally:
             if not finished:
                 with self._lock:
                     if self._pass is ps:
                         self._abandon(ps, "records() left early")
 
-    def _take(self, ps: PassBuffer, done: list[Task]) -> Iterator[Any] | None:
-        """The next run of records for records(): None at the end of the pass. Lock held."""
-        while True:
-            if self._pass is not ps:
-                self._check_open()
-                now = None if self._pass is None else self._pass.pass_id
-                log.warning("pass %d was replaced by pass %s while iterating it", ps.pass_id, now)
-                return None
-            if self._it is not _EMPTY_ITER:  # left over by next_record calls (maybe none)
-                rest = self._it
-                self._it = _EMPTY_ITER
-                self._next = _EMPTY_ITER.__next__
-                return rest
-            run = ps.next_run(done)
-            if run is not None:
-                return run.records
-            if ps.end is not None and not ps.fenced:
-                if isinstance(ps.end, EndOfPass):
-                    self._ended(ps)
-                    return None
-                raise ps.end
-            self._cond.wait()
+    def _replaced(self, ps: PassBuffer) -> None:
+        now = None if self._pass is None else self._pass.pass_id
+        log.warning("pass %d was replaced by pass %s while iterating it", ps.pass_id, now)
 
     # ---- closing -----------------------------------------------------------------------
 
@@ -833,6 +879,8 @@ class Client:
             self._reporter.close(flush_timeout)
         if self._readahead is not None:
             self._readahead.close()
+        with self._lock:
+            self._files.close()
         self._link.close()
         if self._locator is not None:
             self._locator.close()
