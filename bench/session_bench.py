@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from dispatch_bench import Master, _client_loop, make_dataset
 from dispatch_bench import measure as dispatch_measure
 
+from chunkmaster.client import Reading
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.rpc import master_pb2 as pb
 
@@ -415,7 +416,7 @@ def _client_rate(addr: str, prefetch: int, warmup: float, seconds: float) -> flo
     """Tasks/s of one real Client reading one-record tasks, over a window after a warm-up."""
     from chunkmaster.client import Client
 
-    with Client(addr, name=f"reader-{prefetch}", prefetch_tasks=prefetch) as c:
+    with Client(addr, name=f"reader-{prefetch}", reading=Reading(prefetch_tasks=prefetch)) as c:
         it = c.records(0)
         start = time.monotonic() + warmup
         while time.monotonic() < start:

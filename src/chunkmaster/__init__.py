@@ -6,6 +6,7 @@ The names most users need are here; the layers live in subpackages:
 """
 
 from chunkmaster.client.client import Client, EndOfPass, TaskReadError
+from chunkmaster.client.options import Connection, Reading, Session
 from chunkmaster.core.errors import (
     AllTaskFailedError,
     DatasetError,
@@ -18,7 +19,7 @@ from chunkmaster.core.errors import (
     PassBeforeError,
     UnavailableError,
 )
-from chunkmaster.core.model import Chunk, FailedPolicy, SaveModelRequest, Task, TaskMeta
+from chunkmaster.core.model import Chunk, FailedPolicy, Task, TaskMeta
 from chunkmaster.master.service import Service
 from chunkmaster.store.memory import InMemStore
 from chunkmaster.store.sqlite import SqliteStore
@@ -29,6 +30,7 @@ __all__ = [
     "AllTaskFailedError",
     "Chunk",
     "Client",
+    "Connection",
     "DatasetError",
     "DatasetMismatchError",
     "EndOfPass",
@@ -40,8 +42,9 @@ __all__ = [
     "NotReadyError",
     "PassAfterError",
     "PassBeforeError",
-    "SaveModelRequest",
+    "Reading",
     "Service",
+    "Session",
     "SqliteStore",
     "Task",
     "TaskMeta",

@@ -96,3 +96,11 @@ def test_the_pace_keeps_the_minimum_given_and_ignores_long_polls() -> None:
     assert slow_master.slots() == before
     with pytest.raises(ValueError, match="at least one task"):
         Pace(0)
+
+
+def test_an_explicit_prefetch_fixes_what_is_held() -> None:
+    fixed = Pace(3, cap=3)  # Reading(prefetch_tasks=2)
+    for _ in range(2000):
+        fixed.task_took(0.0001)
+        fixed.answered(0.01, asked=1, got=1)
+    assert _settle(fixed) == 3

@@ -10,9 +10,10 @@ bursts: a shuffle buffer hands out the last records of many at once). The round 
 average of the requests the master answered with all the tasks asked (a long poll that waited
 for a task says nothing about the network).
 
-The slots it asks for are that need with a margin, never fewer than the client's minimum
-(1 + prefetch_tasks), never more than MAX_HELD, and at most twice the slots of the request
-before (one mismeasure costs little). Beyond the minimum a trainer thus holds at most
+The slots it asks for are that need with a margin, never fewer than the minimum (2: one task
+ahead of the one being read), never more than MAX_HELD, and at most twice the slots of the
+request before (one mismeasure costs little). A client given `prefetch_tasks` holds exactly
+1 + prefetch_tasks (minimum and cap). Beyond the minimum a trainer thus holds at most
 2 x MARGIN round trips of its own work (round trips counted up to MAX_ROUND_TRIP: 0.75 s at
 most): each held task's timeout runs on the master, and a slow trainer holding many tasks at
 the end of a pass would hold the pass up. So a trainer of tasks that take a second each holds

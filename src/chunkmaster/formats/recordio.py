@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator
-from itertools import chain, islice, repeat
+from itertools import chain, repeat
 from typing import IO
 
 from chunkmaster.core.model import Chunk
@@ -60,21 +60,6 @@ class LoadedChunk:
         starts = map(operator.add, chain((first,), ends), repeat(4))
         records = map(self._data.__getitem__, map(slice, starts, it))
         return (map(bytes, records) if self._copy else records), it
-
-
-def cut_records(data: bytes, ends: list[int], n: int) -> Iterator[bytes]:
-    """Records 0..n-1 of checked chunk data, each cut out when it is asked for.
-
-    Only C-level iterators (no generator): one next() of it is atomic under the GIL, so
-    several threads may share it, and a record is created just before it is consumed.
-    """
-    starts = map(operator.add, chain((0,), ends), repeat(4))
-    return map(data.__getitem__, map(slice, starts, islice(ends, n) if n < len(ends) else ends))
-
-
-def last_record(data: bytes, ends: list[int]) -> bytes:
-    """The last record of checked, non-empty chunk data."""
-    return data[ends[-2] + 4 if len(ends) > 1 else 4 : ends[-1]]
 
 
 class ChunkReader:

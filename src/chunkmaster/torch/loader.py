@@ -26,8 +26,9 @@ from chunkmaster.client.client import Client
 from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.feed import PassFeed
+from chunkmaster.client.options import GROUPED
+from chunkmaster.client.options import resolve as resolve_options
 from chunkmaster.core.model import Task
-from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.torch.batches import Batch, Loose, Merger, ReadFailure, pinned
 from chunkmaster.torch.channel import Dispatcher, LocalEnd, Round, TaskKey
 from chunkmaster.torch.readers import Readers
@@ -46,9 +47,10 @@ def _keep(item: Any) -> Any:
 class Loader:
     """Batches of a chunkmaster job's records, one pass per iteration (see the module's text).
 
-    The master: `addr` ("host:port") or `etcd_endpoints`; other `Client` options (token,
-    tls_ca, tls_cert, tls_key, name, world_size, rank, storage_options, ...) as keyword
-    arguments. `dataset`: patterns to set on the master (the first trainer's call wins).
+    The master: `addr` ("host:port") or `etcd_endpoints`; the rank's `Client` options as
+    keyword arguments, as the Client takes them (`token`, `name`, `connection=Connection(...)`,
+    `session=Session(world_size=, rank=)`, `reading=Reading(storage_options=...)`, ...;
+    docs/client.md). `dataset`: patterns to set on the master (the first trainer's call wins).
 
     Records become samples through `transform` (in the workers), batches through `collate_fn`
     (default: torch's default_collate) of `batch_size` samples (None: samples one by one).
@@ -88,15 +90,21 @@ class Loader:
             raise ValueError(f"batch_size must be 1 or more (or None), not {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be 0 or more, not {num_workers}")
-        if client_options.get("session") is False:
-            raise ValueError("a Loader needs a session (commits, progress, equal steps)")
         if "drop_last" in client_options:
             raise ValueError(
                 "drop_last is not supported: every record of a pass is delivered once; for "
                 "equal batches on every rank start the master with --equal-steps"
             )
-        self._client_args: dict[str, Any] = dict(client_options)
-        self._client_args.update(addr=addr, etcd_endpoints=etcd_endpoints)
+        grouped = {k: client_options.pop(k) for k in GROUPED if k in client_options}
+        self._options = resolve_options(
+            addr=addr,
+            etcd_endpoints=etcd_endpoints,
+            legacy=client_options,  # the flat ones of before, with a warning each
+            **grouped,
+        )
+        if not self._options.session:
+            raise ValueError("a Loader needs a session (commits, progress, equal steps)")
+        reading = self._options.reading
         self.dataset = [dataset] if isinstance(dataset, str) else dataset
         self.batch_size = batch_size
         self._collate = collate_fn if collate_fn is not None else default_collate
@@ -116,8 +124,8 @@ class Loader:
             batch_size=batch_size,
             collate=self._collate,
             columns=columns,
-            storage_options=client_options.get("storage_options") or {},
-            max_inflated=client_options.get("max_inflated_bytes", DEFAULT_MAX_INFLATED),
+            storage_options=reading.storage_options or {},
+            max_inflated=reading.max_inflated_bytes,
         )
         self._dispatcher: Dispatcher | None = None
         context = multiprocessing_context
@@ -149,7 +157,7 @@ class Loader:
             blob, self._restore = self._restore, None
             if blob is not None:
                 self._restore_job(blob)
-            self._client = Client(**self._client_args)
+            self._client = Client(**self._options.client_kwargs())
             self._client.wait_meter = self.meter
             if self.dataset is not None:
                 self._client.set_dataset(self.dataset)
@@ -197,10 +205,10 @@ class Loader:
 
     def _restore_job(self, blob: bytes) -> None:
         key = self.restore_key or _restart_key(blob)
-        args = dict(self._client_args, session=False)
-        for name in ("world_size", "rank", "name", "shuffle_buffer", "prefetch_tasks"):
-            args.pop(name, None)
-        with Client(**args) as plain:
+        opts = self._options  # a plain client: no session, no rank, nothing read
+        with Client(
+            opts.addr, etcd_endpoints=opts.etcd_endpoints, connection=opts.connection, session=False
+        ) as plain:
             applied = plain.restore(blob, key)
         log.info(
             "the job %s its data checkpoint (restart %s)",
