@@ -3,7 +3,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench peers fuzz soak clean proto
+.PHONY: demo test lint bench peers fuzz soak soak-hostile clean proto
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	sh scripts/bootstrap.sh $(VENV)
@@ -41,6 +41,11 @@ peers: $(STAMP)
 soak: $(STAMP)
 	sh scripts/ensure-etcd.sh
 	$(PY) bench/soak.py
+
+# Issue 19's schedule: master SIGKILLs, a full store disk, a frozen trainer and a poison chunk
+# under three committing trainers, then a connection flood (needs root for the tmpfs).
+soak-hostile: $(STAMP)
+	$(PY) bench/hostile_soak.py
 
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_rpc.py --examples 3000
