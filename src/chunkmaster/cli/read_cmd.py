@@ -354,6 +354,7 @@ def _emit_tasks(done: list[Task], task_digest: Digest, out: IO[str]) -> Digest:
             "task": task.meta.id,
             "epoch": task.meta.epoch,
             "pass": task.pass_id,
+            "start": task.start,  # records before it were consumed by an earlier holder
             "records": d.count,
             "digest": d.hex(),
         }
