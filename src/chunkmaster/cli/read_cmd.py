@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -40,7 +41,10 @@ def register(sub: Any) -> None:
             "passes through the master and prints, per pass, the records it got and their "
             "digest (sum mod 2^64 of the first 8 bytes of each record's SHA-256; a record that "
             "is not bytes, as JSON Lines, text and Parquet datasets give, is hashed as its "
-            "canonical JSON encoding: docs/formats.md)."
+            "canonical JSON encoding: docs/formats.md). On a terminal it shows a progress bar "
+            "of the pass in records (every trainer's, as the master counts them) with the rate "
+            "and the time left; never with --json or when its output is redirected. Relative "
+            "dataset patterns are this trainer's: it says what each one becomes."
         ),
     )
     where = p.add_mutually_exclusive_group(required=True)
@@ -129,7 +133,9 @@ def register(sub: Any) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="give up after the master has been unreachable this long (default: never)",
+        help="give up after the master has been unreachable this long (default: never); "
+        "an address that never answered is warned about once, saying what to check, then "
+        "less and less often",
     )
     p.add_argument(
         "--storage-option",
@@ -217,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
     with client:
         try:
             if args.dataset:
+                _say_relative(args.dataset)
                 client.set_dataset(args.dataset)
             for p in range(args.first_pass, args.first_pass + args.passes):
                 errors: list[TaskReadError] = []
@@ -238,9 +245,23 @@ def run(args: argparse.Namespace) -> int:
                 out.flush()
         except TaskReadError as exc:
             raise CliError(f"read error (reported to the master): {exc}") from None
-        except (MasterError, TransportError) as exc:
+        except TransportError as exc:  # it names the address, and what to check if never reached
+            raise CliError(str(exc)) from None
+        except MasterError as exc:
             raise CliError(f"{type(exc).__name__}: {exc}") from None
     return 0
+
+
+def _say_relative(patterns: list[str]) -> None:
+    """Relative patterns are this trainer's (sent absolute): say once what they became."""
+    for pattern in patterns:
+        if pattern and "://" not in pattern and not os.path.isabs(pattern):
+            print(
+                f"dataset pattern {pattern!r} is relative: read as {os.path.abspath(pattern)!r} "
+                "(this trainer's working directory)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _quarantined(client: Client, p: int) -> int | None:
@@ -288,18 +309,13 @@ def _read_pass(
     `done` is filled by the client's on_task_done callback, during the call that returns the
     task's last record, so after adding that record the task digest is exactly the task's.
     """
-    from tqdm import tqdm
-
     from chunkmaster.digest import Digest
 
     total = Digest()
     task_digest = Digest()
     step = args.step_time
     tasks = bool(args.json and args.task_lines)
-    bar = tqdm(
-        desc=f"pass {p}", unit="rec", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False
-    )
-    unshown = 0
+    bar = PassBar(client, p) if _show_bar(args) else None
     done.clear()
     seen = 0
     records = (
@@ -319,10 +335,8 @@ def _read_pass(
                 if tasks:
                     task_digest = _emit_tasks(done, task_digest, out)
                 done.clear()
-            unshown += 1
-            if unshown >= 4096:
-                bar.update(unshown)
-                unshown = 0
+            if bar is not None:
+                bar.tick(total.count)
             if step:
                 time.sleep(step)
         _emit_errors(errors, seen, p, args.json, out)
@@ -330,9 +344,69 @@ def _read_pass(
             _emit_tasks(done, Digest(), out)
         done.clear()
     finally:
-        bar.update(unshown)
-        bar.close()
+        if bar is not None:
+            bar.close()
     return total
+
+
+def _show_bar(args: argparse.Namespace) -> bool:
+    """A progress bar only for a person: on a terminal (stdout and stderr), never in --json."""
+    return not args.json and sys.stdout.isatty() and sys.stderr.isatty()
+
+
+class PassBar:
+    """A progress bar of pass `p` in records, for the whole job as the master counts them
+    (every trainer's reports), with tqdm's rate and time left and this trainer's own count
+    beside it. Asks the master at most every REFRESH seconds, from the reading loop."""
+
+    REFRESH = 1.0
+
+    def __init__(self, client: Client, p: int) -> None:
+        from tqdm import tqdm
+
+        self.client = client
+        self.p = p
+        done, total = self._figures()
+        self.bar = tqdm(
+            desc=f"pass {p}",
+            unit="rec",
+            total=total,
+            initial=done or 0,
+            file=sys.stderr,
+            leave=False,
+            dynamic_ncols=True,
+        )
+        self.next = time.monotonic() + self.REFRESH
+
+    def _figures(self) -> tuple[int | None, int | None]:
+        """(records done, records in the pass) of pass `p`; None when the master does not say."""
+        st = self.client.status()
+        prog = st.get("progress")
+        if not isinstance(prog, dict) or prog.get("records_total") is None:
+            return None, None
+        total = int(prog["records_total"])
+        cur = int(prog["pass"])
+        if cur == self.p:
+            return int(prog["records_done"]), total
+        return (total if cur > self.p else 0), total
+
+    def tick(self, mine: int) -> None:
+        """A record was read (`mine` so far by this trainer): refresh the bar when it is time."""
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + self.REFRESH
+        done, total = self._figures()
+        if total is not None and self.bar.total != total:
+            self.bar.total = total
+        self.bar.set_postfix_str(f"this trainer {mine:,}", refresh=False)
+        if done is not None and done > self.bar.n:
+            self.bar.update(done - self.bar.n)
+        else:
+            self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _emit_errors(errors: list[TaskReadError], seen: int, p: int, js: bool, out: IO[str]) -> int:

@@ -6,14 +6,19 @@ import argparse
 import json
 from typing import Any
 
-from chunkmaster.cli.common import add_security_flags, ask_master
+from chunkmaster.cli.common import add_security_flags, ask_master, duration_text
 from chunkmaster.core.dataset import size_text
-from chunkmaster.logs import printable
+from chunkmaster.logs import plural, printable
 
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "status", help="show a master's pass, queues, trainers, record counts and failed tasks"
+        "status",
+        help="show a master's pass, its progress in records (rate, time left), queues, "
+        "trainers, record counts and failed tasks",
+        description="What the master is doing: the pass and its progress in records (done of "
+        "the pass's total, the trainers' rate, the time that leaves), the queues, the trainers "
+        "with a session, the record ledger and the tasks that failed, each reason once.",
     )
     p.add_argument("--addr", required=True, help="the master's HOST:PORT")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -43,16 +48,19 @@ def render(st: dict[str, Any]) -> str:
         ds = st["dataset"]
         size = ds.get("chunk_size")
         lines.append(
-            f"dataset  {len(ds['globs'])} pattern(s), {ds['files']} {ds.get('format', 'recordio')} "
-            f"files, {ds['chunks']} chunks"
+            f"dataset  {plural(len(ds['globs']), 'pattern')}, "
+            f"{plural(ds['files'], ds.get('format', 'recordio') + ' file')}, "
+            f"{plural(ds['chunks'], 'chunk')}"
             + ("" if size is None else f" of up to {size_text(size)}")
-            + f", {ds['records']} records, {st['num_tasks']} tasks of {ds['chunks_per_task']} "
-            "chunks"
+            + f", {plural(ds['records'], 'record')}, {plural(st['num_tasks'], 'task')} of up to "
+            f"{plural(ds['chunks_per_task'], 'chunk')}"
         )
     lines.append(
         f"pass     {st['cur_pass']}: todo {st['todo']}, pending {st['pending']}, "
         f"done {st['done']}, failed {st['failed']}"
     )
+    if st.get("progress") and st["ready"]:
+        lines.append(f"progress {progress_text(st['progress'])}")
     store = st["store"]
     health = "ok" if store["healthy"] else f"UNAVAILABLE ({store['error']})"
     lines.append(f"store    {store['kind']}: {health}")
@@ -78,8 +86,9 @@ def render(st: dict[str, Any]) -> str:
                 if got
                 else "the pass's trainers are the sessions alive at its first task"
                 + (
-                    f" (world of {steps['world_size']}; waiting for rank(s) "
-                    f"{', '.join(map(str, steps['missing_ranks']))})"
+                    f" (world of {steps['world_size']}; waiting for "
+                    + ("rank " if len(steps["missing_ranks"]) == 1 else "ranks ")
+                    + f"{', '.join(map(str, steps['missing_ranks']))})"
                     if steps.get("missing_ranks")
                     else ""
                 )
@@ -112,15 +121,13 @@ def render(st: dict[str, Any]) -> str:
     lines.extend(_quarantine(st))
     if st["failed_tasks"]:
         lines.append(
-            f"failures {st['tasks_with_failures']} task(s) failed at least once "
+            f"failures {plural(st['tasks_with_failures'], 'task')} failed at least once "
             f"(limit {st['failure_max']}, policy {st['failed_policy']}):"
         )
         for t in st["failed_tasks"]:
-            reasons = "; ".join(
-                f"pass {r['pass']} epoch {r['epoch']}: {r['reason']}" for r in t["reasons"]
-            )
             lines.append(
-                f"  task {t['id']} [{t['queue']}] {t['total_failures']} failure(s): {reasons}"
+                f"  task {t['id']} [{t['queue']}] {plural(t['total_failures'], 'failure')}: "
+                + reasons_text(t["reasons"])
             )
     # Names, reasons, patterns and paths come from trainers and file systems: shown escaped,
     # one line each, unable to drive the terminal.
@@ -138,13 +145,63 @@ def _quarantine(st: dict[str, Any]) -> list[str]:
         f"{st['cur_pass']} lost {budget['quarantined']} records to quarantined tasks"
     ]
     if st["quarantined_tasks"]:
-        lines.append(f"quarantine {len(st['quarantined_tasks'])} task(s) left out of the pass:")
+        lines.append(
+            f"quarantine {plural(len(st['quarantined_tasks']), 'task')} left out of the pass:"
+        )
     for q in st["quarantined_tasks"]:
         where = "; ".join(
-            f"{path} at offset(s) "
+            f"{path} at offset"
+            + ("s " if sum(c["path"] == path for c in q["chunks"]) > 1 else " ")
             + ", ".join(str(c["offset"]) for c in q["chunks"] if c["path"] == path)
             for path in q["files"]
         )
         last = q["reasons"][-1]["reason"] if q["reasons"] else "no reason recorded"
-        lines.append(f"  task {q['id']}: {q['records']} records in {where}; last reason: {last}")
+        lines.append(
+            f"  task {q['id']}: {plural(q['records'], 'record')} in {where}; last reason: {last}"
+        )
     return lines
+
+
+def progress_text(prog: dict[str, Any]) -> str:
+    """The pass in records: done of its total, the trainers' rate and the time it leaves."""
+    done, total = prog["records_done"], prog["records_total"]
+    text = f"pass {prog['pass']}: {done:,} of {plural(total, 'record')}"
+    if total:
+        text += f" ({100 * done // total}%)"
+    rate = prog["records_per_second"]
+    if rate is None:
+        return text + "; no rate yet (trainers with a session report it)"
+    text += f", {rate:,.1f} records/s"
+    left = prog["seconds_left"]
+    return text + ("" if left is None else f", about {duration_text(left)} left")
+
+
+def reasons_text(reasons: list[dict[str, Any]]) -> str:
+    """A task's failures, each reason once with how often and when: "bad CRC (4 times: pass
+    0, epochs 1-4); trainer lost (pass 1, epoch 6)"."""
+    by_reason: dict[str, list[tuple[int, int]]] = {}
+    for r in reasons:
+        by_reason.setdefault(r["reason"], []).append((r["pass"], r["epoch"]))
+    parts = []
+    for reason, when in by_reason.items():
+        passes: dict[int, list[int]] = {}
+        for p, epoch in when:
+            passes.setdefault(p, []).append(epoch)
+        at = ", ".join(
+            f"pass {p}, {'epoch' if len(epochs) == 1 else 'epochs'} {_runs(epochs)}"
+            for p, epochs in passes.items()
+        )
+        times = "" if len(when) == 1 else f"{len(when)} times: "
+        parts.append(f"{reason or 'no reason given'} ({times}{at})")
+    return "; ".join(parts)
+
+
+def _runs(numbers: list[int]) -> str:
+    """1, 2, 3, 5 as "1-3, 5"."""
+    out: list[tuple[int, int]] = []
+    for n in sorted(set(numbers)):
+        if out and out[-1][1] == n - 1:
+            out[-1] = (out[-1][0], n)
+        else:
+            out.append((n, n))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
