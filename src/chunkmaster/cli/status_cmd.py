@@ -165,7 +165,7 @@ def _quarantine(st: dict[str, Any]) -> list[str]:
 def progress_text(prog: dict[str, Any]) -> str:
     """The pass in records: done of its total, the trainers' rate and the time it leaves."""
     done, total = prog["records_done"], prog["records_total"]
-    text = f"pass {prog['pass']}: {done:,} of {plural(total, 'record')}"
+    text = f"pass {prog['pass']}: {done:,} of {total:,} record{'' if total == 1 else 's'}"
     if total:
         text += f" ({100 * done // total}%)"
     rate = prog["records_per_second"]
