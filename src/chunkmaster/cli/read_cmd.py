@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 from chunkmaster.cli.common import CliError, add_security_flags, security_kwargs
 from chunkmaster.core.dataset import parse_size
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
+from chunkmaster.logs import plural
 
 if TYPE_CHECKING:
     from chunkmaster.client import Client, TaskReadError
@@ -86,6 +87,14 @@ def register(sub: Any) -> None:
         "and how many records the master quarantined in that pass (unknown, JSON null, for a "
         "pass its status no longer shows: it shows the last two)",
     )
+    _add_reading_flags(p)
+    p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
+    add_security_flags(p)
+    p.set_defaults(func=run)
+
+
+def _add_reading_flags(p: argparse.ArgumentParser) -> None:
+    """How the trainer reads: its rank, prefetch, shuffle, retries and storage."""
     p.add_argument(
         "--buffer-size",
         type=int,
@@ -164,9 +173,6 @@ def register(sub: Any) -> None:
         "that would inflate to more is refused while it is decoded and reported failed, like "
         "any chunk that cannot be read (docs/failures.md)",
     )
-    p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
-    add_security_flags(p)
-    p.set_defaults(func=run)
 
 
 def _size(text: str) -> int:
@@ -177,9 +183,8 @@ def _size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chunkmaster.client import Client, TaskReadError, TransportError
+    from chunkmaster.client import TaskReadError, TransportError
     from chunkmaster.core.errors import MasterError
-    from chunkmaster.formats.options import parse_settings
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
@@ -196,6 +201,43 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--task-lines and --shuffle-buffer do not go together (tasks get mixed)")
     out = sys.stdout
     done: list[Task] = []
+    with _make_client(args, done) as client:
+        try:
+            if args.dataset:
+                _say_relative(args.dataset)
+                client.set_dataset(args.dataset)
+            for p in range(args.first_pass, args.first_pass + args.passes):
+                errors: list[TaskReadError] = []
+                total = _read_pass(client, p, args, done, out, errors)
+                line: dict[str, Any] = {"pass": p, "records": total.count, "digest": total.hex()}
+                if args.continue_on_read_error:
+                    line["read_errors"] = len(errors)
+                    line["quarantined"] = _quarantined(client, p)
+                if args.json:
+                    out.write(json.dumps(line) + "\n")
+                else:
+                    extra = (
+                        f", {plural(line['read_errors'], 'read error')}, "
+                        + _quarantined_text(line["quarantined"], p)
+                        if args.continue_on_read_error
+                        else ""
+                    )
+                    out.write(f"pass {p}: {total.count} records, digest {total.hex()}{extra}\n")
+                out.flush()
+        except TaskReadError as exc:
+            raise CliError(f"read error (reported to the master): {exc}") from None
+        except TransportError as exc:  # it names the address, and what to check if never reached
+            raise CliError(str(exc)) from None
+        except MasterError as exc:
+            raise CliError(f"{type(exc).__name__}: {exc}") from None
+    return 0
+
+
+def _make_client(args: argparse.Namespace, done: list[Task]) -> Client:
+    """The trainer's client from the flags; a bad flag is a CliError."""
+    from chunkmaster.client import Client
+    from chunkmaster.formats.options import parse_settings
+
     try:
         storage_options = parse_settings(args.storage_option)
     except ValueError as exc:
@@ -220,36 +262,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (RuntimeError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    with client:
-        try:
-            if args.dataset:
-                _say_relative(args.dataset)
-                client.set_dataset(args.dataset)
-            for p in range(args.first_pass, args.first_pass + args.passes):
-                errors: list[TaskReadError] = []
-                total = _read_pass(client, p, args, done, out, errors)
-                line: dict[str, Any] = {"pass": p, "records": total.count, "digest": total.hex()}
-                if args.continue_on_read_error:
-                    line["read_errors"] = len(errors)
-                    line["quarantined"] = _quarantined(client, p)
-                if args.json:
-                    out.write(json.dumps(line) + "\n")
-                else:
-                    extra = (
-                        f", {line['read_errors']} read error(s), "
-                        + _quarantined_text(line["quarantined"], p)
-                        if args.continue_on_read_error
-                        else ""
-                    )
-                    out.write(f"pass {p}: {total.count} records, digest {total.hex()}{extra}\n")
-                out.flush()
-        except TaskReadError as exc:
-            raise CliError(f"read error (reported to the master): {exc}") from None
-        except TransportError as exc:  # it names the address, and what to check if never reached
-            raise CliError(str(exc)) from None
-        except MasterError as exc:
-            raise CliError(f"{type(exc).__name__}: {exc}") from None
-    return 0
+    return client
 
 
 def _say_relative(patterns: list[str]) -> None:

@@ -37,24 +37,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(st: dict[str, Any]) -> str:
+    """The status for people: one line per part, the trainers and failures one line each."""
     lines = []
     stop = st.get("job_stopped")
     if stop:
         lines.append(f"STOPPED  {stop['message']}")
     lines.extend(f"WARNING  {w}" for w in st.get("warnings", []))
-    if not st["ready"]:
-        lines.append("no dataset yet (waiting for a trainer's set_dataset)")
-    else:
-        ds = st["dataset"]
-        size = ds.get("chunk_size")
-        lines.append(
-            f"dataset  {plural(len(ds['globs']), 'pattern')}, "
-            f"{plural(ds['files'], ds.get('format', 'recordio') + ' file')}, "
-            f"{plural(ds['chunks'], 'chunk')}"
-            + ("" if size is None else f" of up to {size_text(size)}")
-            + f", {plural(ds['records'], 'record')}, {plural(st['num_tasks'], 'task')} of up to "
-            f"{plural(ds['chunks_per_task'], 'chunk')}"
-        )
+    lines.append(_dataset_line(st))
     lines.append(
         f"pass     {st['cur_pass']}: todo {st['todo']}, pending {st['pending']}, "
         f"done {st['done']}, failed {st['failed']}"
@@ -76,48 +65,8 @@ def render(st: dict[str, Any]) -> str:
             + (f"; dropped {led['dropped']}" if led.get("dropped") else "")
             + (f"; padded {led['padded']}" if led.get("padded") else "")
         )
-    steps = st.get("equal_steps")
-    if steps and steps["mode"] != "off":
-        got = ", ".join(f"{n}" for n in steps["records"].values())
-        lines.append(
-            f"steps    equal ({steps['mode']}): "
-            + (
-                f"{steps['target']} records per trainer this pass; handed out so far: {got}"
-                if got
-                else "the pass's trainers are the sessions alive at its first task"
-                + (
-                    f" (world of {steps['world_size']}; waiting for "
-                    + ("rank " if len(steps["missing_ranks"]) == 1 else "ranks ")
-                    + f"{', '.join(map(str, steps['missing_ranks']))})"
-                    if steps.get("missing_ranks")
-                    else ""
-                )
-            )
-        )
-    if "trainers" in st:
-        lines.append(
-            f"trainers {st['sessions']} with a session (lease {st['trainer_ttl']:g}s)"
-            + (":" if st["trainers"] else "")
-        )
-        if st["trainers"]:
-            lines.append(
-                f"  {'name':24} {'host':16} {'pid':>7} {'rank':>5} {'held':>4} {'consumed':>10} "
-                f"{'rec/s':>9} {'heard':>7}  data wait p50/p99 (share)"
-            )
-        for t in st["trainers"]:
-            rate = "-" if t["records_per_second"] is None else f"{t['records_per_second']:.1f}"
-            heard = "-" if t["last_heard_s"] is None else f"{t['last_heard_s']:.1f}s"
-            rank = "-" if t.get("rank") is None else str(t["rank"])
-            w = t.get("data_wait")
-            wait = (
-                "-"
-                if w is None
-                else f"{w['p50_ms']:.1f}/{w['p99_ms']:.1f} ms ({100 * w['share']:.0f}%)"
-            )
-            lines.append(
-                f"  {t['name'][:24]:24} {t['host'][:16]:16} {t['pid']:>7} {rank:>5} "
-                f"{t['tasks_held']:>4} {t['records_consumed']:>10} {rate:>9} {heard:>7}  {wait}"
-            )
+    lines.extend(_steps(st))
+    lines.extend(_trainers(st))
     lines.extend(_quarantine(st))
     if st["failed_tasks"]:
         lines.append(
@@ -132,6 +81,75 @@ def render(st: dict[str, Any]) -> str:
     # Names, reasons, patterns and paths come from trainers and file systems: shown escaped,
     # one line each, unable to drive the terminal.
     return "\n".join(printable(line) for line in lines)
+
+
+def _dataset_line(st: dict[str, Any]) -> str:
+    if not st["ready"]:
+        return "no dataset yet (waiting for a trainer's set_dataset)"
+    ds = st["dataset"]
+    size = ds.get("chunk_size")
+    return (
+        f"dataset  {plural(len(ds['globs']), 'pattern')}, "
+        f"{plural(ds['files'], ds.get('format', 'recordio') + ' file')}, "
+        f"{plural(ds['chunks'], 'chunk')}"
+        + ("" if size is None else f" of up to {size_text(size)}")
+        + f", {plural(ds['records'], 'record')}, {plural(st['num_tasks'], 'task')} of up to "
+        f"{plural(ds['chunks_per_task'], 'chunk')}"
+    )
+
+
+def _steps(st: dict[str, Any]) -> list[str]:
+    """Equal steps: the pass's quota and what each trainer got, or whom the pass waits for."""
+    steps = st.get("equal_steps")
+    if not steps or steps["mode"] == "off":
+        return []
+    got = ", ".join(f"{n}" for n in steps["records"].values())
+    if got:
+        return [
+            f"steps    equal ({steps['mode']}): {steps['target']} records per trainer this pass; "
+            f"handed out so far: {got}"
+        ]
+    missing = steps.get("missing_ranks") or []
+    waiting = (
+        f" (world of {steps['world_size']}; waiting for {'rank' if len(missing) == 1 else 'ranks'} "
+        f"{', '.join(map(str, missing))})"
+        if missing
+        else ""
+    )
+    return [
+        f"steps    equal ({steps['mode']}): the pass's trainers are the sessions alive at its "
+        f"first task{waiting}"
+    ]
+
+
+def _trainers(st: dict[str, Any]) -> list[str]:
+    """The trainers with a session, one line each."""
+    if "trainers" not in st:
+        return []
+    lines = [
+        f"trainers {st['sessions']} with a session (lease {st['trainer_ttl']:g}s)"
+        + (":" if st["trainers"] else "")
+    ]
+    if st["trainers"]:
+        lines.append(
+            f"  {'name':24} {'host':16} {'pid':>7} {'rank':>5} {'held':>4} {'consumed':>10} "
+            f"{'rec/s':>9} {'heard':>7}  data wait p50/p99 (share)"
+        )
+    for t in st["trainers"]:
+        rate = "-" if t["records_per_second"] is None else f"{t['records_per_second']:.1f}"
+        heard = "-" if t["last_heard_s"] is None else f"{t['last_heard_s']:.1f}s"
+        rank = "-" if t.get("rank") is None else str(t["rank"])
+        w = t.get("data_wait")
+        wait = (
+            "-"
+            if w is None
+            else f"{w['p50_ms']:.1f}/{w['p99_ms']:.1f} ms ({100 * w['share']:.0f}%)"
+        )
+        lines.append(
+            f"  {t['name'][:24]:24} {t['host'][:16]:16} {t['pid']:>7} {rank:>5} "
+            f"{t['tasks_held']:>4} {t['records_consumed']:>10} {rate:>9} {heard:>7}  {wait}"
+        )
+    return lines
 
 
 def _quarantine(st: dict[str, Any]) -> list[str]:
