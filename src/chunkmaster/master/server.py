@@ -229,10 +229,13 @@ class MasterServer:
         self.server.add_generic_rpc_handlers((_master_handler(servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         where = f"{_bracket(host)}:{port}"
-        if credentials is None:
-            bound = self.server.add_insecure_port(where)
-        else:
-            bound = self.server.add_secure_port(where, credentials)
+        try:
+            if credentials is None:
+                bound = self.server.add_insecure_port(where)
+            else:
+                bound = self.server.add_secure_port(where, credentials)
+        except RuntimeError:  # gRPC's "failed to bind": a port taken since the CLI's check
+            bound = 0
         if bound == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         self.host, self.port = host, bound

@@ -76,7 +76,7 @@ from chunkmaster.core.state import (
 )
 from chunkmaster.core.steps import StepsMode, missing_ranks, world_size
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
-from chunkmaster.logs import about
+from chunkmaster.logs import about, plural
 from chunkmaster.master.datasets import (
     INDEX_TIMEOUT,
     absolute_path,
@@ -254,8 +254,9 @@ class Service:
         if ds.chunks_per_task > 1:
             more.insert(0, f"a smaller --chunk-per-task (now {ds.chunks_per_task})")
         return (
-            f"pass {st.cur_pass} has {ds.num_tasks} task(s) for {trainers} trainers (sessions): "
-            f"{trainers - ds.num_tasks} of them get nothing to read; for more tasks give the "
+            f"pass {st.cur_pass} has {plural(ds.num_tasks, 'task')} for {trainers} trainers "
+            f"(sessions): {trainers - ds.num_tasks} of them get nothing to read; for more tasks "
+            "give the "
             f"master {' or '.join(more)}"
         )
 
@@ -1037,6 +1038,7 @@ class Service:
             )
         stop = st.stopped
         few_tasks = self.few_tasks()
+        rates = [lease.rate() for sid in st.sessions if (lease := self.leases.get(sid))]
         return {
             "healthy": ledger.available,
             "warnings": [] if few_tasks is None else [few_tasks],
@@ -1047,6 +1049,7 @@ class Service:
             "done": len(st.done),
             "failed": len(st.failed),
             "num_tasks": st.num_tasks,
+            "progress": _progress_view(st, rates),
             "dataset": None
             if ds is None
             else {
@@ -1125,6 +1128,29 @@ class Service:
 #: The longest save-model window a trainer may ask for (a day): a longer one holds the lock
 #: past any plausible save, across restarts.
 MAX_SAVE_BLOCK = 24 * 3600.0
+
+
+def _progress_view(st: MasterState, rates: Sequence[float]) -> dict[str, Any]:
+    """The current pass in records: how many were consumed (reported by the trainers) of how
+    many it delivers, the trainers' rate (the sum of the sessions' rates; None without a
+    session) and the time that leaves at that rate."""
+    led = st.ledger.get(st.cur_pass)
+    total = None
+    done = 0
+    if st.dataset is not None:
+        total = st.dataset.num_records
+        if led is not None:
+            total += led.padded - led.dropped - led.quarantined
+            done = min(led.consumed, total)
+    rate = round(sum(rates), 1) if rates else None
+    left = None if total is None or not rate else round((total - done) / rate, 1)
+    return {
+        "pass": st.cur_pass,
+        "records_done": done,
+        "records_total": total,
+        "records_per_second": rate,
+        "seconds_left": left,
+    }
 
 
 def _data_wait_view(wait: DataWait | None) -> dict[str, Any] | None:
