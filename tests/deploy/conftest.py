@@ -14,5 +14,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="a cluster test: `make test-cluster` runs it")
     for item in items:
-        if "cluster" in item.keywords:
+        if item.get_closest_marker("cluster") is not None:
             item.add_marker(skip)

@@ -4,7 +4,6 @@ that names another host, and an etcd standby (which listens only once it leads).
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import subprocess
@@ -12,10 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from helpers.deploy import server_pki
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 
@@ -61,7 +57,7 @@ def test_a_serving_master_is_healthy_without_the_token_and_a_stopped_one_is_not(
 
 
 def test_tls_needs_the_ca_and_the_certificates_name(master_process: Any, tmp_path: Path) -> None:
-    ca, cert, key = _pki(tmp_path)
+    ca, cert, key = server_pki(tmp_path, SERVER_NAME)
     token = tmp_path / "token"
     token.write_text("the-job-token-0123456789\n")
     m = master_process(
@@ -77,9 +73,7 @@ def test_tls_needs_the_ca_and_the_certificates_name(master_process: Any, tmp_pat
     wrong = probe("--tls-ca", ca, "--timeout", "3", **env)
     assert wrong.returncode == 1, wrong.stdout
     # ...and passes with it, from the variables the manifests set.
-    ok = probe(
-        CHUNKMASTER_HEALTH_TLS_CA=ca, CHUNKMASTER_HEALTH_SERVER_NAME=SERVER_NAME, **env
-    )
+    ok = probe(CHUNKMASTER_HEALTH_TLS_CA=ca, CHUNKMASTER_HEALTH_SERVER_NAME=SERVER_NAME, **env)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip() == f"{addr}: SERVING"
 
@@ -115,47 +109,3 @@ def test_default_address_from_the_masters_variables() -> None:
     assert default_addr({"CHUNKMASTER_HOST": "10.1.2.3"}) == "10.1.2.3:8080"
     assert default_addr({"CHUNKMASTER_HOST": "fd00::7"}) == "[fd00::7]:8080"
     assert default_addr({"CHUNKMASTER_HEALTH_ADDR": "m:1", "CHUNKMASTER_HOST": "x"}) == "m:1"
-
-
-def _pki(d: Path) -> tuple[str, str, str]:
-    """A CA and a server certificate for SERVER_NAME only (not 127.0.0.1): paths of the CA,
-    the certificate and its key."""
-    now = datetime.datetime.now(datetime.UTC)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(name("test ca"))
-        .issuer_name(name("test ca"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name(SERVER_NAME))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVER_NAME)]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    (d / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (d / "server.pem").write_bytes(cert.public_bytes(pem))
-    (d / "server.key").write_bytes(
-        key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key")

@@ -22,7 +22,7 @@ import pytest
 from helpers.datasets import write_records
 from helpers.deploy import REPO, ensure
 
-from chunkmaster.digest import Digest, file_digest
+from chunkmaster.digest import Digest
 
 pytestmark = pytest.mark.cluster
 
