@@ -81,21 +81,27 @@ def test_tls_needs_the_ca_and_the_certificates_name(master_process: Any, tmp_pat
 def test_an_etcd_standby_is_alive_with_standby_ok_and_serving_once_it_leads(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    common = ["--endpoints", etcd_server.endpoint, "--host", "127.0.0.1", "--ttl", "2"]
-    leader = MasterProcess(common, log_path=tmp_path / "a.log").start()
+    """As etcd/masters.yaml runs them: the probe's address from CHUNKMASTER_HOST, a DNS name
+    (here localhost), which the master listens on and publishes once it leads."""
+    common = ["--endpoints", etcd_server.endpoint, "--ttl", "2"]
+    leader = MasterProcess([*common, "--host", "127.0.0.1"], log_path=tmp_path / "a.log").start()
     port = free_port()
-    standby = MasterProcess(common, port=port, log_path=tmp_path / "b.log").start(wait=False)
+    standby = MasterProcess(
+        [*common, "--host", "localhost"], port=port, log_path=tmp_path / "b.log"
+    ).start(wait=False)
+    env = {"CHUNKMASTER_HOST": "localhost", "CHUNKMASTER_PORT": str(port)}
     try:
         assert standby.wait_log("state: etcd", timeout=30), standby.log()
-        addr = f"127.0.0.1:{port}"
-        assert probe("--addr", addr, "--timeout", "2").returncode == 1  # not serving: not ready
-        alive = probe("--addr", addr, "--standby-ok", "--timeout", "2")
+        assert probe("--timeout", "2", **env).returncode == 1  # not serving: not ready
+        alive = probe("--standby-ok", "--timeout", "2", **env)
         assert alive.returncode == 0, alive.stderr
         assert "nothing listening (a standby waiting to lead)" in alive.stdout
         leader.kill()
         assert standby.wait_serving(60), standby.log()
-        led = probe("--addr", addr, CHUNKMASTER_HEALTH_STANDBY_OK="1")
-        assert led.returncode == 0 and led.stdout.strip() == f"{addr}: SERVING", led.stderr
+        assert standby.addr == f"localhost:{port}"  # the name, as published in etcd
+        led = probe(CHUNKMASTER_HEALTH_STANDBY_OK="1", **env)
+        assert led.returncode == 0, led.stderr
+        assert led.stdout.strip() == f"localhost:{port}: SERVING"
     finally:
         leader.kill()
         standby.kill()

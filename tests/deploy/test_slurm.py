@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from helpers.datasets import write_records
 from helpers.deploy import REPO, ensure
+from helpers.etcd_server import EtcdServer
 
 from chunkmaster.digest import Digest
 
@@ -205,12 +206,19 @@ def digest(records: list[bytes]) -> Digest:
     return total
 
 
-def submit(slurm: Slurm, tmp: Path, name: str, step_time: str, **env: str) -> tuple[str, Path]:
+def submit(
+    slurm: Slurm,
+    tmp: Path,
+    name: str,
+    step_time: str,
+    where: str = '--addr "$CHUNKMASTER_ADDR"',
+    **env: str,
+) -> tuple[str, Path]:
     run_dir = tmp / name
     local = tmp / "node-tmp"  # the node's local disk: the master's store goes there
     local.mkdir()
     trainer = (
-        'exec chunkmaster read --addr "$CHUNKMASTER_ADDR" --token-file "$CHUNKMASTER_TOKEN_FILE" '
+        f'exec chunkmaster read {where} --token-file "$CHUNKMASTER_TOKEN_FILE" '
         f'--dataset "{tmp}/data/*.rio" --passes {PASSES} --json --task-lines '
         f"--step-time {step_time}"
     )
@@ -219,8 +227,10 @@ def submit(slurm: Slurm, tmp: Path, name: str, step_time: str, **env: str) -> tu
         CHUNKMASTER_SLURM_MASTER_ARGS=f"--chunk-per-task {PER_TASK} --task-timeout-dur 60s",
         CHUNKMASTER_TRAINER_TTL="3s",
         TMPDIR=str(local),
-        **env,
     )
+    for key in ("CHUNKMASTER_ENDPOINTS", "CHUNKMASTER_SLURM_MASTERS", "CHUNKMASTER_JOB"):
+        slurm.env.pop(key, None)
+    slurm.env.update(env)
     out = slurm.run(
         "sbatch", "--parsable", f"--ntasks={TRAINERS}", f"--output={tmp / name}.out",
         str(SBATCH), "sh", "-c", trainer,
@@ -259,7 +269,7 @@ def test_a_master_and_three_trainer_steps_read_every_record_once_per_pass(
     master_log = (run_dir / "master-0.log").read_text()
     assert "security: no TLS, a token" in master_log
     assert "shutting down" in master_log  # stopped with SIGTERM once the trainers were done
-    assert not (run_dir / "master.json").exists()  # a clean stop removes the ready file
+    assert not (run_dir / "master-0.json").exists()  # a clean stop removes the ready file
     assert list((tmp_path / "node-tmp").iterdir()) == []  # the store of a finished job too
 
 
@@ -310,3 +320,37 @@ def test_a_trainer_step_cancelled_mid_pass_and_the_pass_still_completes(
     assert partial <= 1  # only the task trainer 1 was reading
     # Pass 1, the two left: every record exactly once.
     assert pass_total([outs[0], outs[2]], 1) == digest(records)
+
+
+def test_two_masters_on_etcd_the_leader_killed_and_the_trainers_follow(
+    slurm: Slurm, tmp_path: Path, etcd_server: EtcdServer
+) -> None:
+    """CHUNKMASTER_ENDPOINTS: two master steps elect a leader; trainers find it through etcd.
+    The leader's step is SIGKILLed mid-pass: the standby takes over within the lease TTL, the
+    trainers follow it, and both passes complete."""
+    records = dataset(tmp_path / "data")
+    job, run_dir = submit(
+        slurm, tmp_path, "job", "0.01",
+        where='--endpoints "$CHUNKMASTER_ENDPOINTS" --job "$CHUNKMASTER_JOB"',
+        CHUNKMASTER_ENDPOINTS=etcd_server.endpoint, CHUNKMASTER_SLURM_MASTERS="2",
+        CHUNKMASTER_JOB="slurmjob", CHUNKMASTER_TTL="2",
+    )  # fmt: skip
+    first = run_dir / "trainer-0.out"
+    slurm.wait(lambda: first.exists() and '"task"' in first.read_text(), "a first task", 120)
+    (leader,) = [p for p in run_dir.glob("master-*.json") if p.stat().st_size]
+    name = leader.stem  # master-M: its step's name
+    steps = slurm.steps(job)
+    slurm.run("scancel", "--signal=KILL", f"{job}.{steps[name].split('.')[1]}")
+    state = slurm.wait_job(job)
+    job_out = (tmp_path / "job.out").read_text()
+    assert state == "COMPLETED", f"{state}\n{job_out}\n{slurm.logs()}"
+    other = "master-1" if name == "master-0" else "master-0"
+    assert "serving on" in (run_dir / f"{other}.log").read_text()  # the standby took over
+    outs = [lines(run_dir, i) for i in range(TRAINERS)]
+    # Pass 0, with the failover: every task completed, a tail of its records each.
+    done = {
+        line["task"] for out in outs for line in out if line.get("pass") == 0 and "task" in line
+    }
+    assert done == set(range(len(records) // PER_TASK))
+    # Pass 1, after it: every record exactly once.
+    assert pass_total(outs, 1) == digest(records)
