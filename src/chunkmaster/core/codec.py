@@ -15,6 +15,7 @@ from collections import deque
 from fractions import Fraction
 from typing import Any
 
+from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import (
     ApproveSave,
@@ -34,13 +35,11 @@ from chunkmaster.core.events import (
     SetDataset,
     SetErrorBudget,
 )
-from chunkmaster.core.model import FailedPolicy, Failure, Position
-from chunkmaster.core.quarantine import ErrorBudget, JobStop
+from chunkmaster.core.model import FailedPolicy, Failure, PassLedger, Position
 from chunkmaster.core.state import (
     FAILURE_HISTORY,
     Finishers,
     MasterState,
-    PassLedger,
     Pending,
     SaveApproval,
     Session,

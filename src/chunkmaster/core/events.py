@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.model import FailedPolicy, Position
-from chunkmaster.core.quarantine import ErrorBudget
 
 
 @dataclass(frozen=True, slots=True)

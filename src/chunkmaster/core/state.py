@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from chunkmaster.core import quarantine, steps
+from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import AllTaskFailedError, PassAfterError, PassBeforeError
 from chunkmaster.core.events import (
@@ -45,11 +46,11 @@ from chunkmaster.core.model import (
     TRAINER_LOST_REASON,
     FailedPolicy,
     Failure,
+    PassLedger,
     Position,
     Task,
     TaskMeta,
 )
-from chunkmaster.core.quarantine import ErrorBudget, JobStop
 from chunkmaster.core.shuffle import pass_queue
 
 FAILURE_HISTORY = 8  # failures remembered per task; the count is kept in full
@@ -110,21 +111,6 @@ class Session:
     owner: str = ""  # the identity that opened it (mutual TLS): only it may resume it
     world_size: int = 0  # the job's trainers as this one declared them (0: not said)
     rank: int = 0
-
-
-@dataclass(slots=True)
-class PassLedger:
-    """Record counts of one pass: what was handed out, consumed, committed, and handed out
-    again (by why: a record handed out again was maybe read twice, at most up to where its
-    previous holder got beyond its last report)."""
-
-    dispatched: int = 0
-    consumed: int = 0
-    committed: int = 0
-    redispatched: dict[str, int] = field(default_factory=dict)
-    quarantined: int = 0  # records not delivered: their task went over failure_max
-    dropped: int = 0  # equal steps: records not handed out in the pass
-    padded: int = 0  # equal steps: records handed out again to even the trainers up
 
 
 @dataclass(slots=True)

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.dataset import parse_size
 from chunkmaster.core.model import FailedPolicy
-from chunkmaster.core.quarantine import ErrorBudget
 from chunkmaster.core.shuffle import MAX_SEED
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
