@@ -174,25 +174,7 @@ async def _serve(
     waiter.cancel()
     campaign.result()
 
-    service = Service(
-        store,
-        chunks_per_task=config.chunks_per_task,
-        chunk_size=config.chunk_size,
-        timeout_dur=config.task_timeout,
-        failure_max=config.task_timeout_max,
-        failed_policy=config.failed_policy,
-        error_budget=config.max_failed_records,
-        equal_steps=config.equal_steps,
-        trainer_ttl=config.trainer_ttl,
-        rank_wait=config.rank_wait,
-        index_timeout=config.index_timeout,
-        max_inflated=config.max_inflated_bytes,
-        dataset_format=config.format,
-        job=config.job or "default",
-        storage_options=config.storage_options,
-        shuffle_seed=config.shuffle_seed,
-        data_roots=config.data_roots,
-    )
+    service = Service(store, config.settings())
     try:
         await service.start()
         if config.restore is not None:

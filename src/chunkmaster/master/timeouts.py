@@ -1,4 +1,4 @@
-"""One scheduler for every task deadline (not a thread or timer per task).
+"""Task timeouts: one scheduler for every task deadline (not a thread or timer per task).
 
 Deadlines are wall-clock times stored in the state, so after a restart a pending task keeps
 the time it already used. Entries are (deadline, task, epoch); a stale entry (the task was
@@ -13,6 +13,12 @@ import heapq
 import logging
 import time
 from collections.abc import Awaitable, Callable
+
+from chunkmaster.core.events import Fail, Resume
+from chunkmaster.core.model import TIMEOUT_REASON
+from chunkmaster.core.state import fail_ignored
+from chunkmaster.master.ledger import Ledger, started
+from chunkmaster.master.reports import log_failure
 
 log = logging.getLogger("chunkmaster.timeouts")
 
@@ -70,3 +76,63 @@ class TimeoutScheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+class TaskTimeouts:
+    """The pending tasks' deadlines on one scheduler: a deadline passed is a `Fail("timeout")`.
+
+    Re-armed from the state whenever the ledger rebuilds it. After a store outage every pending
+    task gets a full timeout again (`Resume`): while the store refused writes no trainer could
+    report a task finished, and like the time no master was serving, that time must not time
+    out tasks live trainers are reading.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        timeout_dur: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ledger = ledger
+        self.timeout_dur = timeout_dur
+        self._clock = clock
+        self._scheduler = TimeoutScheduler(self._expire, clock)
+        ledger.on_reset.append(self.rearm)
+        ledger.on_writable.append(self._after_store_outage)
+
+    def from_now(self) -> float:
+        """A deadline one timeout from now (wall-clock seconds, journaled)."""
+        return self._clock() + self.timeout_dur
+
+    def arm(self, deadline: float, task_id: int, epoch: int) -> None:
+        self._scheduler.arm(deadline, task_id, epoch)
+
+    def rearm(self) -> None:
+        """Every pending task's deadline, from the state (after it was rebuilt)."""
+        pending = self._ledger.state.pending
+        self._scheduler.reset([(p.deadline, t, p.epoch) for t, p in pending.items()])
+
+    def start(self) -> None:
+        self.rearm()
+        self._scheduler.start()
+
+    async def close(self) -> None:
+        await self._scheduler.close()
+
+    def __len__(self) -> int:
+        return len(self._scheduler)
+
+    async def _expire(self, task_id: int, epoch: int) -> None:
+        if not self._ledger.available:
+            return  # the state is being rebuilt; every timer is re-armed from it after
+        ev = Fail(task_id, epoch, TIMEOUT_REASON)
+        if fail_ignored(self._ledger.state, ev) is None:
+            await self._ledger.commit(ev)
+            log_failure(self._ledger.state, task_id, TIMEOUT_REASON)
+
+    def _after_store_outage(self) -> None:
+        if self._ledger.state.pending:
+            # Applied before any timer can fire on the old deadlines (they run after a yield).
+            _, durable = self._ledger.submit(Resume(self.from_now()))
+            started(durable)
+            self.rearm()
