@@ -10,7 +10,7 @@ the events are durable.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from chunkmaster.core.events import Fail, Finish, Progress, ReturnTasks
 from chunkmaster.core.model import Position, TaskMeta
@@ -25,8 +25,12 @@ log = logging.getLogger("chunkmaster.service")
 
 
 class Reports:
-    def __init__(self, ledger: Ledger) -> None:
+    """`deadline()`: when a session that reports progress now may time out next (now plus
+    the task timeout: master/timeouts.py)."""
+
+    def __init__(self, ledger: Ledger, deadline: Callable[[], float]) -> None:
         self._ledger = ledger
+        self._deadline = deadline
 
     def _refuse_foreign(
         self, task_ids: Iterable[int], session: str | None, identity: str | None
@@ -86,14 +90,16 @@ class Reports:
         return after(durable, 1)
 
     def progress(self, session: str, positions: Iterable[Position]) -> int:
-        """Record how far the session's trainer got; nobody waits for it to be durable. How
-        many positions moved; positions on tasks another trainer holds change nothing and
-        raise PermissionDeniedError naming them, once the session's own are recorded."""
+        """Record how far the session's trainer got; nobody waits for it to be durable. A
+        position that moved is progress: the session's tasks are safe from timing out for
+        another task timeout. How many positions moved; positions on tasks another trainer
+        holds change nothing and raise PermissionDeniedError naming them, once the session's
+        own are recorded."""
         ps = list(positions)
         own = own_positions(self._ledger.state, session, ps)
         applied = 0
         if own and self._ledger.available:
-            result, durable = self._ledger.submit(Progress(own))
+            result, durable = self._ledger.submit(Progress(own, self._deadline()))
             assert isinstance(result, int)
             applied = result
             started(durable)

@@ -18,7 +18,7 @@ from typing import Any
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.model import Failure
 from chunkmaster.core.quarantine import budget_limit, describe
-from chunkmaster.core.state import MasterState
+from chunkmaster.core.state import MasterState, task_deadline
 from chunkmaster.core.steps import missing_ranks, world_size
 from chunkmaster.logs import about
 from chunkmaster.master.datasets import chunk_size_hint
@@ -315,7 +315,7 @@ def _stop(st: MasterState) -> StopView | None:
 
 def _pending(st: MasterState, now: float) -> list[PendingTask]:
     return [
-        PendingTask(t, p.epoch, p.worker, round(p.deadline - now, 3))
+        PendingTask(t, p.epoch, p.worker, round(task_deadline(st, t) - now, 3))
         for t, p in list(st.pending.items())[:STATUS_LIST_LIMIT]
     ]
 

@@ -1,8 +1,12 @@
 """Task timeouts: one scheduler for every task deadline (not a thread or timer per task).
 
 Deadlines are wall-clock times stored in the state, so after a restart a pending task keeps
-the time it already used. Entries are (deadline, task, epoch); a stale entry (the task was
-finished, or dispatched again under a newer epoch) is dropped when it comes up.
+the time it already used. A task held by a trainer without a session times out a fixed
+timeout after its dispatch (the original's meaning); one held by a session, only once the
+session has made no progress for the timeout (`core.state.task_deadline`: a trainer that is
+slow but reading keeps its tasks; one that is stuck loses them). Entries are (deadline, task,
+epoch); a stale entry (the task was finished, or dispatched again under a newer epoch) is
+dropped when it comes up, and one whose task's deadline moved is pushed again at the new one.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from chunkmaster.core.events import Fail, Resume
 from chunkmaster.core.model import TIMEOUT_REASON
-from chunkmaster.core.state import fail_ignored
+from chunkmaster.core.state import fail_ignored, task_deadline
 from chunkmaster.master.ledger import Ledger, started
 from chunkmaster.master.reports import log_failure
 
@@ -109,8 +113,8 @@ class TaskTimeouts:
 
     def rearm(self) -> None:
         """Every pending task's deadline, from the state (after it was rebuilt)."""
-        pending = self._ledger.state.pending
-        self._scheduler.reset([(p.deadline, t, p.epoch) for t, p in pending.items()])
+        st = self._ledger.state
+        self._scheduler.reset([(task_deadline(st, t), t, p.epoch) for t, p in st.pending.items()])
 
     def start(self) -> None:
         self.rearm()
@@ -123,12 +127,21 @@ class TaskTimeouts:
         return len(self._scheduler)
 
     async def _expire(self, task_id: int, epoch: int) -> None:
+        """A timer came up: the dispatch times out, unless it is over, or its holder made
+        progress since the timer was armed. Then it is armed again at the new deadline: one
+        heap entry per timeout a live trainer outlasts, not one per progress report."""
         if not self._ledger.available:
             return  # the state is being rebuilt; every timer is re-armed from it after
+        st = self._ledger.state
         ev = Fail(task_id, epoch, TIMEOUT_REASON)
-        if fail_ignored(self._ledger.state, ev) is None:
-            await self._ledger.commit(ev)
-            log_failure(self._ledger.state, task_id, TIMEOUT_REASON)
+        if fail_ignored(st, ev) is not None:
+            return
+        due = task_deadline(st, task_id)
+        if due > self._clock():
+            self.arm(due, task_id, epoch)
+            return
+        await self._ledger.commit(ev)
+        log_failure(self._ledger.state, task_id, TIMEOUT_REASON)
 
     def _after_store_outage(self) -> None:
         if self._ledger.state.pending:
