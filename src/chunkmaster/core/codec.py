@@ -292,21 +292,7 @@ def encode_snapshot(state: MasterState) -> bytes:
             [t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start, p.owner]
             for t, p in state.pending.items()
         ],
-        "sessions": [
-            [
-                sid,
-                s.name,
-                s.host,
-                s.pid,
-                s.report_every,
-                s.consumed,
-                s.owner,
-                s.world_size,
-                s.rank,
-                s.deadline,
-            ]
-            for sid, s in state.sessions.items()
-        ],
+        "sessions": [_session_row(sid, s) for sid, s in state.sessions.items()],
         "taken": [[t, e, p] for (t, e), p in state.taken.items()],
         "finishers": [
             [p, list(fin.ids.items()), list(fin.pieces.items())]
@@ -318,19 +304,7 @@ def encode_snapshot(state: MasterState) -> bytes:
         "restored_from": state.restored_from,
         "restore_key": state.restore_key,
         "pass_done": list(state.pass_done.items()),
-        "ledger": [
-            [
-                p,
-                led.dispatched,
-                led.consumed,
-                led.committed,
-                led.redispatched,
-                led.quarantined,
-                led.dropped,
-                led.padded,
-            ]
-            for p, led in state.ledger.items()
-        ],
+        "ledger": [_ledger_row(p, led) for p, led in state.ledger.items()],
         "error_budget": _budget(state.error_budget),
         "stopped": None
         if state.stopped is None
@@ -363,6 +337,34 @@ def encode_snapshot(state: MasterState) -> bytes:
         header["dataset"] = ds_header
         blobs.update(ds_blobs)
     return pack(header, blobs)
+
+
+def _session_row(sid: str, s: Session) -> list[Any]:
+    return [
+        sid,
+        s.name,
+        s.host,
+        s.pid,
+        s.report_every,
+        s.consumed,
+        s.owner,
+        s.world_size,
+        s.rank,
+        s.deadline,
+    ]
+
+
+def _ledger_row(p: int, led: PassLedger) -> list[Any]:
+    return [
+        p,
+        led.dispatched,
+        led.consumed,
+        led.committed,
+        led.redispatched,
+        led.quarantined,
+        led.dropped,
+        led.padded,
+    ]
 
 
 def decode_snapshot(data: bytes) -> MasterState:

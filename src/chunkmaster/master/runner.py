@@ -24,7 +24,13 @@ from chunkmaster.master.auth import is_loopback, server_credentials, server_ssl_
 from chunkmaster.master.checkpoint_file import read_checkpoint
 from chunkmaster.master.config import MasterConfig
 from chunkmaster.master.leadership import Alone, Leadership
-from chunkmaster.master.metrics import MAX_HTTP_CLIENTS, RpcMetrics, start_metrics
+from chunkmaster.master.metrics import (
+    MAX_HTTP_CLIENTS,
+    MasterMetrics,
+    MetricsServer,
+    RpcMetrics,
+    start_metrics,
+)
 from chunkmaster.master.readiness import remove_ready_file, write_ready_file
 from chunkmaster.master.server import MasterServer
 from chunkmaster.master.service import Service
@@ -163,43 +169,11 @@ async def _serve(
     """Lead (on etcd: once elected) and serve until stopped; True when the lock was lost."""
     store, leadership = build_store(config)
     log.info("state: %s", store.describe())
-    campaign = asyncio.create_task(leadership.campaign())
-    waiter = asyncio.create_task(stop.wait())
-    await asyncio.wait([campaign, waiter], return_when=asyncio.FIRST_COMPLETED)
-    if not campaign.done():
-        campaign.cancel()
-        await leadership.shutdown()
+    if not await _elected(leadership, stop):
         await store.shutdown()
         return False
-    waiter.cancel()
-    campaign.result()
-
-    service = Service(store, config.settings())
-    try:
-        await service.start()
-        if config.restore is not None:
-            await service.restore(
-                read_checkpoint(config.restore),
-                replace=config.restore_replace,
-                other_job=config.restore_other_job,
-            )
-    except Exception:
-        await service.close()
-        raise
-    metrics = None
-    if config.metrics_port is not None:
-        tls = None
-        if config.tls_cert is not None and config.tls_key is not None:
-            tls = server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
-        # The same rules as the RPC port: its token, its TLS.
-        metrics, http = await start_metrics(
-            service,
-            host,
-            config.metrics_port,
-            elected=leadership.elected,
-            token=config.token,
-            ssl_context=tls,
-        )
+    service = await _started_service(store, config)
+    metrics, http = await _metrics(service, config, host, leadership.elected)
     server = MasterServer(
         service,
         host,
@@ -213,11 +187,9 @@ async def _serve(
     await leadership.publish_addr(f"{host}:{server.port}")
     log.info("serving on %s", server.address)
     if config.ready_file is not None:
+        metrics_addr = None if http is None else http.address
         write_ready_file(
-            config.ready_file,
-            server.address,
-            config.store_name,
-            metrics_addr=None if metrics is None else http.address,
+            config.ready_file, server.address, config.store_name, metrics_addr=metrics_addr
         )
     lost = asyncio.create_task(leadership.lost.wait())
     waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait()), lost]
@@ -235,10 +207,56 @@ async def _serve(
         await server.stop(grace=1.0)
     for w in waiters:
         w.cancel()
-    if metrics is not None:
+    if http is not None:
         await http.stop()
     await service.close()
     if config.ready_file is not None:
         remove_ready_file(config.ready_file)
     log.info("stopped")
     return was_lost and not stop.is_set()
+
+
+async def _elected(leadership: Leadership, stop: asyncio.Event) -> bool:
+    """Campaign until this master leads (True) or it is asked to stop first (False)."""
+    campaign = asyncio.create_task(leadership.campaign())
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait([campaign, waiter], return_when=asyncio.FIRST_COMPLETED)
+    if not campaign.done():
+        campaign.cancel()
+        await leadership.shutdown()
+        return False
+    waiter.cancel()
+    campaign.result()
+    return True
+
+
+async def _started_service(store: Store, config: MasterConfig) -> Service:
+    """The service recovered from the store (and restored from --restore), or closed."""
+    service = Service(store, config.settings())
+    try:
+        await service.start()
+        if config.restore is not None:
+            await service.restore(
+                read_checkpoint(config.restore),
+                replace=config.restore_replace,
+                other_job=config.restore_other_job,
+            )
+    except Exception:
+        await service.close()
+        raise
+    return service
+
+
+async def _metrics(
+    service: Service, config: MasterConfig, host: str, elected: bool
+) -> tuple[MasterMetrics | None, MetricsServer | None]:
+    """The metrics and dashboard server, if --metrics-port asks for one: the same rules as
+    the RPC port (its token, its TLS)."""
+    if config.metrics_port is None:
+        return None, None
+    tls = None
+    if config.tls_cert is not None and config.tls_key is not None:
+        tls = server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+    return await start_metrics(
+        service, host, config.metrics_port, elected=elected, token=config.token, ssl_context=tls
+    )
