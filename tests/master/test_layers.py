@@ -145,3 +145,30 @@ def test_a_trainer_imports_nothing_of_the_master() -> None:
     # ... and the master's names are there all the same, on first use.
     assert chunkmaster.Service.__module__ == "chunkmaster.master.service"
     assert chunkmaster.SqliteStore.__module__ == "chunkmaster.store.sqlite"
+
+
+#: Functions over the limit in parts of the house other work is reshaping (the client's
+#: options, the CLI's friction, the demo): listed by name so that none is added, to be
+#: dropped from here as they shrink.
+LONG_FOR_NOW = {
+    "chunkmaster/cli/read_cmd.py:register",
+    "chunkmaster/cli/status_cmd.py:render",
+    "chunkmaster/client/buffer.py:next_run",
+    "chunkmaster/client/client.py:__init__",
+    "chunkmaster/client/client.py:_shuffled",
+    "chunkmaster/demo.py:_demo",
+}
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    long = set()
+    for path in SRC.rglob("*.py"):
+        if "_pb2" in path.name:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.add(f"{path.relative_to(SRC.parent).as_posix()}:{node.name}")
+    assert long <= LONG_FOR_NOW, sorted(long - LONG_FOR_NOW)
