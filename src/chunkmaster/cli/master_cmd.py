@@ -198,8 +198,9 @@ SETTINGS = (
         "task_timeout",
         ("--task-timeout-dur", "--task-timout-dur"),
         ("CHUNKMASTER_TASK_TIMEOUT_DUR", "TASK_TIMEOUT_DUR", "TASK_TIMOUT_DUR"),
-        "time a trainer has for one task before it is handed out again "
-        "(Go-style duration: 20m, 90s, 1.5h; default 20m). "
+        "when a held task is handed out again: for a trainer with a session, once it has "
+        "made no progress for this long (stuck, not slow); for one without, this long after "
+        "the task was handed to it (Go-style duration: 20m, 90s, 1.5h; default 20m). "
         "--task-timout-dur is the original's spelling",
     ),
     Setting(

@@ -115,17 +115,14 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.SetDatasetResponse()
 
     async def GetTask(self, request: Any, context: Any) -> Any:
-        wait = max(0.0, request.wait_seconds)
-        remaining = context.time_remaining()
-        if remaining is not None:  # answer before the caller's own deadline expires
-            wait = min(wait, max(0.0, remaining - 0.25))
         worker = request.worker or context.peer()
         owner = peer_identity(context) or ""  # journaled with the dispatch
         task = await _answer(
             context,
             lambda: self.service.get_task(
                 request.pass_id,
-                wait=wait,
+                wait=request.wait_seconds,
+                time_left=context.time_remaining(),  # answered before the caller gives up
                 worker=worker,
                 request_id=request.request_id,
                 owner=owner,
