@@ -148,7 +148,9 @@ def test_abandoned_pass_never_mixes_into_the_next(rio: Any) -> None:
     records = sample_records(400, "r")
     path = rio("mix.rio", records, max_chunk_size=200)
     with (
-        InProcessMaster(chunks_per_task=1, timeout_dur=1.0, failure_max=5) as m,
+        # A timeout short enough that a task A did not hand back would show in failed_tasks,
+        # long enough that a loaded machine does not time out a task A or B is reading.
+        InProcessMaster(chunks_per_task=1, timeout_dur=5.0, failure_max=5) as m,
         Client(m.addr) as a,
         Client(m.addr) as b,
     ):

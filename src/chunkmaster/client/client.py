@@ -197,25 +197,11 @@ class Client:
             retry_timeout=conn.retry_timeout,
             security=security,
         )
-        storage_options = dict(read.storage_options or {})  # this trainer's own: never sent
-        self._files = OpenFiles()  # local files held open across chunks, closed at pass end
-        self._storage: Callable[[str], Storage] = functools.partial(
-            storage_for, storage_options=storage_options, local=self._files
-        )
         held = None if read.prefetch_tasks is None else 1 + read.prefetch_tasks
         self._pace = Pace(2) if held is None else Pace(held, cap=held)  # tasks held (pace.py)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._readahead = (
-            ReadAhead(
-                self._storage,
-                chunks=read.read_ahead,
-                budget=read.read_ahead_bytes,
-                on_ready=self._wake,
-            )
-            if read.read_ahead
-            else None
-        )
+        self._open_storage(read)  # its read-ahead wakes the trainer's thread (self._cond)
         self._token = CancelToken()  # cancelled by close(): every pass and client-level call
         self._pass: PassBuffer | None = None
         self._it: Iterator[Any] = _EMPTY_ITER
@@ -228,12 +214,36 @@ class Client:
         self._feed: PassFeed | None = None  # the pass read by outside readers (client/feed.py)
         self.report_every = sess.report_every if options.session else 0
         self._progress = Progress(self.report_every, keep_finished=options.session)
-        self._session: TrainerSession | None = None
         self._lost_count = 0  # sessions found lost: a shuffle buffer drops their records
+        self._session: TrainerSession | None = None
         self._reporter: Reporter | None = None
         self._reports: Reports
         self._source: TaskSource
-        if options.session:
+        self._open_source(sess if options.session else None)
+
+    def _open_storage(self, read: Reading) -> None:
+        """Where chunks are read from: local files held open across chunks (closed at pass
+        end), object stores with this trainer's own `storage_options` (never sent to the
+        master), and the read-ahead of the next chunks (none with `read_ahead=0`)."""
+        self._files = OpenFiles()
+        self._storage: Callable[[str], Storage] = functools.partial(
+            storage_for, storage_options=dict(read.storage_options or {}), local=self._files
+        )
+        self._readahead = (
+            ReadAhead(
+                self._storage,
+                chunks=read.read_ahead,
+                budget=read.read_ahead_bytes,
+                on_ready=self._wake,
+            )
+            if read.read_ahead
+            else None
+        )
+
+    def _open_source(self, sess: Session | None) -> None:
+        """Where tasks come from and finishes go: the session's stream, or (`sess` None) the
+        unary calls and a Reporter thread."""
+        if sess is not None:
             self._session = TrainerSession(
                 self._link,
                 name=self.name,
@@ -291,10 +301,17 @@ class Client:
         retrying an unreachable master, for at most `timeout` seconds; then raises
         TimeoutError (the master goes on indexing).
         """
-        paths = [globs] if isinstance(globs, str) else list(globs)
+        given = [globs] if isinstance(globs, str) else list(globs)
         paths = [
-            os.path.abspath(p) if isinstance(p, str) and p and "://" not in p else p for p in paths
+            os.path.abspath(p) if isinstance(p, str) and p and "://" not in p else p for p in given
         ]
+        moved = [
+            f"{g!r} as {p!r}"
+            for g, p in zip(given, paths, strict=True)
+            if isinstance(g, str) and g and "://" not in g and not os.path.isabs(g)
+        ]
+        if moved:
+            log.info("set_dataset: relative patterns read in %s: %s", os.getcwd(), ", ".join(moved))
         deadline = time.monotonic() + timeout
 
         def call(conn: MasterConnection) -> None:

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import IO, cast
 
-from chunkmaster.formats.storage import LocalStorage, local_path, pread_ranges
+from chunkmaster.formats.remote import local_path
+from chunkmaster.formats.storage import LocalStorage, pread_ranges
 from chunkmaster.recordio.source import open_regular
 
 DEFAULT_OPEN_FILES = 16

@@ -197,42 +197,7 @@ def resolve(
         "reading": reading or Reading(),
     }
     given = {"connection": connection, "session": session, "reading": reading}
-    moved: dict[str, dict[str, Any]] = {g: {} for g in groups}
-    for old, value in (legacy or {}).items():
-        if old not in LEGACY:
-            raise TypeError(f"Client() got an unexpected keyword argument {old!r}")
-        target = LEGACY[old]
-        if target is None:
-            warnings.warn(
-                f"Client({old}=...) does nothing and is deprecated: remove it (no records "
-                "are read ahead; tasks are, as many as the trainer's pace needs, or "
-                "Reading(prefetch_tasks=...))",
-                DeprecationWarning,
-                stacklevel=stacklevel + 1,
-            )
-            continue
-        group, attr = target
-        if not group:  # worker: the trainer's name
-            warnings.warn(
-                f"Client({old}=...) is deprecated: use Client(name=...)",
-                DeprecationWarning,
-                stacklevel=stacklevel + 1,
-            )
-            if name is not None:
-                raise TypeError(f"Client() got both {old}= and name=")
-            name = value
-            continue
-        if isinstance(given[group], Connection | Session | Reading):
-            raise TypeError(
-                f"Client() got both {old}= and {group}=: give {attr} in {_GROUP_NAMES[group]}(...)"
-            )
-        warnings.warn(
-            f"Client({old}=...) is deprecated: use Client({group}="
-            f"chunkmaster.{_GROUP_NAMES[group]}({attr}=...))",
-            DeprecationWarning,
-            stacklevel=stacklevel + 1,
-        )
-        moved[group][attr] = value
+    moved, name = _move_legacy(legacy or {}, given, name, stacklevel + 2)
     for group, values in moved.items():
         if values:
             groups[group] = replace(groups[group], **values)
@@ -251,3 +216,47 @@ def resolve(
         reading=groups["reading"],
         on_task_done=on_task_done,
     )
+
+
+def _move_legacy(
+    legacy: Mapping[str, Any], given: Mapping[str, object], name: str | None, stacklevel: int
+) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The flat options of before, moved into their groups ({group: {field: value}}), and the
+    trainer's name (`worker=`, once); a DeprecationWarning each, `stacklevel` frames up."""
+    moved: dict[str, dict[str, Any]] = {g: {} for g in given}
+    for old, value in legacy.items():
+        if old not in LEGACY:
+            raise TypeError(f"Client() got an unexpected keyword argument {old!r}")
+        target = LEGACY[old]
+        if target is None:
+            warnings.warn(
+                f"Client({old}=...) does nothing and is deprecated: remove it (no records "
+                "are read ahead; tasks are, as many as the trainer's pace needs, or "
+                "Reading(prefetch_tasks=...))",
+                DeprecationWarning,
+                stacklevel=stacklevel,
+            )
+            continue
+        group, attr = target
+        if not group:  # worker: the trainer's name
+            warnings.warn(
+                f"Client({old}=...) is deprecated: use Client(name=...)",
+                DeprecationWarning,
+                stacklevel=stacklevel,
+            )
+            if name is not None:
+                raise TypeError(f"Client() got both {old}= and name=")
+            name = value
+            continue
+        if isinstance(given[group], Connection | Session | Reading):
+            raise TypeError(
+                f"Client() got both {old}= and {group}=: give {attr} in {_GROUP_NAMES[group]}(...)"
+            )
+        warnings.warn(
+            f"Client({old}=...) is deprecated: use Client({group}="
+            f"chunkmaster.{_GROUP_NAMES[group]}({attr}=...))",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
+        moved[group][attr] = value
+    return moved, name

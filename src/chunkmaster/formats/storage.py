@@ -11,13 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from chunkmaster.formats.base import Storage
+from chunkmaster.formats.remote import is_remote, local_path
 from chunkmaster.recordio.source import open_regular
-
-
-def is_url(path: str) -> bool:
-    """A path with a scheme (`s3://...`, `file://...`): read through fsspec."""
-    scheme, sep, _ = path.partition("://")
-    return bool(sep) and scheme.isidentifier()
 
 
 class LocalStorage:
@@ -54,11 +49,6 @@ def pread_ranges(fd: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
     return out
 
 
-def local_path(path: str) -> str:
-    """The local path of `path` (a `file://` URL or a plain path)."""
-    return path[len("file://") :] if path.startswith("file://") else path
-
-
 LOCAL = LocalStorage()
 
 
@@ -68,7 +58,7 @@ def storage_for(
     """The storage that reads `path`: `local` for local files (a trainer's keeps them open,
     client/files.py), or an fsspec filesystem for a URL (`storage_options` go to it:
     credentials, endpoint; never logged)."""
-    if not is_url(path) or path.startswith("file://"):
+    if not is_remote(path):
         return local
     from chunkmaster.formats.remote import shared
 
