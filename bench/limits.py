@@ -13,9 +13,13 @@ One command per figure; each prints one JSON object per measurement (`--json-out
             fixed pace. Level 0 (no idle sessions) in the same run is the baseline the others
             are read against: it is what this shared machine gives without the load.
             Goal: 10,000 sessions with the master under one core and dispatch p99 under 50 ms.
-            The load processes run at nice 10 so they never take the CPU from the master or
-            the working trainer; their own CPU and their keep-alive lateness are reported
-            (sessions lost to a late keep-alive would show as fewer sessions at the end).
+            The load processes run at nice 10 while anything is measured, so they never take
+            the CPU from the master or the working trainer; their own CPU, the keep-alive
+            rate they delivered against the rate due and the longest any session went
+            without one are reported (a session lost to a late keep-alive shows as fewer
+            sessions at the end). On a machine shared with other work, --boost -10 (as
+            root) runs the master and the working trainer ahead of it, as on a host with a
+            core for the master: the published figures (docs/limits.md) use it.
   tasks     Tasks per dataset. RecordIO files of one-record chunks (each chunk is a valid
             RecordIO chunk; the file is one chunk's bytes repeated, written at disk speed),
             `--chunk-per-task 1`: 10k (baseline), 1M and 10M tasks, on the embedded store.
@@ -34,16 +38,19 @@ One command per figure; each prints one JSON object per measurement (`--json-out
             5,000 by default: moto stores each object in one Python process, so uploading and
             listing 100,000 is not practical here; the shape of the counts tells whether a
             straight-line extrapolation holds).
-  all       The three above with their defaults (~15 minutes on 2 cores).
+  all       The three above with their defaults (~12 minutes on 2 cores: sessions 4,
+            tasks 5.5, files 2.5).
 
-    .venv/bin/python bench/limits.py sessions --levels 0,1000,5000,10000
+    .venv/bin/python bench/limits.py sessions --boost -10     # levels 0,1000,5000,10000
     .venv/bin/python bench/limits.py tasks --sizes 10000,1000000,10000000
     .venv/bin/python bench/limits.py files --local 10000,100000 --s3 1000,5000
     .venv/bin/python bench/limits.py all --json-out limits.json
     .venv/bin/python bench/limits.py sessions --levels 20000 --procs 8   # bigger
 
-`--profile DIR` (sessions, tasks) records the master with py-spy while it works and prints the
-hottest functions, so a limit can be read off where the time goes.
+`--profile DIR` records the master with py-spy (native frames: gRPC's C core too) in a window
+of its own after each measured one, and prints where its busy samples went, so a limit can be
+read off where the time goes. `--master-gc G0,G1,G2` starts the masters with those garbage
+collector thresholds (bench/gc_site): an experiment for a fix, not the product's figure.
 """
 
 from __future__ import annotations
