@@ -3,7 +3,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench peers fuzz soak soak-hostile clean proto
+.PHONY: demo test lint bench peers fuzz soak soak-hostile clean proto image test-cluster
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	sh scripts/bootstrap.sh $(VENV)
@@ -60,3 +60,17 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+
+# The container image chunkmaster:dev (Containerfile; scripts/build-image.sh says how; where
+# podman's defaults fail, as on CI's machines: CONTAINERS_CONF=tests/deploy/podman/containers.conf).
+image: $(STAMP)
+	sh scripts/ensure-podman.sh
+	PY=$(PY) sh scripts/build-image.sh
+
+# The deployment tests that need more than Python: the image built and run in a podman pod,
+# the sbatch script under a real Slurm, the DDP example against a TLS master (each installs
+# what it needs: scripts/ensure-*.sh).
+test-cluster: $(STAMP)
+	sh scripts/ensure-podman.sh
+	sh scripts/ensure-slurm.sh
+	CHUNKMASTER_CLUSTER_TESTS=1 $(PY) -m pytest -m cluster tests/deploy $(PYTEST_ARGS)

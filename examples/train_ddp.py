@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from chunkmaster.master.auth import read_token
 from chunkmaster.torch import Loader
 
 RECORD = struct.Struct("<q5f")  # record ID, 4 features, target
@@ -52,6 +53,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--addr", required=True, help="the master's host:port")
     ap.add_argument("--dataset", required=True, help="file pattern of the dataset")
+    ap.add_argument("--token-file", help="the master's token (default: CHUNKMASTER_TOKEN)")
+    ap.add_argument("--tls-ca", help="talk TLS; the CA that signed the master's certificate")
     ap.add_argument("--records", type=int, required=True, help="records in the dataset")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -85,6 +88,8 @@ def main() -> None:
         num_workers=args.workers,
         persistent_workers=True,
         name=f"rank{rank}",
+        token=None if args.token_file is None else read_token(args.token_file),
+        tls_ca=args.tls_ca,
     )
     ckpt = Path(args.checkpoint)
     step = 0

@@ -3,7 +3,12 @@
 The names most users need are here; the layers live in subpackages:
 `core` (pure state machine), `store` (journal persistence), `master` (service and server),
 `client` (the trainer's side), `recordio` (the file format).
+
+A trainer's `import chunkmaster` loads the client and nothing of the master: `Service` and
+the stores are imported on first use (`chunkmaster.Service`), for a master in the same process.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from chunkmaster.client.client import Client, EndOfPass, TaskReadError
 from chunkmaster.core.errors import (
@@ -19,9 +24,18 @@ from chunkmaster.core.errors import (
     UnavailableError,
 )
 from chunkmaster.core.model import Chunk, FailedPolicy, SaveModelRequest, Task, TaskMeta
-from chunkmaster.master.service import Service
-from chunkmaster.store.memory import InMemStore
-from chunkmaster.store.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from chunkmaster.master.service import Service
+    from chunkmaster.store.memory import InMemStore
+    from chunkmaster.store.sqlite import SqliteStore
+
+#: The master's names, each imported on first use.
+_MASTER = {
+    "Service": "chunkmaster.master.service",
+    "InMemStore": "chunkmaster.store.memory",
+    "SqliteStore": "chunkmaster.store.sqlite",
+}
 
 __version__ = "0.1.0"
 
@@ -49,3 +63,12 @@ __all__ = [
     "UnavailableError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MASTER.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chunkmaster' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

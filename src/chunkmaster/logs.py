@@ -44,6 +44,13 @@ def printable(text: str) -> str:
     return _CONTROL.sub(_escape, text)
 
 
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """`n` and the word in the form `n` asks for: "1 task", "2 tasks", "0 tasks" (`words`
+    for a plural that is not the word with an s). Counts shown to people read as sentences,
+    never "1 task(s)"."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
+
+
 def about(**fields: Any) -> dict[str, Any]:
     """The `extra=` of a log call: what the line concerns (pass_id, task, trainer, ...)."""
     unknown = set(fields) - set(FIELDS)

@@ -10,9 +10,9 @@ from helpers.etcd_server import EtcdServer
 
 from chunkmaster.etcd.connection import EtcdConnection
 from chunkmaster.etcd.discovery import MasterLocator
+from chunkmaster.etcd.journal import EtcdStore
 from chunkmaster.etcd.keys import DEFAULT_ADDR_PATH
 from chunkmaster.etcd.options import EtcdOptions
-from chunkmaster.store.etcd import EtcdStore
 
 WAIT = 10.0
 KEY = DEFAULT_ADDR_PATH.encode()

@@ -12,10 +12,10 @@ from helpers.aio import eventually, run
 from helpers.etcd_server import EtcdServer
 
 from chunkmaster.etcd.connection import EtcdConnection, get_key
+from chunkmaster.etcd.journal import EtcdStore
 from chunkmaster.etcd.keys import DEFAULT_ADDR_PATH
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.store.base import NotLeaderError, StoreError
-from chunkmaster.store.etcd import EtcdStore
 
 
 async def read_raw(endpoint: str, key: str) -> bytes | None:

@@ -11,11 +11,11 @@ from helpers.etcd_server import EtcdServer
 
 from chunkmaster.etcd.chunked import PART_SIZE
 from chunkmaster.etcd.connection import EtcdConnection
+from chunkmaster.etcd.journal import EtcdStore
 from chunkmaster.etcd.keys import DEFAULT_STATE_PATH
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.etcd.rpc import prefix_end
 from chunkmaster.store.base import NotLeaderError, Store
-from chunkmaster.store.etcd import EtcdStore
 
 MiB = 1024 * 1024
 

@@ -93,7 +93,7 @@ def test_status_warns_when_three_trainers_share_a_two_task_pass(
     trainers(3, ["--addr", m.addr, "--passes", "1", "--step-time", "1"])
     st = wait_sessions(m.addr, 3)
     (warning,) = st["warnings"]
-    assert "pass 0 has 2 task(s) for 3 trainers (sessions)" in warning
+    assert "pass 0 has 2 tasks for 3 trainers (sessions)" in warning
     assert "1 of them get nothing to read" in warning
     assert "--chunk-per-task (now 10)" in warning and "--max-chunk-size" in warning
     text = subprocess.run(
@@ -110,8 +110,8 @@ def test_status_warns_when_three_trainers_share_a_two_task_pass(
         timeout=60,
     )
     assert json.loads(js.stdout)["warnings"] == [warning]
-    assert m.wait_log("WARNING chunkmaster.service: pass 0 has 2 task\\(s\\) for 3 trainers")
-    assert m.log().count("task(s) for 3 trainers") == 1  # once, not at every message
+    assert m.wait_log("WARNING chunkmaster.service: pass 0 has 2 tasks for 3 trainers")
+    assert m.log().count("tasks for 3 trainers") == 1  # once, not at every message
 
 
 def test_the_warning_names_the_chunk_size_of_the_formats_the_master_cuts(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_the_warning_names_the_chunk_size_of_the_formats_the_master_cuts(tmp_pat
             for i in range(2):
                 await svc.open_session("", f"t{i}", "h", i, 0)
             warning = svc.few_tasks()
-            assert warning is not None and "1 task(s) for 2 trainers" in warning
+            assert warning is not None and "1 task for 2 trainers" in warning
             assert "a smaller --chunk-size (now 1MiB)" in warning
             assert "--chunk-per-task" not in warning  # it is 1 already
             assert svc.status()["warnings"] == [warning]
@@ -166,7 +166,7 @@ def test_a_data_checkpoint_cut_at_another_chunk_size_is_refused_clearly(tmp_path
         text=True,
         timeout=60,
     )
-    assert "1 jsonl files, " in shown.stdout and " chunks of up to 1KiB, " in shown.stdout
+    assert "1 jsonl file, " in shown.stdout and " chunks of up to 1KiB, " in shown.stdout
     with pytest.raises(checkpoint.CheckpointError) as err:
         asyncio.run(restore(blob, 2048))
     assert str(err.value) == (

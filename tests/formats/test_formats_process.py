@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from helpers.formats import MAKERS, SMALL_CHUNKS, digest_of
-from helpers.trainers import completed_tasks, sum_lines, wait_until_holding
+from helpers.trainers import completed_tasks, covered, wait_until_holding
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.digest import Digest
@@ -56,7 +56,7 @@ def test_three_trainers_two_passes_one_killed(
     # Pass 0: the tasks completed by anyone, the victim's included: at least once.
     tasks = completed_tasks([victim, *survivors], 0)
     assert len(tasks) == st["num_tasks"]
-    assert sum_lines(list(tasks.values())) == expected
+    assert covered(tasks, records) == expected
     # Pass 1, the survivors only: exactly once.
     total = Digest()
     for t in survivors:

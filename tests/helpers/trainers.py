@@ -117,6 +117,23 @@ def completed_tasks(trainers: Sequence[Trainer], p: int) -> dict[int, dict[str, 
     return out
 
 
+def covered(tasks: dict[int, dict[str, Any]], records: Sequence[Any]) -> Digest:
+    """The digest of a pass's records covered by its completed tasks (`completed_tasks`),
+    the dataset's `records` in task order (no shuffle): each task line's records, and the
+    records before its `start` (a task handed out again starts where the previous holder's
+    last progress report said it got: that holder consumed those)."""
+    d = Digest()
+    first = 0
+    for task_id in sorted(tasks):
+        line = tasks[task_id]
+        start = int(line.get("start", 0))
+        d.merge(Digest(int(line["digest"], 16), int(line["records"])))
+        for r in records[first : first + start]:
+            d.add(r)
+        first += start + int(line["records"])
+    return d
+
+
 def sum_lines(lines: Sequence[dict[str, Any]]) -> Digest:
     d = Digest()
     for line in lines:

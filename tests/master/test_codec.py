@@ -111,8 +111,8 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
             ev = EndSession(
                 f"s{x % 3}", "trainer lost" if lost else "returned", held(live, x), lost
             )
-        elif kind == "P":
-            ev = Progress(held(live, x))
+        elif kind == "P":  # a deadline moves with the progress (0: an entry from before)
+            ev = Progress(held(live, x), 1010.0 + x if x % 3 else 0.0)
         elif kind == "K":
             ev = Commit(held(live, x))
         elif kind == "F":
@@ -164,8 +164,8 @@ def test_replay_and_snapshot_agree_with_equal_steps(mode: str, ops: list[tuple[s
         elif kind == "E":
             lost = x % 2 == 1
             ev = EndSession(sid, "trainer lost" if lost else "returned", held(live, x), lost)
-        elif kind == "P":
-            ev = Progress(held(live, x))
+        elif kind == "P":  # a deadline moves with the progress (0: an entry from before)
+            ev = Progress(held(live, x), 1010.0 + x if x % 3 else 0.0)
         elif kind == "K":
             ev = Commit(held(live, x))
         elif kind == "Q":
@@ -241,13 +241,48 @@ def test_a_snapshot_of_an_older_version_loads_with_no_identities() -> None:
     apply(live, Dispatch(1000.0, "w", "", "", "CN=trainer-b"))
     apply(live, EndSession("s1", "trainer lost"))
     header, blobs = unpack(encode_snapshot(live))
-    assert header["version"] == SNAPSHOT_VERSION == 5
+    assert header["version"] == SNAPSHOT_VERSION == 6
     assert header["taken"] and header["sessions"] == []
     old = dict(header, version=3, pending=[p[:7] for p in header["pending"]])
     del old["taken"], old["finishers"]
     back = decode_snapshot(pack(old, blobs))
     assert [p.owner for p in back.pending.values()] == [""] and back.taken == {}
     assert decode_snapshot(encode_snapshot(live)).pending[1].owner == "CN=trainer-b"
+
+
+def test_progress_deadlines_replay_load_and_older_entries_have_none() -> None:
+    """A session's progress deadline is state: a Progress that moved it replays and loads to
+    the same deadline; it has a tag an older build refuses ("G"), while a Progress without one
+    is written as before ("P"). A version 5 snapshot loads with no deadlines (its tasks keep
+    their dispatch's)."""
+    from chunkmaster.core.codec import pack, unpack
+    from chunkmaster.core.state import task_deadline
+
+    live, journal = MasterState(), []
+
+    def do(ev: object) -> None:
+        journal.append(encode_event(ev))  # type: ignore[arg-type]
+        apply(live, ev)  # type: ignore[arg-type]
+
+    do(SetDataset(ds(9)))
+    do(OpenSession("s1", "t", "h", 1))
+    do(Dispatch(1000.0, "w", "r1", "s1"))
+    do(Dispatch(1000.0, "w", "r2", "s1"))
+    do(Dispatch(1000.0, "w", "r3"))  # a trainer without a session: a fixed deadline
+    do(Progress((Position(0, 1, 0, 1),), 1500.0))
+    do(Progress((Position(0, 1, 0, 1),), 1900.0))  # no record gained: no progress
+    assert journal[-1][:1] == b"G" and encode_event(Progress(()))[:1] == b"P"
+    assert [task_deadline(live, t) for t in (0, 1, 2)] == [1500.0, 1500.0, 1000.0]
+    replayed = MasterState()
+    for data in journal:
+        apply(replayed, decode_event(data))
+    loaded = decode_snapshot(encode_snapshot(live))
+    for st_ in (replayed, loaded):
+        assert comparable(st_) == comparable(live)
+        assert [task_deadline(st_, t) for t in (0, 1, 2)] == [1500.0, 1500.0, 1000.0]
+    header, blobs = unpack(encode_snapshot(live))
+    old = dict(header, version=5, sessions=[s[:9] for s in header["sessions"]])
+    assert decode_snapshot(pack(old, blobs)).sessions["s1"].deadline == 0.0
 
 
 def test_empty_state_snapshot() -> None:

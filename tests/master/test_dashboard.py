@@ -119,7 +119,9 @@ def test_dashboard_shows_the_pass_queues_and_trainer(
         before = status(addr)
         dom = render(f"http://{addr}/", tmp_path / "profile")
         after = status(addr)
-        if all(before[q] == after[q] for q in QUEUES):
+        if all(before[q] == after[q] for q in QUEUES) and (
+            before["progress"]["records_done"] == after["progress"]["records_done"]
+        ):
             break
     else:
         pytest.fail("the queues never held still for one render")
@@ -130,6 +132,16 @@ def test_dashboard_shows_the_pass_queues_and_trainer(
     assert text_of(dom, "n-trainers") == "1"
     assert f"<td>{TRAINER}</td>" in dom
     assert "store healthy" in text_of(dom, "health")
+    # The pass in records, the trainers' rate and the time left, as `chunkmaster status` has them
+    prog = after["progress"]
+    done, total = prog["records_done"], prog["records_total"]
+    assert total == 40
+    assert text_of(dom, "records") == f"{done} of 40 records ({100 * done // total}%)"
+    rate = text_of(dom, "rate")
+    m = re.fullmatch(r"([\d,.]+) records/s( · about \d+ (s|min|h)( \d+ min)? left)?", rate)
+    assert m is not None, rate
+    if before["progress"]["records_per_second"] and float(m.group(1).replace(",", "")):
+        assert m.group(2), rate  # a rate gives a time left
 
 
 def test_dashboard_warns_when_trainers_outnumber_the_tasks(tmp_path: Path) -> None:
@@ -159,9 +171,64 @@ def test_dashboard_warns_when_trainers_outnumber_the_tasks(tmp_path: Path) -> No
         (warning,) = status(addr)["warnings"]
         dom = render(f"http://{addr}/", tmp_path / "profile")
         assert text_of(dom, "warnings") == warning
-        assert "1 task(s) for 2 trainers" in warning
+        assert "1 task for 2 trainers" in warning
     finally:
         for t in trainers:
             t.kill()
             t.wait(10)
         m.kill()
+
+
+def test_dashboard_shows_the_records_rate_and_time_left_of_a_moving_pass(tmp_path: Path) -> None:
+    """A trainer reading steadily: the page shows the pass's records done of its total, the
+    trainers' rate and the time that leaves, between the figures of the status before and
+    after the render."""
+    m = MasterProcess(
+        ["--store", ":memory:", "--metrics-port", "0", "--chunk-per-task", "10"]
+    ).start()
+    data = numbered_records(tmp_path / "data.recordio", 2000)
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            str(HELPERS / "session_trainer.py"),
+            "--addr",
+            m.addr or "",
+            "--out",
+            str(tmp_path / "trainer.log"),
+            "--passes",
+            "1",
+            "--dataset",
+            data,
+            "--report-every",
+            "1",
+            "--step-time",
+            "0.02",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        info = read_ready_file(m.ready_file)
+        assert info is not None
+        addr = str(info["metrics_addr"])
+        end = time.monotonic() + 60
+        while not status(addr)["progress"]["seconds_left"]:
+            assert time.monotonic() < end, f"no rate yet: {m.log()[-2000:]}"
+            time.sleep(0.1)
+        before = status(addr)["progress"]
+        dom = render(f"http://{addr}/", tmp_path / "profile")
+        after = status(addr)["progress"]
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+        m.kill()
+    records = re.fullmatch(r"([\d,]+) of 2,000 records \((\d+)%\)", text_of(dom, "records"))
+    assert records is not None, text_of(dom, "records")
+    done = int(records.group(1).replace(",", ""))
+    assert before["records_done"] <= done <= after["records_done"]
+    assert int(records.group(2)) == 100 * done // 2000
+    rate = re.fullmatch(
+        r"([\d,.]+) records/s · about (\d+) (s|min)( \d+ min)? left", text_of(dom, "rate")
+    )
+    assert rate is not None, text_of(dom, "rate")
+    assert float(rate.group(1).replace(",", "")) > 0

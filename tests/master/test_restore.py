@@ -76,7 +76,7 @@ def save_a_checkpoint(tmp_path: Path, data: str) -> tuple[Path, Any, Any]:
 def test_a_fresh_master_continues_from_the_committed_position(tmp_path: Path, data: str) -> None:
     ckpt, a, b = save_a_checkpoint(tmp_path, data)
     shown = cli("checkpoint", "show", str(ckpt))
-    assert shown.returncode == 0 and "pass 0: 1 task(s) committed whole, 1 in part" in shown.stdout
+    assert shown.returncode == 0 and "pass 0: 1 task committed whole, 1 in part" in shown.stdout
     m = master(tmp_path / "second.db", "--restore", str(ckpt))
     try:
         assert m.addr is not None

@@ -267,8 +267,8 @@ def test_snapshots_and_journal_entries_of_a_seeded_job_refuse_older_readers() ->
     plain, seeded = MasterState(), MasterState()
     apply(plain, SetDataset(dataset(9, 2, None)))
     apply(seeded, SetDataset(dataset(9, 2, 4)))
-    # Every snapshot is version 5: builds that read 3 but not 4 would drop the seed.
-    assert unpack(encode_snapshot(plain))[0]["version"] == SNAPSHOT_VERSION == 5
+    # Every snapshot is version 6 (from 5 on): builds that read 3 but not 4 would drop the seed.
+    assert unpack(encode_snapshot(plain))[0]["version"] == SNAPSHOT_VERSION == 6
     assert unpack(encode_snapshot(seeded))[0]["version"] == SNAPSHOT_VERSION
     assert encode_event(SetDataset(dataset(9, 2, None)))[:1] == b"T"
     assert encode_event(SetDataset(dataset(9, 2, 4)))[:1] == b"H"

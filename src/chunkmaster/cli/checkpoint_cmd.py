@@ -11,6 +11,7 @@ from typing import Any
 
 from chunkmaster.cli.common import CliError, add_security_flags, ask_master
 from chunkmaster.core.dataset import size_text
+from chunkmaster.logs import plural
 
 
 def register(sub: Any) -> None:
@@ -101,13 +102,14 @@ def run_show(args: argparse.Namespace) -> int:
     size = "" if ds["chunk_size"] is None else f" of up to {size_text(ds['chunk_size'])}"
     print(f"job      {info['job']} (saved {info['created']})")
     print(
-        f"dataset  {ds['globs']}: {ds['files']} {ds['format']} files, {ds['chunks']} chunks"
-        f"{size}, {info['tasks']} tasks of {ds['chunks_per_task']} chunks"
+        f"dataset  {ds['globs']}: {plural(ds['files'], ds['format'] + ' file')}, "
+        f"{plural(ds['chunks'], 'chunk')}{size}, {plural(info['tasks'], 'task')} of up to "
+        f"{plural(ds['chunks_per_task'], 'chunk')}"
     )
     print(f"position pass {info['first_pass_not_committed']} (earlier passes are done)")
     for p in info["passes"]:
         print(
-            f"  pass {p['pass']}: {p['tasks_committed']} task(s) committed whole, "
+            f"  pass {p['pass']}: {plural(p['tasks_committed'], 'task')} committed whole, "
             f"{p['tasks_partly']} in part"
         )
     return 0

@@ -18,6 +18,7 @@ __all__ = [
     "add_security_flags",
     "ask_master",
     "channel_security",
+    "duration_text",
     "parse_duration",
     "security_kwargs",
 ]
@@ -29,6 +30,17 @@ class CliError(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def duration_text(seconds: float) -> str:
+    """A time for people, to the precision an estimate deserves: "8 s", "3 min", "1 h 5 min"."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
 
 
 def add_security_flags(p: argparse.ArgumentParser) -> None:
@@ -76,12 +88,20 @@ def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def ask_master(args: argparse.Namespace, call: Callable[[MasterConnection], T]) -> T:
     """One call to the master at --addr, with the command's security flags; its errors (the
     master's, or an unreachable master) become one CliError line."""
-    from chunkmaster.client.connection import MasterConnection, TransportError
+    from chunkmaster.client.connection import (
+        UNREACHABLE_ADVICE,
+        MasterConnection,
+        TransportError,
+    )
     from chunkmaster.core.errors import MasterError
 
     security = channel_security(args)
     with MasterConnection(args.addr, timeout=args.timeout, security=security) as conn:
         try:
             return call(conn)
-        except (TransportError, MasterError) as exc:
+        except TransportError as exc:
+            raise CliError(
+                f"cannot reach the master at {args.addr} ({exc.cause}): {UNREACHABLE_ADVICE}"
+            ) from None
+        except MasterError as exc:
             raise CliError(str(exc)) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -26,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command != "master":  # the master logs them, in its log's format
+        for warning in master_cmd.unknown_variables(os.environ):
+            print(f"chunkmaster: warning: {warning}", file=sys.stderr)
     try:
         code: int = args.func(args)
     except CliError as exc:

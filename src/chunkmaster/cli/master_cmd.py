@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
+import errno
 import logging
 import os
 import signal
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +65,13 @@ def _env(name: str) -> tuple[str, ...]:
 
 
 SETTINGS = (
-    Setting("port", ("--port",), _env("PORT"), "RPC port; 0 picks a free one (default 8080)"),
+    Setting(
+        "port",
+        ("--port",),
+        _env("PORT"),
+        "RPC port; 0 picks a free one (default 8080). A port in use stops the master at once, "
+        "in one line",
+    ),
     Setting(
         "host",
         ("--host",),
@@ -189,8 +198,9 @@ SETTINGS = (
         "task_timeout",
         ("--task-timeout-dur", "--task-timout-dur"),
         ("CHUNKMASTER_TASK_TIMEOUT_DUR", "TASK_TIMEOUT_DUR", "TASK_TIMOUT_DUR"),
-        "time a trainer has for one task before it is handed out again "
-        "(Go-style duration: 20m, 90s, 1.5h; default 20m). "
+        "when a held task is handed out again: for a trainer with a session, once it has "
+        "made no progress for this long (stuck, not slow); for one without, this long after "
+        "the task was handed to it (Go-style duration: 20m, 90s, 1.5h; default 20m). "
         "--task-timout-dur is the original's spelling",
     ),
     Setting(
@@ -401,7 +411,8 @@ def register(sub: Any) -> None:
             "Run the master. Without --endpoints it keeps its state in an embedded SQLite "
             "store (--store); with --endpoints it runs as a leader or hot standby on etcd. "
             "Every flag can be set from the environment as CHUNKMASTER_<FLAG> or the "
-            "original's <FLAG> (e.g. PORT, TASK_TIMOUT_DUR)."
+            "original's <FLAG> (e.g. PORT, TASK_TIMOUT_DUR); a CHUNKMASTER_* variable that "
+            "is none of these is warned about, naming the closest one."
         ),
     )
     for s in SETTINGS:
@@ -482,7 +493,10 @@ def setup_logging(level: str, fmt: str = "text") -> None:
 
 def run(args: argparse.Namespace) -> int:
     config, logging_ = config_from(args, os.environ)
+    check_ports(config, gather(args, os.environ)[1])
     setup_logging(logging_.level, logging_.format)
+    for warning in unknown_variables(os.environ):
+        log.warning("%s", warning)
     from chunkmaster.master.runner import run_master
 
     try:
@@ -493,6 +507,90 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--shuffle-seed: {exc}", USAGE_EXIT) from None
     except (CheckpointError, MasterError) as exc:  # --restore refused: the text says why
         raise CliError(f"--restore {config.restore}: {exc}") from None
+
+
+#: Every CHUNKMASTER_* variable chunkmaster reads (the master's settings, and the token that
+#: `read`, `status` and the Client take too).
+KNOWN_VARIABLES = frozenset(
+    name
+    for names in (*(s.env for s in SETTINGS), *ENV_ONLY.values(), tuple(RETIRED_ENV))
+    for name in names
+    if name.startswith("CHUNKMASTER_")
+)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each CHUNKMASTER_* variable chunkmaster does not read (a misspelt one
+    would otherwise be ignored without a word), naming the closest known one."""
+    warnings = []
+    for name in sorted(environ):
+        if not name.startswith("CHUNKMASTER_") or name in KNOWN_VARIABLES:
+            continue
+        # Alike after the prefix they all share: CHUNKMASTER_XYZZY is like none of them.
+        known = {v.removeprefix("CHUNKMASTER_"): v for v in KNOWN_VARIABLES}
+        mine = name.removeprefix("CHUNKMASTER_")
+        close = difflib.get_close_matches(mine, sorted(known), n=3, cutoff=0.6)
+        best = [known[c] for c in close if _likeness(mine, c) >= _likeness(mine, close[0]) - 0.02]
+        hint = (
+            f"did you mean {' or '.join(best)}?" if best else "no chunkmaster setting has that name"
+        )
+        warnings.append(f"{name} is not a chunkmaster variable ({hint}): ignored")
+    return warnings
+
+
+def _likeness(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def check_ports(config: MasterConfig, sources: Mapping[str, str]) -> None:
+    """Stop with one line if a port the master is to listen on is taken (or not this user's
+    to take), before the store is opened; gRPC would otherwise print its own lines and a
+    traceback. The server's own bind still decides (a port taken in between fails there)."""
+    if config.host is not None:
+        host = config.host
+    elif config.etcd is None:
+        host = "127.0.0.1"
+    else:
+        from chunkmaster.master.runner import external_ip
+
+        try:
+            host = external_ip()
+        except OSError:
+            return  # the runner says so, in its own words
+    for field, port in (("port", config.port), ("metrics_port", config.metrics_port)):
+        if not port:
+            continue  # 0 picks a free one
+        source = sources.get(field, "--" + field.replace("_", "-"))
+        named = f"{source} {port}" if source.startswith("-") else f"{source}={port}"
+        why = _bind_problem(host, port)
+        if why == errno.EADDRINUSE:
+            raise CliError(
+                f"{named}: {host}:{port} is in use (another master or program: `ss -ltnp "
+                f"'sport = :{port}'` shows which); stop it, or give another port (0 picks a "
+                "free one)"
+            )
+        if why == errno.EACCES:
+            raise CliError(
+                f"{named}: not allowed to listen on {host}:{port} (ports below 1024 need "
+                "privileges); give another port (0 picks a free one)"
+            )
+
+
+def _bind_problem(host: str, port: int) -> int | None:
+    """The errno of binding `host:port` as the master's servers would, or None if it binds."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return None  # a host that does not resolve: the server's bind says so
+    for family, kind, proto, _, where in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+            try:
+                s.bind(where)
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    return exc.errno
+    return None
 
 
 def _install_stop_signals(stop: asyncio.Event) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 from chunkmaster.cli.common import CliError, add_security_flags, security_kwargs
 from chunkmaster.core.dataset import parse_size
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
+from chunkmaster.logs import plural
 
 if TYPE_CHECKING:
     from chunkmaster.client import Client, TaskReadError
@@ -40,7 +42,10 @@ def register(sub: Any) -> None:
             "passes through the master and prints, per pass, the records it got and their "
             "digest (sum mod 2^64 of the first 8 bytes of each record's SHA-256; a record that "
             "is not bytes, as JSON Lines, text and Parquet datasets give, is hashed as its "
-            "canonical JSON encoding: docs/formats.md)."
+            "canonical JSON encoding: docs/formats.md). On a terminal it shows a progress bar "
+            "of the pass in records (every trainer's, as the master counts them) with the rate "
+            "and the time left; never with --json or when its output is redirected. Relative "
+            "dataset patterns are this trainer's: it says what each one becomes."
         ),
     )
     where = p.add_mutually_exclusive_group(required=True)
@@ -82,6 +87,14 @@ def register(sub: Any) -> None:
         "and how many records the master quarantined in that pass (unknown, JSON null, for a "
         "pass its status no longer shows: it shows the last two)",
     )
+    _add_reading_flags(p)
+    p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
+    add_security_flags(p)
+    p.set_defaults(func=run)
+
+
+def _add_reading_flags(p: argparse.ArgumentParser) -> None:
+    """How the trainer reads: its rank, prefetch, shuffle, retries and storage."""
     p.add_argument(
         "--buffer-size",
         type=int,
@@ -129,7 +142,9 @@ def register(sub: Any) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="give up after the master has been unreachable this long (default: never)",
+        help="give up after the master has been unreachable this long (default: never); "
+        "an address that never answered is warned about once, saying what to check, then "
+        "less and less often",
     )
     p.add_argument(
         "--storage-option",
@@ -158,9 +173,6 @@ def register(sub: Any) -> None:
         "that would inflate to more is refused while it is decoded and reported failed, like "
         "any chunk that cannot be read (docs/failures.md)",
     )
-    p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
-    add_security_flags(p)
-    p.set_defaults(func=run)
 
 
 def _size(text: str) -> int:
@@ -171,9 +183,8 @@ def _size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chunkmaster.client import Client, TaskReadError, TransportError
+    from chunkmaster.client import TaskReadError, TransportError
     from chunkmaster.core.errors import MasterError
-    from chunkmaster.formats.options import parse_settings
 
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
@@ -190,6 +201,43 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--task-lines and --shuffle-buffer do not go together (tasks get mixed)")
     out = sys.stdout
     done: list[Task] = []
+    with _make_client(args, done) as client:
+        try:
+            if args.dataset:
+                _say_relative(args.dataset)
+                client.set_dataset(args.dataset)
+            for p in range(args.first_pass, args.first_pass + args.passes):
+                errors: list[TaskReadError] = []
+                total = _read_pass(client, p, args, done, out, errors)
+                line: dict[str, Any] = {"pass": p, "records": total.count, "digest": total.hex()}
+                if args.continue_on_read_error:
+                    line["read_errors"] = len(errors)
+                    line["quarantined"] = _quarantined(client, p)
+                if args.json:
+                    out.write(json.dumps(line) + "\n")
+                else:
+                    extra = (
+                        f", {plural(line['read_errors'], 'read error')}, "
+                        + _quarantined_text(line["quarantined"], p)
+                        if args.continue_on_read_error
+                        else ""
+                    )
+                    out.write(f"pass {p}: {total.count} records, digest {total.hex()}{extra}\n")
+                out.flush()
+        except TaskReadError as exc:
+            raise CliError(f"read error (reported to the master): {exc}") from None
+        except TransportError as exc:  # it names the address, and what to check if never reached
+            raise CliError(str(exc)) from None
+        except MasterError as exc:
+            raise CliError(f"{type(exc).__name__}: {exc}") from None
+    return 0
+
+
+def _make_client(args: argparse.Namespace, done: list[Task]) -> Client:
+    """The trainer's client from the flags; a bad flag is a CliError."""
+    from chunkmaster.client import Client
+    from chunkmaster.formats.options import parse_settings
+
     try:
         storage_options = parse_settings(args.storage_option)
     except ValueError as exc:
@@ -214,33 +262,19 @@ def run(args: argparse.Namespace) -> int:
         )
     except (RuntimeError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    with client:
-        try:
-            if args.dataset:
-                client.set_dataset(args.dataset)
-            for p in range(args.first_pass, args.first_pass + args.passes):
-                errors: list[TaskReadError] = []
-                total = _read_pass(client, p, args, done, out, errors)
-                line: dict[str, Any] = {"pass": p, "records": total.count, "digest": total.hex()}
-                if args.continue_on_read_error:
-                    line["read_errors"] = len(errors)
-                    line["quarantined"] = _quarantined(client, p)
-                if args.json:
-                    out.write(json.dumps(line) + "\n")
-                else:
-                    extra = (
-                        f", {line['read_errors']} read error(s), "
-                        + _quarantined_text(line["quarantined"], p)
-                        if args.continue_on_read_error
-                        else ""
-                    )
-                    out.write(f"pass {p}: {total.count} records, digest {total.hex()}{extra}\n")
-                out.flush()
-        except TaskReadError as exc:
-            raise CliError(f"read error (reported to the master): {exc}") from None
-        except (MasterError, TransportError) as exc:
-            raise CliError(f"{type(exc).__name__}: {exc}") from None
-    return 0
+    return client
+
+
+def _say_relative(patterns: list[str]) -> None:
+    """Relative patterns are this trainer's (sent absolute): say once what they became."""
+    for pattern in patterns:
+        if pattern and "://" not in pattern and not os.path.isabs(pattern):
+            print(
+                f"dataset pattern {pattern!r} is relative: read as {os.path.abspath(pattern)!r} "
+                "(this trainer's working directory)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _quarantined(client: Client, p: int) -> int | None:
@@ -288,18 +322,13 @@ def _read_pass(
     `done` is filled by the client's on_task_done callback, during the call that returns the
     task's last record, so after adding that record the task digest is exactly the task's.
     """
-    from tqdm import tqdm
-
     from chunkmaster.digest import Digest
 
     total = Digest()
     task_digest = Digest()
     step = args.step_time
     tasks = bool(args.json and args.task_lines)
-    bar = tqdm(
-        desc=f"pass {p}", unit="rec", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False
-    )
-    unshown = 0
+    bar = PassBar(client, p) if _show_bar(args) else None
     done.clear()
     seen = 0
     records = (
@@ -319,10 +348,8 @@ def _read_pass(
                 if tasks:
                     task_digest = _emit_tasks(done, task_digest, out)
                 done.clear()
-            unshown += 1
-            if unshown >= 4096:
-                bar.update(unshown)
-                unshown = 0
+            if bar is not None:
+                bar.tick(total.count)
             if step:
                 time.sleep(step)
         _emit_errors(errors, seen, p, args.json, out)
@@ -330,9 +357,69 @@ def _read_pass(
             _emit_tasks(done, Digest(), out)
         done.clear()
     finally:
-        bar.update(unshown)
-        bar.close()
+        if bar is not None:
+            bar.close()
     return total
+
+
+def _show_bar(args: argparse.Namespace) -> bool:
+    """A progress bar only for a person: on a terminal (stdout and stderr), never in --json."""
+    return not args.json and sys.stdout.isatty() and sys.stderr.isatty()
+
+
+class PassBar:
+    """A progress bar of pass `p` in records, for the whole job as the master counts them
+    (every trainer's reports), with tqdm's rate and time left and this trainer's own count
+    beside it. Asks the master at most every REFRESH seconds, from the reading loop."""
+
+    REFRESH = 1.0
+
+    def __init__(self, client: Client, p: int) -> None:
+        from tqdm import tqdm
+
+        self.client = client
+        self.p = p
+        done, total = self._figures()
+        self.bar = tqdm(
+            desc=f"pass {p}",
+            unit="rec",
+            total=total,
+            initial=done or 0,
+            file=sys.stderr,
+            leave=False,
+            dynamic_ncols=True,
+        )
+        self.next = time.monotonic() + self.REFRESH
+
+    def _figures(self) -> tuple[int | None, int | None]:
+        """(records done, records in the pass) of pass `p`; None when the master does not say."""
+        st = self.client.status()
+        prog = st.get("progress")
+        if not isinstance(prog, dict) or prog.get("records_total") is None:
+            return None, None
+        total = int(prog["records_total"])
+        cur = int(prog["pass"])
+        if cur == self.p:
+            return int(prog["records_done"]), total
+        return (total if cur > self.p else 0), total
+
+    def tick(self, mine: int) -> None:
+        """A record was read (`mine` so far by this trainer): refresh the bar when it is time."""
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + self.REFRESH
+        done, total = self._figures()
+        if total is not None and self.bar.total != total:
+            self.bar.total = total
+        self.bar.set_postfix_str(f"this trainer {mine:,}", refresh=False)
+        if done is not None and done > self.bar.n:
+            self.bar.update(done - self.bar.n)
+        else:
+            self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _emit_errors(errors: list[TaskReadError], seen: int, p: int, js: bool, out: IO[str]) -> int:
@@ -354,6 +441,7 @@ def _emit_tasks(done: list[Task], task_digest: Digest, out: IO[str]) -> Digest:
             "task": task.meta.id,
             "epoch": task.meta.epoch,
             "pass": task.pass_id,
+            "start": task.start,  # records before it were consumed by an earlier holder
             "records": d.count,
             "digest": d.hex(),
         }

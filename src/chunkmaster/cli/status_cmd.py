@@ -6,14 +6,19 @@ import argparse
 import json
 from typing import Any
 
-from chunkmaster.cli.common import add_security_flags, ask_master
+from chunkmaster.cli.common import add_security_flags, ask_master, duration_text
 from chunkmaster.core.dataset import size_text
-from chunkmaster.logs import printable
+from chunkmaster.logs import plural, printable
 
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "status", help="show a master's pass, queues, trainers, record counts and failed tasks"
+        "status",
+        help="show a master's pass, its progress in records (rate, time left), queues, "
+        "trainers, record counts and failed tasks",
+        description="What the master is doing: the pass and its progress in records (done of "
+        "the pass's total, the trainers' rate, the time that leaves), the queues, the trainers "
+        "with a session, the record ledger and the tasks that failed, each reason once.",
     )
     p.add_argument("--addr", required=True, help="the master's HOST:PORT")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -32,27 +37,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(st: dict[str, Any]) -> str:
+    """The status for people: one line per part, the trainers and failures one line each."""
     lines = []
     stop = st.get("job_stopped")
     if stop:
         lines.append(f"STOPPED  {stop['message']}")
     lines.extend(f"WARNING  {w}" for w in st.get("warnings", []))
-    if not st["ready"]:
-        lines.append("no dataset yet (waiting for a trainer's set_dataset)")
-    else:
-        ds = st["dataset"]
-        size = ds.get("chunk_size")
-        lines.append(
-            f"dataset  {len(ds['globs'])} pattern(s), {ds['files']} {ds.get('format', 'recordio')} "
-            f"files, {ds['chunks']} chunks"
-            + ("" if size is None else f" of up to {size_text(size)}")
-            + f", {ds['records']} records, {st['num_tasks']} tasks of {ds['chunks_per_task']} "
-            "chunks"
-        )
+    lines.append(_dataset_line(st))
     lines.append(
         f"pass     {st['cur_pass']}: todo {st['todo']}, pending {st['pending']}, "
         f"done {st['done']}, failed {st['failed']}"
     )
+    if st.get("progress") and st["ready"]:
+        lines.append(f"progress {progress_text(st['progress'])}")
     store = st["store"]
     health = "ok" if store["healthy"] else f"UNAVAILABLE ({store['error']})"
     lines.append(f"store    {store['kind']}: {health}")
@@ -68,63 +65,91 @@ def render(st: dict[str, Any]) -> str:
             + (f"; dropped {led['dropped']}" if led.get("dropped") else "")
             + (f"; padded {led['padded']}" if led.get("padded") else "")
         )
-    steps = st.get("equal_steps")
-    if steps and steps["mode"] != "off":
-        got = ", ".join(f"{n}" for n in steps["records"].values())
-        lines.append(
-            f"steps    equal ({steps['mode']}): "
-            + (
-                f"{steps['target']} records per trainer this pass; handed out so far: {got}"
-                if got
-                else "the pass's trainers are the sessions alive at its first task"
-                + (
-                    f" (world of {steps['world_size']}; waiting for rank(s) "
-                    f"{', '.join(map(str, steps['missing_ranks']))})"
-                    if steps.get("missing_ranks")
-                    else ""
-                )
-            )
-        )
-    if "trainers" in st:
-        lines.append(
-            f"trainers {st['sessions']} with a session (lease {st['trainer_ttl']:g}s)"
-            + (":" if st["trainers"] else "")
-        )
-        if st["trainers"]:
-            lines.append(
-                f"  {'name':24} {'host':16} {'pid':>7} {'rank':>5} {'held':>4} {'consumed':>10} "
-                f"{'rec/s':>9} {'heard':>7}  data wait p50/p99 (share)"
-            )
-        for t in st["trainers"]:
-            rate = "-" if t["records_per_second"] is None else f"{t['records_per_second']:.1f}"
-            heard = "-" if t["last_heard_s"] is None else f"{t['last_heard_s']:.1f}s"
-            rank = "-" if t.get("rank") is None else str(t["rank"])
-            w = t.get("data_wait")
-            wait = (
-                "-"
-                if w is None
-                else f"{w['p50_ms']:.1f}/{w['p99_ms']:.1f} ms ({100 * w['share']:.0f}%)"
-            )
-            lines.append(
-                f"  {t['name'][:24]:24} {t['host'][:16]:16} {t['pid']:>7} {rank:>5} "
-                f"{t['tasks_held']:>4} {t['records_consumed']:>10} {rate:>9} {heard:>7}  {wait}"
-            )
+    lines.extend(_steps(st))
+    lines.extend(_trainers(st))
     lines.extend(_quarantine(st))
     if st["failed_tasks"]:
         lines.append(
-            f"failures {st['tasks_with_failures']} task(s) failed at least once "
+            f"failures {plural(st['tasks_with_failures'], 'task')} failed at least once "
             f"(limit {st['failure_max']}, policy {st['failed_policy']}):"
         )
         for t in st["failed_tasks"]:
-            reasons = "; ".join(
-                f"pass {r['pass']} epoch {r['epoch']}: {r['reason']}" for r in t["reasons"]
-            )
             lines.append(
-                f"  task {t['id']} [{t['queue']}] {t['total_failures']} failure(s): {reasons}"
+                f"  task {t['id']} [{t['queue']}] {plural(t['total_failures'], 'failure')}: "
+                + reasons_text(t["reasons"])
             )
     # Names, reasons, patterns and paths come from trainers and file systems: shown escaped,
     # one line each, unable to drive the terminal.
     return "\n".join(printable(line) for line in lines)
+
+
+def _dataset_line(st: dict[str, Any]) -> str:
+    if not st["ready"]:
+        return "no dataset yet (waiting for a trainer's set_dataset)"
+    ds = st["dataset"]
+    size = ds.get("chunk_size")
+    return (
+        f"dataset  {plural(len(ds['globs']), 'pattern')}, "
+        f"{plural(ds['files'], ds.get('format', 'recordio') + ' file')}, "
+        f"{plural(ds['chunks'], 'chunk')}"
+        + ("" if size is None else f" of up to {size_text(size)}")
+        + f", {plural(ds['records'], 'record')}, {plural(st['num_tasks'], 'task')} of up to "
+        f"{plural(ds['chunks_per_task'], 'chunk')}"
+    )
+
+
+def _steps(st: dict[str, Any]) -> list[str]:
+    """Equal steps: the pass's quota and what each trainer got, or whom the pass waits for."""
+    steps = st.get("equal_steps")
+    if not steps or steps["mode"] == "off":
+        return []
+    got = ", ".join(f"{n}" for n in steps["records"].values())
+    if got:
+        return [
+            f"steps    equal ({steps['mode']}): {steps['target']} records per trainer this pass; "
+            f"handed out so far: {got}"
+        ]
+    missing = steps.get("missing_ranks") or []
+    waiting = (
+        f" (world of {steps['world_size']}; waiting for {'rank' if len(missing) == 1 else 'ranks'} "
+        f"{', '.join(map(str, missing))})"
+        if missing
+        else ""
+    )
+    return [
+        f"steps    equal ({steps['mode']}): the pass's trainers are the sessions alive at its "
+        f"first task{waiting}"
+    ]
+
+
+def _trainers(st: dict[str, Any]) -> list[str]:
+    """The trainers with a session, one line each."""
+    if "trainers" not in st:
+        return []
+    lines = [
+        f"trainers {st['sessions']} with a session (lease {st['trainer_ttl']:g}s)"
+        + (":" if st["trainers"] else "")
+    ]
+    if st["trainers"]:
+        lines.append(
+            f"  {'name':24} {'host':16} {'pid':>7} {'rank':>5} {'held':>4} {'consumed':>10} "
+            f"{'rec/s':>9} {'heard':>7}  data wait p50/p99 (share)"
+        )
+    for t in st["trainers"]:
+        rate = "-" if t["records_per_second"] is None else f"{t['records_per_second']:.1f}"
+        heard = "-" if t["last_heard_s"] is None else f"{t['last_heard_s']:.1f}s"
+        rank = "-" if t.get("rank") is None else str(t["rank"])
+        w = t.get("data_wait")
+        wait = (
+            "-"
+            if w is None
+            else f"{w['p50_ms']:.1f}/{w['p99_ms']:.1f} ms ({100 * w['share']:.0f}%)"
+        )
+        lines.append(
+            f"  {t['name'][:24]:24} {t['host'][:16]:16} {t['pid']:>7} {rank:>5} "
+            f"{t['tasks_held']:>4} {t['records_consumed']:>10} {rate:>9} {heard:>7}  {wait}"
+        )
+    return lines
 
 
 def _quarantine(st: dict[str, Any]) -> list[str]:
@@ -138,13 +163,63 @@ def _quarantine(st: dict[str, Any]) -> list[str]:
         f"{st['cur_pass']} lost {budget['quarantined']} records to quarantined tasks"
     ]
     if st["quarantined_tasks"]:
-        lines.append(f"quarantine {len(st['quarantined_tasks'])} task(s) left out of the pass:")
+        lines.append(
+            f"quarantine {plural(len(st['quarantined_tasks']), 'task')} left out of the pass:"
+        )
     for q in st["quarantined_tasks"]:
         where = "; ".join(
-            f"{path} at offset(s) "
+            f"{path} at offset"
+            + ("s " if sum(c["path"] == path for c in q["chunks"]) > 1 else " ")
             + ", ".join(str(c["offset"]) for c in q["chunks"] if c["path"] == path)
             for path in q["files"]
         )
         last = q["reasons"][-1]["reason"] if q["reasons"] else "no reason recorded"
-        lines.append(f"  task {q['id']}: {q['records']} records in {where}; last reason: {last}")
+        lines.append(
+            f"  task {q['id']}: {plural(q['records'], 'record')} in {where}; last reason: {last}"
+        )
     return lines
+
+
+def progress_text(prog: dict[str, Any]) -> str:
+    """The pass in records: done of its total, the trainers' rate and the time it leaves."""
+    done, total = prog["records_done"], prog["records_total"]
+    text = f"pass {prog['pass']}: {done:,} of {total:,} record{'' if total == 1 else 's'}"
+    if total:
+        text += f" ({100 * done // total}%)"
+    rate = prog["records_per_second"]
+    if rate is None:
+        return text + "; no rate yet (trainers with a session report it)"
+    text += f", {rate:,.1f} records/s"
+    left = prog["seconds_left"]
+    return text + ("" if left is None else f", about {duration_text(left)} left")
+
+
+def reasons_text(reasons: list[dict[str, Any]]) -> str:
+    """A task's failures, each reason once with how often and when: "bad CRC (4 times: pass
+    0, epochs 1-4); trainer lost (pass 1, epoch 6)"."""
+    by_reason: dict[str, list[tuple[int, int]]] = {}
+    for r in reasons:
+        by_reason.setdefault(r["reason"], []).append((r["pass"], r["epoch"]))
+    parts = []
+    for reason, when in by_reason.items():
+        passes: dict[int, list[int]] = {}
+        for p, epoch in when:
+            passes.setdefault(p, []).append(epoch)
+        at = ", ".join(
+            f"pass {p}, {'epoch' if len(epochs) == 1 else 'epochs'} {_runs(epochs)}"
+            for p, epochs in passes.items()
+        )
+        times = "" if len(when) == 1 else f"{len(when)} times: "
+        parts.append(f"{reason or 'no reason given'} ({times}{at})")
+    return "; ".join(parts)
+
+
+def _runs(numbers: list[int]) -> str:
+    """1, 2, 3, 5 as "1-3, 5"."""
+    out: list[tuple[int, int]] = []
+    for n in sorted(set(numbers)):
+        if out and out[-1][1] == n - 1:
+            out[-1] = (out[-1][0], n)
+        else:
+            out.append((n, n))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)

@@ -314,10 +314,17 @@ class Client:
         retrying an unreachable master, for at most `timeout` seconds; then raises
         TimeoutError (the master goes on indexing).
         """
-        paths = [globs] if isinstance(globs, str) else list(globs)
+        given = [globs] if isinstance(globs, str) else list(globs)
         paths = [
-            os.path.abspath(p) if isinstance(p, str) and p and "://" not in p else p for p in paths
+            os.path.abspath(p) if isinstance(p, str) and p and "://" not in p else p for p in given
         ]
+        moved = [
+            f"{g!r} as {p!r}"
+            for g, p in zip(given, paths, strict=True)
+            if isinstance(g, str) and g and "://" not in g and not os.path.isabs(g)
+        ]
+        if moved:
+            log.info("set_dataset: relative patterns read in %s: %s", os.getcwd(), ", ".join(moved))
         deadline = time.monotonic() + timeout
 
         def call(conn: MasterConnection) -> None:

@@ -96,6 +96,40 @@ class TransportError(Exception):
         super().__init__(f"master at {addr}: {name}: {details}")
         self.addr = addr
         self.code = code
+        self.details = details
+
+    @property
+    def cause(self) -> str:
+        """Why the master could not be reached, in a few words a person can act on (gRPC's
+        own text is one long line of nested causes)."""
+        text = self.details or ""
+        if self.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return "no answer in time"
+        for needle, words in _CAUSES:
+            if needle in text:
+                return words
+        last = text.rsplit("last error: ", 1)[-1]
+        return last.rsplit(": ", 1)[-1][:120] or "no answer"
+
+
+#: Pieces of gRPC's error texts, and what they mean to the person who typed the address.
+_CAUSES = (
+    ("Connection refused", "connection refused"),
+    ("Domain name not found", "no such host"),
+    ("errors resolving", "the host name does not resolve"),
+    ("CERTIFICATE_VERIFY_FAILED", "TLS: its certificate is not signed by the CA given"),
+    ("WRONG_VERSION_NUMBER", "TLS handshake failed: does the master serve TLS?"),
+    ("Tls handshake failed", "TLS handshake failed"),
+    ("Socket closed", "the connection was closed at once: does the master want TLS?"),
+    ("http1.x server", "an HTTP server answers there, not a master"),
+    ("No route to host", "no route to host"),
+    ("Network is unreachable", "network unreachable"),
+)
+
+#: What to check when a master was never reached (client log lines, `status`, `read`).
+UNREACHABLE_ADVICE = (
+    "check the host and port (is a master serving there?) and whether it wants TLS or a token"
+)
 
 
 class CallCancelled(Exception):

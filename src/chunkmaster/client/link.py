@@ -22,12 +22,13 @@ import grpc
 from chunkmaster.client.connection import (
     DEFAULT_TIMEOUT,
     PLAIN,
+    UNREACHABLE_ADVICE,
     CallCancelled,
     ChannelSecurity,
     MasterConnection,
     TransportError,
 )
-from chunkmaster.core.errors import UnavailableError
+from chunkmaster.core.errors import MasterError, UnavailableError
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -36,6 +37,35 @@ T_co = TypeVar("T_co", covariant=True)
 
 LOG_EVERY = 10.0
 """Seconds between "still waiting" log lines of one wait."""
+
+NEVER_CONNECTED_REMINDERS = (60.0, 120.0, 240.0, 480.0, 1080.0)
+"""Seconds after the "never connected" warning when it is said again (then every 10 min): an
+address that never answered is most likely wrong, and the first warning said what to check."""
+
+
+def _reminder_at(n: int) -> float:
+    """When the `n`-th "still never connected" reminder is due, in seconds after the first."""
+    last = len(NEVER_CONNECTED_REMINDERS) - 1
+    if n <= last:
+        return NEVER_CONNECTED_REMINDERS[n]
+    return NEVER_CONNECTED_REMINDERS[last] + 600.0 * (n - last)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+class NeverConnectedError(TransportError):
+    """A master that never answered at all since the client started: most likely a wrong
+    address, or a master that wants TLS or a token. The message says what to check."""
+
+    def __init__(self, last: TransportError, waited: float) -> None:
+        Exception.__init__(
+            self,
+            f"never connected to {last.addr} in {_duration(waited)} ({last.cause}): "
+            + UNREACHABLE_ADVICE,
+        )
+        self.addr, self.code, self.details = last.addr, last.code, last.details
 
 
 class Cancelled(Exception):
@@ -153,6 +183,9 @@ class MasterLink:
         self._lock = threading.Lock()
         self._conn: MasterConnection | None = None
         self._closed = False
+        self._reached = False  # a master has answered (anything) on this link
+        self._never_warned: float | None = None  # when "never connected" was first said
+        self._reminders = 0
 
     @property
     def address(self) -> str | None:
@@ -184,11 +217,19 @@ class MasterLink:
                 result = fn(conn)
             except (TransportError, UnavailableError) as exc:
                 cancel.check()  # a cancelled call shows up as a transport error: not a failure
+                now = time.monotonic()
+                never = isinstance(exc, TransportError) and not self._reached
                 if isinstance(exc, TransportError):
                     self._drop(conn)
-                now = time.monotonic()
+                else:
+                    self._reached = True  # the master answered: its store fails for now
                 if first_failure is None:
                     first_failure = last_log = now
+                if never:
+                    # Said once for the link (every call fails alike), then less often.
+                    assert isinstance(exc, TransportError)
+                    self._never_connected(exc, now)
+                elif last_log == first_failure == now:
                     log.warning("%s: %s; retrying with backoff", what, exc)
                 elif now - last_log >= LOG_EVERY:
                     last_log = now
@@ -199,15 +240,22 @@ class MasterLink:
                         attempt + 1,
                         exc,
                     )
-                if self.retry_timeout is not None and now - first_failure >= self.retry_timeout:
-                    raise
-                if deadline is not None and now >= deadline:
+                out_of_time = (
+                    self.retry_timeout is not None and now - first_failure >= self.retry_timeout
+                ) or (deadline is not None and now >= deadline)
+                if out_of_time:
+                    if never:
+                        assert isinstance(exc, TransportError)
+                        raise NeverConnectedError(exc, now - first_failure) from None
                     raise
                 delay = backoff_delay(attempt, self.backoff_base, self.backoff_max)
                 cancel.sleep(delay if deadline is None else min(delay, deadline - now))
                 attempt += 1
                 continue
-            if first_failure is not None:
+            except MasterError:
+                self._answered(conn.addr)
+                raise
+            if self._answered(conn.addr) and first_failure is not None:
                 log.warning(
                     "%s: master at %s answers again after %.1fs",
                     what,
@@ -215,6 +263,45 @@ class MasterLink:
                     time.monotonic() - first_failure,
                 )
             return result
+
+    def _never_connected(self, exc: TransportError, now: float) -> None:
+        """Say that the address never answered, and what to check: once for the link, then
+        at NEVER_CONNECTED_REMINDERS."""
+        with self._lock:
+            first = self._never_warned
+            if first is None:
+                self._never_warned = now
+            elif now - first >= _reminder_at(self._reminders):
+                self._reminders += 1
+            else:
+                return
+        if first is None:
+            log.warning(
+                "never connected to %s (%s): %s; retrying",
+                exc.addr,
+                exc.cause,
+                UNREACHABLE_ADVICE,
+            )
+        else:
+            log.warning(
+                "still never connected to %s after %s (%s); retrying",
+                exc.addr,
+                _duration(now - first),
+                exc.cause,
+            )
+
+    def _answered(self, addr: str) -> bool:
+        """Note that the master answered; False the first time after "never connected" was
+        said (which is then followed by "connected", once)."""
+        with self._lock:
+            if self._reached:
+                return True
+            self._reached = True
+            warned = self._never_warned
+        if warned is not None:
+            log.warning("connected to %s after %s", addr, _duration(time.monotonic() - warned))
+            return False
+        return True
 
     def _connection(self, cancel: CancelToken, what: str) -> MasterConnection:
         addr = self._addr if self._locator is None else self._await_address(cancel, what)

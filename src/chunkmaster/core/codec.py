@@ -15,6 +15,7 @@ from collections import deque
 from fractions import Fraction
 from typing import Any
 
+from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import (
     ApproveSave,
@@ -34,13 +35,11 @@ from chunkmaster.core.events import (
     SetDataset,
     SetErrorBudget,
 )
-from chunkmaster.core.model import FailedPolicy, Failure, Position
-from chunkmaster.core.quarantine import ErrorBudget, JobStop
+from chunkmaster.core.model import FailedPolicy, Failure, PassLedger, Position
 from chunkmaster.core.state import (
     FAILURE_HISTORY,
     Finishers,
     MasterState,
-    PassLedger,
     Pending,
     SaveApproval,
     Session,
@@ -57,10 +56,11 @@ CONTAINER_MAGIC = b"CMB1"
 #: sessions and dispatches, the dispatches taken back, the finishers of each pass), the
 #: sessions' ranks and world sizes and the last restore's key: an older build must refuse it
 #: rather than let any identity resume any session (a version 2 to 4 snapshot reads with no
-#: identities, nothing taken back, no ranks).
-SNAPSHOT_VERSION = 5
+#: identities, nothing taken back, no ranks). 6: the same with each session's progress
+#: deadline (a version 2 to 5 snapshot reads with none: its tasks keep their dispatch's).
+SNAPSHOT_VERSION = 6
 SNAPSHOT_VERSION_SHUFFLED = SNAPSHOT_VERSION
-READABLE_VERSIONS = (2, 3, 4, SNAPSHOT_VERSION)
+READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION)
 #: A dataset's `chunk_size` (the bound its chunks were cut at) is an optional key, read as None
 #: when absent, and needs no new version: an older build that drops it hands out the same
 #: tasks; only the data checkpoints it writes lack the size (and read as cut at 4 MiB).
@@ -201,8 +201,10 @@ def encode_event(ev: Event) -> bytes:
             return (b"L" if charge else b"E") + _dumps([sid, r, _positions(ps)])
         case ReturnTasks(session=sid, positions=ps):
             return b"U" + _dumps([sid, _positions(ps)])
-        case Progress(positions=ps):
-            return b"P" + _dumps(_positions(ps))
+        case Progress(positions=ps, deadline=d):
+            # Progress that moves deadlines has a tag of its own: an older build refuses it
+            # rather than replaying it without the deadlines it moves.
+            return b"G" + _dumps([d, _positions(ps)]) if d else b"P" + _dumps(_positions(ps))
         case Commit(positions=ps):
             return b"K" + _dumps(_positions(ps))
         case Restore(floor=f, commits=cs, source=src, key=key):
@@ -250,6 +252,8 @@ def decode_event(data: bytes) -> Event:
             return ReturnTasks(str(v[0]), _positions_from(v[1]))
         if tag == b"P":
             return Progress(_positions_from(v))
+        if tag == b"G":
+            return Progress(_positions_from(v[1]), float(v[0]))
         if tag == b"K":
             return Commit(_positions_from(v))
         if tag == b"B":
@@ -288,20 +292,7 @@ def encode_snapshot(state: MasterState) -> bytes:
             [t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start, p.owner]
             for t, p in state.pending.items()
         ],
-        "sessions": [
-            [
-                sid,
-                s.name,
-                s.host,
-                s.pid,
-                s.report_every,
-                s.consumed,
-                s.owner,
-                s.world_size,
-                s.rank,
-            ]
-            for sid, s in state.sessions.items()
-        ],
+        "sessions": [_session_row(sid, s) for sid, s in state.sessions.items()],
         "taken": [[t, e, p] for (t, e), p in state.taken.items()],
         "finishers": [
             [p, list(fin.ids.items()), list(fin.pieces.items())]
@@ -313,19 +304,7 @@ def encode_snapshot(state: MasterState) -> bytes:
         "restored_from": state.restored_from,
         "restore_key": state.restore_key,
         "pass_done": list(state.pass_done.items()),
-        "ledger": [
-            [
-                p,
-                led.dispatched,
-                led.consumed,
-                led.committed,
-                led.redispatched,
-                led.quarantined,
-                led.dropped,
-                led.padded,
-            ]
-            for p, led in state.ledger.items()
-        ],
+        "ledger": [_ledger_row(p, led) for p, led in state.ledger.items()],
         "error_budget": _budget(state.error_budget),
         "stopped": None
         if state.stopped is None
@@ -358,6 +337,34 @@ def encode_snapshot(state: MasterState) -> bytes:
         header["dataset"] = ds_header
         blobs.update(ds_blobs)
     return pack(header, blobs)
+
+
+def _session_row(sid: str, s: Session) -> list[Any]:
+    return [
+        sid,
+        s.name,
+        s.host,
+        s.pid,
+        s.report_every,
+        s.consumed,
+        s.owner,
+        s.world_size,
+        s.rank,
+        s.deadline,
+    ]
+
+
+def _ledger_row(p: int, led: PassLedger) -> list[Any]:
+    return [
+        p,
+        led.dispatched,
+        led.consumed,
+        led.committed,
+        led.redispatched,
+        led.quarantined,
+        led.dropped,
+        led.padded,
+    ]
 
 
 def decode_snapshot(data: bytes) -> MasterState:
@@ -439,10 +446,14 @@ def decode_snapshot(data: bytes) -> MasterState:
 
 
 def _session_from(n: Any, h: Any, pid: Any, every: Any, consumed: Any, more: list[Any]) -> Session:
-    """A snapshot's session: owner, world size and rank are absent before version 5."""
+    """A snapshot's session: owner, world size and rank are absent before version 5, the
+    progress deadline before version 6."""
     owner = str(more[0]) if more else ""
     world, rank = (int(more[1]), int(more[2])) if len(more) > 2 else (0, 0)
-    return Session(str(n), str(h), int(pid), int(every), int(consumed), owner, world, rank)
+    deadline = float(more[3]) if len(more) > 3 else 0.0
+    return Session(
+        str(n), str(h), int(pid), int(every), int(consumed), owner, world, rank, deadline
+    )
 
 
 def _steps_header(st: StepsState) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.model import FailedPolicy, Position
-from chunkmaster.core.quarantine import ErrorBudget
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +138,13 @@ class ReturnTasks:
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """How far trainers consumed the tasks they hold (stale or foreign positions are ignored)."""
+    """How far trainers consumed the tasks they hold (stale or foreign positions are ignored).
+    A session whose position moved made progress: its tasks do not time out before
+    `deadline` (wall-clock seconds: now plus the task timeout; 0 in entries written before
+    deadlines moved with progress)."""
 
     positions: tuple[Position, ...]
+    deadline: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

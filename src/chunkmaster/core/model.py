@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,21 @@ class Failure:
     pass_id: int
     epoch: int
     reason: str
+
+
+@dataclass(slots=True)
+class PassLedger:
+    """Record counts of one pass: what was handed out, consumed, committed, and handed out
+    again (by why: a record handed out again was maybe read twice, at most up to where its
+    previous holder got beyond its last report)."""
+
+    dispatched: int = 0
+    consumed: int = 0
+    committed: int = 0
+    redispatched: dict[str, int] = field(default_factory=dict)
+    quarantined: int = 0  # records not delivered: their task went over failure_max
+    dropped: int = 0  # equal steps: records not handed out in the pass
+    padded: int = 0  # equal steps: records handed out again to even the trainers up
 
 
 class FailedPolicy(enum.StrEnum):

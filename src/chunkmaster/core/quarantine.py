@@ -15,84 +15,53 @@ within the new budget goes on.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from chunkmaster.core.budget import ErrorBudget, JobStop
+from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import JobStoppedError
-from chunkmaster.core.model import Chunk, FailedPolicy, Failure
+from chunkmaster.core.model import Chunk, FailedPolicy, Failure, PassLedger
 
-if TYPE_CHECKING:
-    from chunkmaster.core.state import MasterState
+__all__ = [
+    "ErrorBudget",
+    "JobStop",
+    "QuarantinedTask",
+    "Records",
+    "budget_limit",
+    "check_running",
+    "describe",
+    "note_pass_started",
+    "note_quarantined",
+    "set_budget",
+]
 
 MESSAGE_TASKS = 5  # tasks named in a stop's message (status lists them all)
-_BUDGET = re.compile(r"(\d+)|(\d+(?:\.\d*)?|\.\d+)%")
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorBudget:
-    """How many records one pass may lose to quarantined tasks: `records`, or `percent` of
-    the dataset's records (rounded down); neither means no limit."""
+class Records(Protocol):
+    """The seam: what the quarantine sees of the master's state (`core.state.MasterState`
+    is one). It reads the pass, its failures and positions, and writes only the budget, the
+    stop and the pass's ledger."""
 
-    records: int | None = None
-    percent: Fraction | None = None
-
-    def __post_init__(self) -> None:
-        if self.records is not None and self.percent is not None:
-            raise ValueError("an error budget is a record count or a percentage, not both")
-        if self.records is not None and self.records < 0:
-            raise ValueError(f"an error budget of {self.records} records is negative")
-        if self.percent is not None and not 0 <= self.percent <= 100:
-            raise ValueError(f"an error budget of {self.percent}% is not from 0% to 100%")
-
-    @classmethod
-    def parse(cls, text: str) -> ErrorBudget:
-        """`unlimited`, a whole number of records (`10`) or a percentage (`0.1%`)."""
-        s = text.strip()
-        if s.lower() in ("unlimited", "none", ""):
-            return cls()
-        m = _BUDGET.fullmatch(s)
-        if m is None:
-            raise ValueError(
-                f"{text!r} is not a record count (10), a percentage of the dataset (0.1%) "
-                "or 'unlimited'"
-            )
-        if m.group(1) is not None:
-            return cls(records=int(m.group(1)))
-        return cls(percent=Fraction(m.group(2)))
+    error_budget: ErrorBudget
+    stopped: JobStop | None
 
     @property
-    def unlimited(self) -> bool:
-        return self.records is None and self.percent is None
-
-    def __str__(self) -> str:
-        if self.records is not None:
-            return str(self.records)
-        if self.percent is not None:
-            p = self.percent
-            return f"{p.numerator}%" if p.denominator == 1 else f"{float(p):g}%"
-        return "unlimited"
-
-    def limit(self, dataset_records: int | None) -> int | None:
-        """The records a pass may lose; None: no limit (or a percentage of an unknown size)."""
-        if self.records is not None:
-            return self.records
-        if self.percent is None or dataset_records is None:
-            return None
-        return int(self.percent * dataset_records / 100)
-
-
-@dataclass(frozen=True, slots=True)
-class JobStop:
-    """The job stopped: pass `pass_id` lost `records` records to the quarantined `tasks`,
-    over the `limit` of the error budget. `message` is what trainers get."""
-
-    pass_id: int
-    records: int
-    limit: int
-    tasks: tuple[int, ...]
-    message: str
+    def dataset(self) -> Dataset | None: ...
+    @property
+    def cur_pass(self) -> int: ...
+    @property
+    def failed_policy(self) -> FailedPolicy: ...
+    @property
+    def failed(self) -> Sequence[int]: ...
+    @property
+    def progress(self) -> Mapping[int, int]: ...
+    @property
+    def failure_log(self) -> Mapping[int, Sequence[Failure]]: ...
+    def task_records(self, task_id: int, pass_id: int | None = None) -> int: ...
+    def pass_ledger(self, pass_id: int | None = None) -> PassLedger: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +91,7 @@ class QuarantinedTask:
         return f"task {self.task_id} ({where}; {self.records} records): {why}"
 
 
-def describe(state: MasterState, task_id: int) -> QuarantinedTask:
+def describe(state: Records, task_id: int) -> QuarantinedTask:
     assert state.dataset is not None
     log = state.failure_log.get(task_id, ())
     # With a shuffle seed a task covers other chunks every pass: name those it failed on.
@@ -130,14 +99,14 @@ def describe(state: MasterState, task_id: int) -> QuarantinedTask:
     return QuarantinedTask(task_id, state.dataset.task_chunks(task_id, failed_in), tuple(log))
 
 
-def budget_limit(state: MasterState) -> int | None:
+def budget_limit(state: Records) -> int | None:
     ds = state.dataset
     if state.error_budget.percent is None:
         return state.error_budget.limit(None)
     return state.error_budget.limit(None if ds is None else ds.num_records)
 
 
-def note_quarantined(state: MasterState, task_id: int) -> None:
+def note_quarantined(state: Records, task_id: int) -> None:
     """A task went over failure_max in this pass: count the records it did not deliver (from
     its known position on) and hold the pass to the budget. Call before its position goes."""
     missing = state.task_records(task_id) - state.progress.get(task_id, 0)
@@ -145,14 +114,14 @@ def note_quarantined(state: MasterState, task_id: int) -> None:
     _hold_to_budget(state)
 
 
-def note_pass_started(state: MasterState) -> None:
+def note_pass_started(state: Records) -> None:
     """A pass began: under the keep policy the tasks kept out are its quarantined records."""
     if state.failed_policy is FailedPolicy.KEEP and state.failed:
         state.pass_ledger().quarantined += sum(state.task_records(t) for t in state.failed)
         _hold_to_budget(state)
 
 
-def set_budget(state: MasterState, budget: ErrorBudget) -> bool:
+def set_budget(state: Records, budget: ErrorBudget) -> bool:
     """A new budget: a stopped job within it goes on; a running one over it stops."""
     state.error_budget = budget
     stop = state.stopped
@@ -164,13 +133,13 @@ def set_budget(state: MasterState, budget: ErrorBudget) -> bool:
     return True
 
 
-def check_running(state: MasterState) -> None:
+def check_running(state: Records) -> None:
     """Raise the stop's error if the job stopped."""
     if state.stopped is not None:
         raise JobStoppedError(state.stopped.message)
 
 
-def _hold_to_budget(state: MasterState) -> None:
+def _hold_to_budget(state: Records) -> None:
     if state.stopped is not None or state.dataset is None:
         return
     limit = budget_limit(state)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from chunkmaster.core import quarantine, steps
+from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import AllTaskFailedError, PassAfterError, PassBeforeError
 from chunkmaster.core.events import (
@@ -45,11 +46,11 @@ from chunkmaster.core.model import (
     TRAINER_LOST_REASON,
     FailedPolicy,
     Failure,
+    PassLedger,
     Position,
     Task,
     TaskMeta,
 )
-from chunkmaster.core.quarantine import ErrorBudget, JobStop
 from chunkmaster.core.shuffle import pass_queue
 
 FAILURE_HISTORY = 8  # failures remembered per task; the count is kept in full
@@ -110,21 +111,10 @@ class Session:
     owner: str = ""  # the identity that opened it (mutual TLS): only it may resume it
     world_size: int = 0  # the job's trainers as this one declared them (0: not said)
     rank: int = 0
-
-
-@dataclass(slots=True)
-class PassLedger:
-    """Record counts of one pass: what was handed out, consumed, committed, and handed out
-    again (by why: a record handed out again was maybe read twice, at most up to where its
-    previous holder got beyond its last report)."""
-
-    dispatched: int = 0
-    consumed: int = 0
-    committed: int = 0
-    redispatched: dict[str, int] = field(default_factory=dict)
-    quarantined: int = 0  # records not delivered: their task went over failure_max
-    dropped: int = 0  # equal steps: records not handed out in the pass
-    padded: int = 0  # equal steps: records handed out again to even the trainers up
+    #: Its tasks do not time out before this (wall-clock seconds): its last progress plus the
+    #: task timeout (`Progress.deadline`). A trainer with a session times out when it is
+    #: stuck, not when it is slow.
+    deadline: float = 0.0
 
 
 @dataclass(slots=True)
@@ -338,8 +328,8 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             return _end_session(state, event)
         case ReturnTasks():
             return _return_tasks(state, event)
-        case Progress(positions=positions):
-            return sum(_progress(state, pos) for pos in positions)
+        case Progress(positions=positions, deadline=deadline):
+            return _report_progress(state, positions, deadline)
         case Commit(positions=positions):
             for pos in positions:  # a committed record was consumed: no later report needed
                 _progress(state, pos)
@@ -511,6 +501,28 @@ def _holds(state: MasterState, pos: Position) -> bool:
     """Whether `pos` is about a dispatch pending now (not a stale or foreign one)."""
     p = state.pending.get(pos.task_id)
     return p is not None and p.epoch == pos.epoch and pos.pass_id == state.cur_pass
+
+
+def task_deadline(state: MasterState, task_id: int) -> float:
+    """When the pending `task_id` times out (wall-clock seconds): its dispatch's deadline, or
+    for a task of a session, its holder's last progress plus the timeout if that is later."""
+    p = state.pending[task_id]
+    s = state.sessions.get(p.session) if p.session else None
+    return p.deadline if s is None else max(p.deadline, s.deadline)
+
+
+def _report_progress(state: MasterState, positions: Iterable[Position], deadline: float) -> int:
+    """Move the positions; the holder of each one that moved made progress: its tasks are
+    safe until `deadline` (O(1) a position: the session holds the deadline, not each task)."""
+    moved = 0
+    for pos in positions:
+        if _progress(state, pos):
+            moved += 1
+            holder = state.pending[pos.task_id].session
+            s = state.sessions.get(holder) if holder else None
+            if s is not None and deadline > s.deadline:
+                s.deadline = deadline
+    return moved
 
 
 def _progress(state: MasterState, pos: Position) -> int:

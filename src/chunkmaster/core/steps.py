@@ -16,17 +16,20 @@ Committed positions are kept per task as a prefix: a piece committed before the 
 of it waits in `ahead` and joins the prefix when they are committed. Dropped records count as
 committed for the data position (they are not delivered again in that pass).
 
-Everything here is applied by core/state.py inside `apply`: no clocks, no I/O.
+Everything here is applied by core/state.py inside `apply`: no clocks, no I/O. It sees the
+state through one seam, `Pass`: the pass's queues and positions, its holders and sessions,
+its ledger and commits; it owns only `StepsState`.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from chunkmaster.core.state import MasterState
+from chunkmaster.core.model import PassLedger
 
 PIECES_KEPT = 16  # passes whose pieces are remembered (for late commits), as the ledger's
 
@@ -76,6 +79,53 @@ class StepsState:
         return bool(self.members)
 
 
+class Holder(Protocol):
+    """A pending dispatch, as equal steps see it: who holds it."""
+
+    @property
+    def session(self) -> str: ...
+
+
+class Member(Protocol):
+    """A trainer session, as equal steps see it: its declared place in the world."""
+
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+
+
+class Pass(Protocol):
+    """The seam: what equal steps see of the master's state (`core.state.MasterState` is
+    one). They move units in and out of Todo and Done, positions and commits, and read who
+    holds what; everything else of the state is not theirs."""
+
+    @property
+    def steps(self) -> StepsState: ...
+    @property
+    def cur_pass(self) -> int: ...
+    @property
+    def commit_floor(self) -> int: ...
+    @property
+    def num_tasks(self) -> int: ...
+    @property
+    def todo(self) -> deque[int]: ...
+    @property
+    def done(self) -> list[int]: ...
+    @property
+    def progress(self) -> dict[int, int]: ...
+    @property
+    def commits(self) -> dict[int, dict[int, int]]: ...
+    @property
+    def full_commits(self) -> dict[int, int]: ...
+    @property
+    def pending(self) -> Mapping[int, Holder]: ...
+    @property
+    def sessions(self) -> Mapping[str, Member]: ...
+    def task_records(self, task_id: int, pass_id: int | None = None) -> int: ...
+    def pass_ledger(self, pass_id: int | None = None) -> PassLedger: ...
+
+
 def quota(total: int, trainers: int, mode: StepsMode) -> int:
     """Each trainer's records when `total` are shared among `trainers`."""
     if trainers <= 0:
@@ -94,25 +144,22 @@ def split(remaining: int, want: int) -> int:
 # ---- units: a task, or a piece of one ------------------------------------------------------
 
 
-def unit_end(state: MasterState, unit: int) -> int:
+def unit_end(state: Pass, unit: int) -> int:
     """Where a unit ends, counted from its task's first record."""
-    if unit >= state.num_tasks:
-        return state.steps.pieces[unit].end
-    assert state.dataset is not None
-    return state.dataset.task_records_for(state.cur_pass)[unit]
+    return state.task_records(unit)
 
 
-def unit_start(state: MasterState, unit: int) -> int:
+def unit_start(state: Pass, unit: int) -> int:
     """Where the next dispatch of a unit starts (its known position)."""
-    piece = state.steps.pieces.get(unit) if unit >= len(state.epochs) else None
+    piece = state.steps.pieces.get(unit) if unit >= state.num_tasks else None
     return state.progress.get(unit, 0 if piece is None else piece.start)
 
 
-def remaining(state: MasterState, unit: int) -> int:
+def remaining(state: Pass, unit: int) -> int:
     return unit_end(state, unit) - unit_start(state, unit)
 
 
-def _new_piece(state: MasterState, task: int, start: int, end: int, pad: bool = False) -> int:
+def _new_piece(state: Pass, task: int, start: int, end: int, pad: bool = False) -> int:
     st = state.steps
     unit = state.num_tasks + st.next_piece
     st.next_piece += 1
@@ -122,12 +169,12 @@ def _new_piece(state: MasterState, task: int, start: int, end: int, pad: bool = 
     return unit
 
 
-def _covers_from(state: MasterState, unit: int) -> int:
+def _covers_from(state: Pass, unit: int) -> int:
     """The first record a commit of this unit covers: a task's first, or a piece's start."""
     return state.steps.pieces[unit].start if unit >= state.num_tasks else 0
 
 
-def _retire(state: MasterState, unit: int) -> tuple[int, bool]:
+def _retire(state: Pass, unit: int) -> tuple[int, bool]:
     """A unit about to be split in two pieces: its task, and whether it is a pad. A retired
     piece stays known (its earlier holder may still commit what it read of it)."""
     st = state.steps
@@ -145,11 +192,11 @@ def _retire(state: MasterState, unit: int) -> tuple[int, bool]:
 # ---- the pass's trainers and their quota -----------------------------------------------------
 
 
-def _held(state: MasterState, session: str) -> int:
+def _held(state: Pass, session: str) -> int:
     return sum(remaining(state, t) for t, p in state.pending.items() if p.session == session)
 
 
-def world(state: MasterState) -> tuple[int, dict[int, str]]:
+def world(state: Pass) -> tuple[int, dict[int, str]]:
     """The job's declared world: its size (0: no trainer declared one) and, for each rank
     present, its newest live session. The newest trainer to declare a world size sets it (a job
     restarted with another number of ranks); sessions of another world size are not in it."""
@@ -165,24 +212,24 @@ def world(state: MasterState) -> tuple[int, dict[int, str]]:
     return size, ranks
 
 
-def world_size(state: MasterState) -> int:
+def world_size(state: Pass) -> int:
     """The job's declared number of trainers (0: none declared)."""
     return world(state)[0]
 
 
-def missing_ranks(state: MasterState) -> list[int]:
+def missing_ranks(state: Pass) -> list[int]:
     """The ranks of the declared world with no live session (none without a world size)."""
     size, ranks = world(state)
     return [r for r in range(size) if r not in ranks]
 
 
-def _trainers(state: MasterState) -> list[str]:
+def _trainers(state: Pass) -> list[str]:
     """A pass's trainers: one session per rank of the declared world, else every session."""
     size, ranks = world(state)
     return [ranks[r] for r in sorted(ranks)] if size else list(state.sessions)
 
 
-def _fix(state: MasterState) -> None:
+def _fix(state: Pass) -> None:
     """The pass's trainers, each credited with what it holds."""
     st = state.steps
     st.members = {sid: _held(state, sid) for sid in _trainers(state)}
@@ -193,7 +240,7 @@ def _fix(state: MasterState) -> None:
     _rebalance(state)
 
 
-def _rebalance(state: MasterState) -> None:
+def _rebalance(state: Pass) -> None:
     """Share what is left to hand out, and what the members got, among the members."""
     st = state.steps
     if not st.members:
@@ -215,7 +262,7 @@ def _rebalance(state: MasterState) -> None:
     _settle(state)
 
 
-def _settle(state: MasterState) -> None:
+def _settle(state: Pass) -> None:
     """Pad short members, or drop what is left once every member has its quota."""
     st = state.steps
     if not st.members:
@@ -229,15 +276,13 @@ def _settle(state: MasterState) -> None:
         _queue_pads(state, short - st.unassigned)
 
 
-def _queue_pads(state: MasterState, records: int) -> None:
+def _queue_pads(state: Pass, records: int) -> None:
     """Pieces repeating records of the dataset, task 0 on, continuing where the last pad of
     the pass stopped."""
-    assert state.dataset is not None
     st = state.steps
-    totals = state.dataset.task_records_for(state.cur_pass)
     tries = 0
     while records > 0 and tries <= state.num_tasks:
-        total = totals[st.pad_task]
+        total = state.task_records(st.pad_task)
         if st.pad_at >= total:
             st.pad_task = (st.pad_task + 1) % state.num_tasks
             st.pad_at = 0
@@ -254,7 +299,7 @@ def _queue_pads(state: MasterState, records: int) -> None:
         tries = 0
 
 
-def _drop_todo(state: MasterState) -> None:
+def _drop_todo(state: Pass) -> None:
     """Every member has its quota: what is left in Todo is not handed out in this pass."""
     st = state.steps
     led = state.pass_ledger()
@@ -276,7 +321,7 @@ def _drop_todo(state: MasterState) -> None:
     st.queued_pads = 0
 
 
-def may_take(state: MasterState, session: str) -> bool:
+def may_take(state: Pass, session: str) -> bool:
     """Whether `session` may get a task of this pass now (Todo is not empty). Before the
     pass's trainers are fixed: once every rank of a declared world is here, and only for
     those ranks' sessions."""
@@ -290,7 +335,7 @@ def may_take(state: MasterState, session: str) -> bool:
     return got is not None and got < st.target
 
 
-def take(state: MasterState, session: str) -> int | None:
+def take(state: Pass, session: str) -> int | None:
     """The unit to hand to `session` (which `may_take`): the head of Todo, or a piece of it
     as long as the session's quota still wants. None when fixing the pass's trainers showed
     that it has nothing for this session (a quota of 0: the records are dropped)."""
@@ -325,7 +370,7 @@ def take(state: MasterState, session: str) -> int | None:
     return unit
 
 
-def handed_back(state: MasterState, unit: int, session: str, *, ending: bool = False) -> None:
+def handed_back(state: Pass, unit: int, session: str, *, ending: bool = False) -> None:
     """A unit `session` held goes back to Todo (a failure, a timeout, the session's end,
     `ending`: `session_ended` settles the quotas after)."""
     st = state.steps
@@ -339,7 +384,7 @@ def handed_back(state: MasterState, unit: int, session: str, *, ending: bool = F
         _settle(state)  # e.g. a unit with nothing left, back when every member has its quota
 
 
-def session_ended(state: MasterState, session: str) -> None:
+def session_ended(state: Pass, session: str) -> None:
     """A member left (its units are back in Todo): the others share its quota."""
     st = state.steps
     if st.members.pop(session, None) is None:
@@ -350,7 +395,7 @@ def session_ended(state: MasterState, session: str) -> None:
         st.target = 0  # nobody left: the next dispatch fixes the trainers again
 
 
-def set_aside(state: MasterState, unit: int, session: str) -> int | None:
+def set_aside(state: Pass, unit: int, session: str) -> int | None:
     """A unit failed too often: the task to set aside (None if it is set aside already, or
     a pad). Its records are no longer the pass's: the quota is computed again."""
     st = state.steps
@@ -371,13 +416,13 @@ def set_aside(state: MasterState, unit: int, session: str) -> int | None:
     return task
 
 
-def piece_finished(state: MasterState, unit: int) -> None:
+def piece_finished(state: Pass, unit: int) -> None:
     piece = state.steps.pieces[unit]
     if not piece.pad:
         _piece_closed(state, piece)
 
 
-def _piece_closed(state: MasterState, piece: Piece) -> None:
+def _piece_closed(state: Pass, piece: Piece) -> None:
     """A piece finished or dropped: its task is done once none of its pieces is left."""
     st = state.steps
     left = st.outstanding[piece.task] - 1
@@ -391,7 +436,7 @@ def _piece_closed(state: MasterState, piece: Piece) -> None:
         state.done.append(piece.task)
 
 
-def restart(state: MasterState) -> None:
+def restart(state: Pass) -> None:
     """A restore: the pass starts again, fixed at its first dispatch; pieces are forgotten
     (their IDs are never used again) and so are commits waiting for the pieces before them."""
     st = state.steps
@@ -404,7 +449,7 @@ def restart(state: MasterState) -> None:
     st.ahead = {}
 
 
-def new_pass(state: MasterState) -> None:
+def new_pass(state: Pass) -> None:
     """A pass begins: its trainers are fixed at its first dispatch."""
     st = state.steps
     st.members = {}
@@ -420,7 +465,7 @@ def new_pass(state: MasterState) -> None:
 # ---- commits ------------------------------------------------------------------------------
 
 
-def piece_commit_refused(state: MasterState, unit: int, epoch: int, records: int) -> str | None:
+def piece_commit_refused(state: Pass, unit: int, epoch: int, records: int) -> str | None:
     piece = state.steps.pieces.get(unit)
     if piece is None:
         return f"task {unit} is neither a task of the dataset nor a piece still known"
@@ -431,7 +476,7 @@ def piece_commit_refused(state: MasterState, unit: int, epoch: int, records: int
     return None
 
 
-def commit_piece(state: MasterState, unit: int, pass_id: int, records: int) -> int:
+def commit_piece(state: Pass, unit: int, pass_id: int, records: int) -> int:
     """A piece committed to `records`: its task's prefix grows when it is contiguous."""
     piece = state.steps.pieces[unit]
     if piece.pad or piece.pass_id != pass_id:
@@ -445,7 +490,7 @@ def commit_piece(state: MasterState, unit: int, pass_id: int, records: int) -> i
     return 1
 
 
-def cover(state: MasterState, pass_id: int, task: int, start: int, end: int) -> None:
+def cover(state: Pass, pass_id: int, task: int, start: int, end: int) -> None:
     """Records [start, end) of `task` need no delivery in `pass_id` any more (committed or
     dropped): the committed prefix grows, or the range waits in `ahead` for it."""
     if end <= start:
@@ -470,6 +515,5 @@ def cover(state: MasterState, pass_id: int, task: int, start: int, end: int) -> 
     if new <= have:
         return
     commits[task] = new
-    assert state.dataset is not None
-    if new == state.dataset.task_records_for(pass_id)[task]:
+    if new == state.task_records(task, pass_id):
         state.full_commits[pass_id] = state.full_commits.get(pass_id, 0) + 1

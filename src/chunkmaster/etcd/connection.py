@@ -1,13 +1,16 @@
 """A thin asyncio etcd v3 connection over aetcd's generated gRPC stubs.
 
 Why not `aetcd.Client` itself: we need TLS (it only opens insecure channels), several endpoints
-with fail-over, a deadline on *every* call (watch streams included), one watch stream per watch
-(so a broken stream fails only its own watcher), and errors mapped to `StoreError`. aetcd still
-provides the protobuf messages and stubs; this module only adds the policy around them.
+with fail-over, a deadline on every call (a watch's creation included), one watch stream per
+watch (so a broken stream fails only its own watcher), and errors mapped to `StoreError`. aetcd
+still provides the protobuf messages and stubs; this module only adds the policy around them.
 
 Every call either returns or raises a `StoreError` subclass within its timeout:
 `EtcdUnavailable` (transport, including "etcd is down"), `EtcdTimeout`, `EtcdCompacted` (a watch
-asked for history that was compacted) or plain `EtcdRequestError` (the server refused).
+asked for history that was compacted) or plain `EtcdRequestError` (the server refused). The
+one wait without a deadline is a watch waiting for its next event (`EtcdWatch.next`): nothing
+may happen for hours; a server that hangs or vanishes meanwhile is caught by gRPC keepalive
+(`options.CHANNEL_OPTIONS`: a ping every 10 s, 5 s to answer), which ends the stream.
 """
 
 from __future__ import annotations

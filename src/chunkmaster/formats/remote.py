@@ -27,8 +27,20 @@ _SECRET_MIN = 4  # option values shorter than this are too common to scrub from 
 
 
 def is_url(path: str) -> bool:
+    """A path with a scheme (`s3://...`, `file://...`): the one test of a URL for reading
+    (the master's data roots test more broadly, anything with `://`: master/roots.py)."""
     scheme, sep, _ = path.partition("://")
     return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum()
+
+
+def is_remote(path: str) -> bool:
+    """A URL read through fsspec (`file://` URLs are local files, read directly)."""
+    return is_url(path) and not path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """The local path a `file://` URL (or a plain path) names."""
+    return path[len("file://") :] if path.startswith("file://") else path
 
 
 def _secrets(options: Mapping[str, Any]) -> Iterator[str]:

@@ -11,13 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from chunkmaster.formats.base import Storage
+from chunkmaster.formats.remote import is_remote, local_path
 from chunkmaster.recordio.source import open_regular
-
-
-def is_url(path: str) -> bool:
-    """A path with a scheme (`s3://...`, `file://...`): read through fsspec."""
-    scheme, sep, _ = path.partition("://")
-    return bool(sep) and scheme.isidentifier()
 
 
 class LocalStorage:
@@ -25,10 +20,10 @@ class LocalStorage:
     ranges read with `os.pread` on one descriptor (no seek, so threads may share it)."""
 
     def open(self, path: str) -> IO[bytes]:
-        return open_regular(_local(path), "rb")
+        return open_regular(local_path(path), "rb")
 
     def size(self, path: str) -> int:
-        return os.stat(_local(path)).st_size
+        return os.stat(local_path(path)).st_size
 
     def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         with self.open(path) as f:
@@ -50,17 +45,13 @@ class LocalStorage:
             return out
 
 
-def _local(path: str) -> str:
-    return path[len("file://") :] if path.startswith("file://") else path
-
-
 LOCAL = LocalStorage()
 
 
 def storage_for(path: str, storage_options: Mapping[str, Any] | None = None) -> Storage:
     """The storage that reads `path`: local files, or an fsspec filesystem for a URL
     (`storage_options` go to it: credentials, endpoint; never logged)."""
-    if not is_url(path) or path.startswith("file://"):
+    if not is_remote(path):
         return LOCAL
     from chunkmaster.formats.remote import shared
 

@@ -64,13 +64,7 @@ def entries(f: IO[bytes], start: int, end: int, whole: bool, error: Error) -> It
         seek(pos)
         block = read(BLOCK)
         if len(block) < BLOCK:
-            if whole and not block:
-                raise error("no end-of-archive block: truncated at a member boundary", pos)
-            if whole and block.count(0) == len(block):
-                raise error("the file ends inside the end-of-archive block", pos)
-            if whole and pos == start:
-                raise error("not a tar file (shorter than one tar header)", pos)
-            raise error("the file ends inside a tar header", pos)
+            raise _short(block, pos, start, whole, error)
         if block == _ZERO:
             if not whole or first >= 0:
                 raise error("bad tar header (an end-of-archive block among members)", pos)
@@ -107,24 +101,51 @@ def entries(f: IO[bytes], start: int, end: int, whole: bool, error: Error) -> It
                 first = -1  # it belongs to no member
             pos = data + padded(size)
             continue
-        if "size" in pax:
-            try:
-                size = int(pax["size"])
-            except ValueError:
-                raise error("bad pax header (size)", first) from None
-            if data + size > end:
-                raise error(f"member data runs {data + size - end} bytes past the end", first)
-        if any(k.startswith("GNU.sparse") for k in pax) or kind not in (*_REGULAR, _DIR):
-            raise error(f"member is not a regular file (tar type {kind!r})", first)
-        text = pax.get("path")
-        if text is None:
-            text = (long_name if long_name is not None else name).decode("utf-8", "surrogateescape")
-        is_dir = kind == _DIR or (kind == b"\x00" and text.endswith("/"))
-        yield Entry(first, data, size, text, is_dir)
-        pos = data + padded(size)
+        named = long_name if long_name is not None else name
+        entry = _member(first, data, end, (named, size, kind), pax, error)
+        yield entry
+        pos = entry.end
         first = -1
         long_name = None
         pax = {}
+
+
+def _short(block: bytes, pos: int, start: int, whole: bool, error: Error) -> FormatError:
+    """The error for a header block the file ends inside (or before)."""
+    if whole and not block:
+        return error("no end-of-archive block: truncated at a member boundary", pos)
+    if whole and block.count(0) == len(block):
+        return error("the file ends inside the end-of-archive block", pos)
+    if whole and pos == start:
+        return error("not a tar file (shorter than one tar header)", pos)
+    return error("the file ends inside a tar header", pos)
+
+
+def _member(
+    first: int,
+    data: int,
+    end: int,
+    header: tuple[bytes, int, bytes],
+    pax: dict[str, str],
+    error: Error,
+) -> Entry:
+    """A file or directory member from its header (name, size, type flag) and the pax
+    records before it, which override its size and name."""
+    name, size, kind = header
+    if "size" in pax:
+        try:
+            size = int(pax["size"])
+        except ValueError:
+            raise error("bad pax header (size)", first) from None
+        if data + size > end:
+            raise error(f"member data runs {data + size - end} bytes past the end", first)
+    if any(k.startswith("GNU.sparse") for k in pax) or kind not in (*_REGULAR, _DIR):
+        raise error(f"member is not a regular file (tar type {kind!r})", first)
+    text = pax.get("path")
+    if text is None:
+        text = name.decode("utf-8", "surrogateescape")
+    is_dir = kind == _DIR or (kind == b"\x00" and text.endswith("/"))
+    return Entry(first, data, size, text, is_dir)
 
 
 def _parse(block: bytes) -> tuple[bytes, int, bytes] | None:

@@ -11,17 +11,18 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.dataset import parse_size
 from chunkmaster.core.model import FailedPolicy
-from chunkmaster.core.quarantine import ErrorBudget
 from chunkmaster.core.shuffle import MAX_SEED
+from chunkmaster.core.steps import StepsMode
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
-from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.master.auth import is_loopback, read_token
 from chunkmaster.master.roots import DataRoots
+from chunkmaster.master.settings import DEFAULTS, MAX_CHUNK_SIZE, SettingError, Settings
 
 __all__ = [
     "ETCD_FIELDS",
@@ -34,8 +35,18 @@ __all__ = [
 ]
 
 STORE_SYNC_MODES = ("full", "normal")
-EQUAL_STEPS_MODES = ("off", "drop", "pad")
+EQUAL_STEPS_MODES = tuple(m.value for m in StepsMode)
 STORE_ON_DAMAGE = ("refuse", "move-aside", "accept-older")
+
+
+#: MasterConfig's field for each Settings field it names otherwise (the flags' names).
+_FIELD_OF = {
+    "timeout_dur": "task_timeout",
+    "failure_max": "task_timeout_max",
+    "error_budget": "max_failed_records",
+    "max_inflated": "max_inflated_bytes",
+    "dataset_format": "format",
+}
 
 
 class ConfigError(ValueError):
@@ -78,10 +89,6 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
     return sign * total
-
-
-MAX_CHUNK_SIZE = 1 << 30
-"""The largest --chunk-size: a trainer holds a whole chunk in memory while it reads it."""
 
 
 def _chunk_size(text: str) -> int | None:
@@ -206,35 +213,35 @@ class MasterConfig:
     etcd: EtcdOptions | None = None
     ttl_sec: int = 60
     job: str | None = None
-    task_timeout: float = 20 * 60.0
-    task_timeout_max: int = 3
+    task_timeout: float = DEFAULTS.timeout_dur
+    task_timeout_max: int = DEFAULTS.failure_max
     #: Seconds a silent trainer keeps its session (and the tasks it holds).
-    trainer_ttl: float = 10.0
+    trainer_ttl: float = DEFAULTS.trainer_ttl
     #: Seconds a pass with equal steps waits for every rank of a declared world size.
-    rank_wait: float = 300.0
+    rank_wait: float = DEFAULTS.rank_wait
     #: Seconds one file's chunk index may take to read before SetDataset fails naming it.
-    index_timeout: float = 120.0
+    index_timeout: float = DEFAULTS.index_timeout
     #: Bytes a compressed dataset file may inflate to when it is indexed (chunkmaster.inflate).
-    max_inflated_bytes: int = DEFAULT_MAX_INFLATED
+    max_inflated_bytes: int = DEFAULTS.max_inflated
     #: A data checkpoint file to start from (`chunkmaster checkpoint save`).
     restore: str | None = None
     #: With `restore`: replace a store that already holds state.
     restore_replace: bool = False
     #: With `restore`: accept a checkpoint another job (`--job`) saved.
     restore_other_job: bool = False
-    chunks_per_task: int = 10
+    chunks_per_task: int = DEFAULTS.chunks_per_task
     #: The most bytes of a chunk the master cuts (JSON Lines, text, TFRecord, WebDataset);
     #: None: each format's default (formats' `chunk_size`).
     chunk_size: int | None = None
     #: The dataset files' format (chunkmaster.formats); None: by the files' name endings.
     format: str | None = None
-    failed_policy: FailedPolicy = FailedPolicy.RETRY
+    failed_policy: FailedPolicy = DEFAULTS.failed_policy
     #: Records one pass may lose to quarantined tasks before the job stops (docs/failures.md).
     max_failed_records: ErrorBudget = field(default_factory=ErrorBudget)
     #: Shuffle each pass's task order and the chunks of each task by this seed; None: off.
     shuffle_seed: int | None = None
     #: Equal records per trainer in a pass: off, drop or pad (docs/equal-steps.md).
-    equal_steps: str = "off"
+    equal_steps: str = DEFAULTS.equal_steps.value
     #: Embedded store file or ":memory:"; None means the default file of the job.
     store: str | None = None
     store_sync: str = "full"
@@ -272,37 +279,10 @@ class MasterConfig:
             )
         if self.ttl_sec < 1:
             raise ConfigError(("ttl_sec",), f"{self.ttl_sec} is not a TTL: at least 1 second")
-        if self.job is not None and (not self.job or "/" in self.job):
-            raise ConfigError(("job",), f"bad job name {self.job!r}: non-empty, without '/'")
-        if not self.task_timeout > 0:
-            raise ConfigError(("task_timeout",), "must be positive")
-        if not 0 < self.trainer_ttl < float("inf"):
-            raise ConfigError(("trainer_ttl",), "must be a positive duration")
-        if not 0 < self.rank_wait < float("inf"):
-            raise ConfigError(("rank_wait",), "must be a positive duration")
-        if not 0 < self.index_timeout < float("inf"):
-            raise ConfigError(("index_timeout",), "must be a positive duration")
-        if self.max_inflated_bytes < 1:
-            raise ConfigError(("max_inflated_bytes",), "must be at least 1 byte")
+        self.settings()  # the job's settings: checked once, there
         for name in ("restore_replace", "restore_other_job"):
             if getattr(self, name) and self.restore is None:
                 raise ConfigError((name,), "only means something with a restore file")
-        if self.format is not None:
-            from chunkmaster.formats import FORMATS
-
-            if self.format not in FORMATS:
-                raise ConfigError(
-                    ("format",),
-                    f"{self.format!r} is not a dataset format ({', '.join(sorted(FORMATS))})",
-                )
-        if self.chunk_size is not None and not 1 <= self.chunk_size <= MAX_CHUNK_SIZE:
-            raise ConfigError(("chunk_size",), f"{self.chunk_size} is not in 1..{MAX_CHUNK_SIZE}")
-        if self.shuffle_seed is not None and not 0 <= self.shuffle_seed <= MAX_SEED:
-            raise ConfigError(("shuffle_seed",), f"{self.shuffle_seed} is not in 0..2**64-1")
-        if self.task_timeout_max < 0:
-            raise ConfigError(("task_timeout_max",), "must be 0 or more")
-        if self.equal_steps not in EQUAL_STEPS_MODES:
-            raise ConfigError(("equal_steps",), f"{self.equal_steps!r} is not off, drop or pad")
         if self.store_sync not in STORE_SYNC_MODES:
             raise ConfigError(("store_sync",), f"{self.store_sync!r} is not full or normal")
         if self.store_on_damage not in STORE_ON_DAMAGE:
@@ -346,6 +326,31 @@ class MasterConfig:
                 "with etcd the master listens on this host's external address, and there is "
                 "no TLS or token: " + advice + " (or --host 127.0.0.1 for a single machine)",
             )
+
+    def settings(self) -> Settings:
+        """The service's settings from these flags; a wrong value raises ConfigError naming
+        the field (the flag) it came from."""
+        try:
+            return Settings(
+                job=DEFAULTS.job if self.job is None else self.job,
+                chunks_per_task=self.chunks_per_task,
+                chunk_size=self.chunk_size,
+                timeout_dur=self.task_timeout,
+                failure_max=self.task_timeout_max,
+                failed_policy=self.failed_policy,
+                error_budget=self.max_failed_records,
+                equal_steps=cast(StepsMode, self.equal_steps),  # Settings converts it
+                shuffle_seed=self.shuffle_seed,
+                trainer_ttl=self.trainer_ttl,
+                rank_wait=self.rank_wait,
+                index_timeout=self.index_timeout,
+                max_inflated=self.max_inflated_bytes,
+                dataset_format=self.format,
+                storage_options=self.storage_options,
+                data_roots=self.data_roots,
+            )
+        except SettingError as exc:
+            raise ConfigError((_FIELD_OF.get(exc.name, exc.name),), exc.message) from None
 
     @property
     def store_name(self) -> str:

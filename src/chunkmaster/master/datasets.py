@@ -32,7 +32,7 @@ from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.master.roots import DataRoots, is_url
 
 if TYPE_CHECKING:
-    from chunkmaster.formats.base import FileIndex
+    from chunkmaster.formats.base import FileIndex, Format, Storage
 
 log = logging.getLogger("chunkmaster.datasets")
 
@@ -326,9 +326,8 @@ def load_dataset(
     format allows). Local patterns are kept absolute (absolute_pattern), so the dataset's files
     are too, whatever the trainers' working directories. Patterns and the files they match
     must lie under `roots` (default: none, so local paths only)."""
-    from chunkmaster.formats import FormatError, get_format, suffix_format
+    from chunkmaster.formats import get_format
     from chunkmaster.formats.storage import storage_for
-    from chunkmaster.recordio import RecordIOError
 
     note = relative_note(globs)
     if note:
@@ -341,28 +340,8 @@ def load_dataset(
     bound = chunk_size_for(fmt, chunk_size)
 
     def index_of(path: str) -> FileIndex:
-        try:
-            return form.index(
-                path, storage_for(path, storage_options), bound, max_inflated=max_inflated
-            )
-        except (RecordIOError, FormatError) as exc:
-            guessed = (
-                " (its name has no known format ending, so it was read as RecordIO; set the "
-                "master's --format to name its format)"
-                if fmt == "recordio" and suffix_format(path) is None
-                else ""
-            )
-            raise DatasetError(f"no valid dataset specified: {exc}{guessed}") from exc
-        except OSError as exc:
-            why = remote.scrub(str(exc)) if is_url(path) else str(exc)
-            raise DatasetError(f"no valid dataset specified: cannot read {path}: {why}") from None
-        except ValueError as exc:
-            raise DatasetError(f"no valid dataset specified: {exc}") from exc
-        except Exception as exc:  # an object store client's own error
-            if not is_url(path):
-                raise
-            why = remote.scrub(str(exc)) or type(exc).__name__
-            raise DatasetError(f"no valid dataset specified: cannot read {path}: {why}") from None
+        storage = storage_for(path, storage_options)
+        return _index_file(form, path, storage, bound, max_inflated, remote)
 
     try:
         indexes = map_in_daemon_threads(index_of, files, MAX_INDEX_THREADS, file_timeout)
@@ -396,3 +375,38 @@ def load_dataset(
         dataset.chunks_per_task,
     )
     return dataset
+
+
+def _index_file(
+    form: Format,
+    path: str,
+    storage: Storage,
+    bound: int | None,
+    max_inflated: int,
+    remote: FsspecStorage,
+) -> FileIndex:
+    """One file's chunk index; any failure a DatasetError naming the file (credentials in
+    an object store's message scrubbed)."""
+    from chunkmaster.formats import FormatError, suffix_format
+    from chunkmaster.recordio import RecordIOError
+
+    try:
+        return form.index(path, storage, bound, max_inflated=max_inflated)
+    except (RecordIOError, FormatError) as exc:
+        guessed = (
+            " (its name has no known format ending, so it was read as RecordIO; set the "
+            "master's --format to name its format)"
+            if form.name == "recordio" and suffix_format(path) is None
+            else ""
+        )
+        raise DatasetError(f"no valid dataset specified: {exc}{guessed}") from exc
+    except OSError as exc:
+        why = remote.scrub(str(exc)) if is_url(path) else str(exc)
+        raise DatasetError(f"no valid dataset specified: cannot read {path}: {why}") from None
+    except ValueError as exc:
+        raise DatasetError(f"no valid dataset specified: {exc}") from exc
+    except Exception as exc:  # an object store client's own error
+        if not is_url(path):
+            raise
+        why = remote.scrub(str(exc)) or type(exc).__name__
+        raise DatasetError(f"no valid dataset specified: cannot read {path}: {why}") from None

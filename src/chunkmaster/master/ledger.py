@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar
 
 from chunkmaster.core.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from chunkmaster.core.errors import UnavailableError
@@ -28,6 +29,7 @@ from chunkmaster.core.state import MasterState, apply
 from chunkmaster.store.base import NotLeaderError, Store, StoreError
 
 log = logging.getLogger("chunkmaster.ledger")
+T = TypeVar("T")
 
 MIN_COMPACT_ENTRIES = 10_000
 RETRY_FIRST = 0.1  # seconds before the first retry of a failing store
@@ -311,3 +313,30 @@ def _cause(exc: Exception) -> str:
     if isinstance(exc, StoreError) and str(exc):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+def started(aw: Awaitable[T]) -> asyncio.Future[T]:
+    """`aw` running now, whether or not anyone awaits it: a write's failure is the ledger's to
+    report, and must not be logged again as an exception nobody retrieved."""
+    fut = asyncio.ensure_future(aw)
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return fut
+
+
+async def after(durable: Awaitable[None] | None, result: int) -> int:
+    """`result`, once `durable` (the write of the events that gave it) is."""
+    if durable is not None:
+        await durable
+    return result
+
+
+class _Written:
+    """Awaits nothing: what it stands for was made durable before (a repeated request's
+    dispatch, when it was first asked)."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+DONE = _Written()

@@ -20,7 +20,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from chunkmaster.core.events import Dispatch, Event, Fail, Finish
 from chunkmaster.core.model import TIMEOUT_REASON, Task
 from chunkmaster.core.state import READ_FAILURE
 from chunkmaster.master.service import Service
+from chunkmaster.master.status import PassRecords, StoreView, Trainer
 
 log = logging.getLogger("chunkmaster.metrics")
 
@@ -60,115 +61,118 @@ MAX_HTTP_CLIENTS = 32
 
 
 class StateCollector(Collector):
-    """The figures the state holds, read at scrape time from `Service.status()`."""
+    """The figures the state holds, read at scrape time from `Service.status_view()`."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
 
     def collect(self) -> Iterator[Metric]:
-        st = self.service.status()
-        yield _gauge("chunkmaster_pass", "The pass being dispatched.", st["cur_pass"])
-        yield _gauge("chunkmaster_ready", "1 once a dataset is set.", int(st["ready"]))
-        yield _gauge("chunkmaster_dataset_tasks", "Tasks in one pass.", st["num_tasks"])
+        st = self.service.status_view()
+        yield _gauge("chunkmaster_pass", "The pass being dispatched.", st.cur_pass)
+        yield _gauge("chunkmaster_ready", "1 once a dataset is set.", int(st.ready))
+        yield _gauge("chunkmaster_dataset_tasks", "Tasks in one pass.", st.num_tasks)
         queues = GaugeMetricFamily(
             "chunkmaster_tasks", "Tasks of the current pass by queue.", labels=["queue"]
         )
-        for queue in ("todo", "pending", "done", "failed"):
-            queues.add_metric([queue], st[queue])
+        for queue, n in (("todo", st.todo), ("pending", st.pending), ("done", st.done)):
+            queues.add_metric([queue], n)
+        queues.add_metric(["failed"], st.failed)
         yield queues
         yield _gauge(
             "chunkmaster_tasks_with_failures",
             "Tasks that failed at least once (all passes).",
-            st["tasks_with_failures"],
+            st.tasks_with_failures,
         )
-        yield _gauge("chunkmaster_trainers", "Trainers with a live session.", st["sessions"])
-        rate = GaugeMetricFamily(
-            "chunkmaster_trainer_records_per_second",
-            "Each trainer's recent reading rate (records/s), from its progress reports.",
-            labels=["trainer", "session"],
-        )
-        consumed = GaugeMetricFamily(
-            "chunkmaster_trainer_records_consumed",
-            "Records each trainer reported consumed, all passes.",
-            labels=["trainer", "session"],
-        )
-        wait = GaugeMetricFamily(
-            "chunkmaster_trainer_data_wait_seconds",
-            "How long each trainer's training loop waited for a batch over its last minute "
-            "(p50, p99), as its loader measured it.",
-            labels=["trainer", "session", "quantile"],
-        )
-        share = GaugeMetricFamily(
-            "chunkmaster_trainer_data_wait_share",
-            "The share of each trainer's wall time its training loop spent waiting for data "
-            "over its last minute (0 to 1): a rank that starves shows here.",
-            labels=["trainer", "session"],
-        )
-        for t in st["trainers"]:
-            labels = [t["name"], t["session"]]
-            if t["records_per_second"] is not None:
-                rate.add_metric(labels, t["records_per_second"])
-            consumed.add_metric(labels, t["records_consumed"])
-            w = t.get("data_wait")
-            if w is not None:
-                wait.add_metric([*labels, "0.5"], w["p50_ms"] / 1000)
-                wait.add_metric([*labels, "0.99"], w["p99_ms"] / 1000)
-                share.add_metric(labels, w["share"])
-        yield rate
-        yield consumed
-        yield wait
-        yield share
-        records = GaugeMetricFamily(
-            "chunkmaster_pass_records",
-            "Records of a pass (the current and the previous one) by stage: handed out, "
-            "reported consumed, committed, quarantined (not delivered: their task failed "
-            "more than the limit); with equal steps also dropped (not handed out) and "
-            "padded (handed out again to even the trainers up).",
-            labels=["pass", "stage"],
-        )
-        again = GaugeMetricFamily(
-            "chunkmaster_pass_records_redispatched",
-            "Records of a pass handed out again, by why.",
-            labels=["pass", "reason"],
-        )
-        for entry in st["ledger"]:
-            p = str(entry["pass"])
-            for stage in (
-                "dispatched",
-                "consumed",
-                "committed",
-                "quarantined",
-                "dropped",
-                "padded",
-            ):
-                records.add_metric([p, stage], entry[stage])
-            for reason, n in entry["redispatched"].items():
-                again.add_metric([p, reason], n)
-        yield records
-        yield again
+        yield _gauge("chunkmaster_trainers", "Trainers with a live session.", st.sessions)
+        yield from _trainer_metrics(st.trainers)
+        yield from _pass_metrics(st.ledger)
         yield _gauge(
             "chunkmaster_job_stopped",
             "1 once more records were quarantined in a pass than the error budget allows.",
-            int(st["job_stopped"] is not None),
+            int(st.job_stopped is not None),
         )
         yield _gauge(
-            "chunkmaster_commit_floor", "The first pass not wholly committed.", st["commit_floor"]
+            "chunkmaster_commit_floor", "The first pass not wholly committed.", st.commit_floor
         )
-        store = st["store"]
-        yield _gauge(
-            "chunkmaster_store_healthy", "1 while the store takes writes.", int(store["healthy"])
-        )
-        yield _gauge(
-            "chunkmaster_store_failed_attempts",
-            "Store writes that failed since it last worked.",
-            store["failed_attempts"],
-        )
-        yield _gauge("chunkmaster_journal_seq", "Last journal entry applied.", store["seq"])
-        yield _gauge(
-            "chunkmaster_journal_durable_seq",
-            "Last journal entry the store acknowledged.",
-            store["durable_seq"],
-        )
+        yield from _store_metrics(st.store)
+
+
+def _trainer_metrics(trainers: Sequence[Trainer]) -> Iterator[Metric]:
+    rate = GaugeMetricFamily(
+        "chunkmaster_trainer_records_per_second",
+        "Each trainer's recent reading rate (records/s), from its progress reports.",
+        labels=["trainer", "session"],
+    )
+    consumed = GaugeMetricFamily(
+        "chunkmaster_trainer_records_consumed",
+        "Records each trainer reported consumed, all passes.",
+        labels=["trainer", "session"],
+    )
+    wait = GaugeMetricFamily(
+        "chunkmaster_trainer_data_wait_seconds",
+        "How long each trainer's training loop waited for a batch over its last minute "
+        "(p50, p99), as its loader measured it.",
+        labels=["trainer", "session", "quantile"],
+    )
+    share = GaugeMetricFamily(
+        "chunkmaster_trainer_data_wait_share",
+        "The share of each trainer's wall time its training loop spent waiting for data "
+        "over its last minute (0 to 1): a rank that starves shows here.",
+        labels=["trainer", "session"],
+    )
+    for t in trainers:
+        labels = [t.name, t.session]
+        if t.records_per_second is not None:
+            rate.add_metric(labels, t.records_per_second)
+        consumed.add_metric(labels, t.records_consumed)
+        w = t.data_wait
+        if w is not None:
+            wait.add_metric([*labels, "0.5"], w.p50_ms / 1000)
+            wait.add_metric([*labels, "0.99"], w.p99_ms / 1000)
+            share.add_metric(labels, w.share)
+    yield rate
+    yield consumed
+    yield wait
+    yield share
+
+
+def _pass_metrics(ledger: Sequence[PassRecords]) -> Iterator[Metric]:
+    records = GaugeMetricFamily(
+        "chunkmaster_pass_records",
+        "Records of a pass (the current and the previous one) by stage: handed out, "
+        "reported consumed, committed, quarantined (not delivered: their task failed "
+        "more than the limit); with equal steps also dropped (not handed out) and "
+        "padded (handed out again to even the trainers up).",
+        labels=["pass", "stage"],
+    )
+    again = GaugeMetricFamily(
+        "chunkmaster_pass_records_redispatched",
+        "Records of a pass handed out again, by why.",
+        labels=["pass", "reason"],
+    )
+    for entry in ledger:
+        p = str(entry.pass_id)
+        for stage in ("dispatched", "consumed", "committed", "quarantined", "dropped", "padded"):
+            records.add_metric([p, stage], getattr(entry, stage))
+        for reason, n in entry.redispatched.items():
+            again.add_metric([p, reason], n)
+    yield records
+    yield again
+
+
+def _store_metrics(store: StoreView) -> Iterator[Metric]:
+    yield _gauge("chunkmaster_store_healthy", "1 while the store takes writes.", int(store.healthy))
+    yield _gauge(
+        "chunkmaster_store_failed_attempts",
+        "Store writes that failed since it last worked.",
+        store.failed_attempts,
+    )
+    yield _gauge("chunkmaster_journal_seq", "Last journal entry applied.", store.seq)
+    yield _gauge(
+        "chunkmaster_journal_durable_seq",
+        "Last journal entry the store acknowledged.",
+        store.durable_seq,
+    )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -13,8 +13,11 @@ failovers. Each returns why a report is refused (PERMISSION_DENIED), or None.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from chunkmaster.core.model import Position
 from chunkmaster.core.state import MasterState
+from chunkmaster.master.checks import check_position
 
 
 def resume_refused(state: MasterState, session_id: str, identity: str | None) -> str | None:
@@ -83,3 +86,17 @@ def commit_position_refused(
             "not finished by this trainer's certificate"
         )
     return None
+
+
+def own_positions(
+    state: MasterState, session: str, positions: Iterable[Position]
+) -> tuple[Position, ...]:
+    """The positions about dispatches `session` holds now; the others are stale (a task
+    finished, taken back or handed out again since), and left out. Each is checked first."""
+    own = []
+    for pos in positions:
+        check_position(pos)
+        p = state.pending.get(pos.task_id)
+        if p is not None and p.session == session and p.epoch == pos.epoch:
+            own.append(pos)
+    return tuple(own)

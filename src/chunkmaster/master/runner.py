@@ -1,8 +1,9 @@
 """Running a master process: pick the store, recover, serve, and stop cleanly.
 
-Embedded store: recover, then listen. etcd: campaign for the lock (a standby waits here),
-recover, listen, and only then publish the address under the lease, so it never points at a
-master that cannot answer. Losing the lock stops serving at once. The ready file, if asked
+One path for every store: campaign for the lock (on etcd a standby waits here; a master on an
+embedded store leads at once, `leadership.Alone`), recover, listen, and only then publish the
+address (on etcd under the lease, so it never points at a master that cannot answer). Losing
+the lock stops serving at once. The ready file, if asked
 for, is written last: once it exists, the master answers at the address it holds.
 """
 
@@ -22,8 +23,14 @@ from typing import Any
 from chunkmaster.master.auth import is_loopback, server_credentials, server_ssl_context
 from chunkmaster.master.checkpoint_file import read_checkpoint
 from chunkmaster.master.config import MasterConfig
-from chunkmaster.master.leadership import Leadership
-from chunkmaster.master.metrics import MAX_HTTP_CLIENTS, RpcMetrics, start_metrics
+from chunkmaster.master.leadership import Alone, Leadership
+from chunkmaster.master.metrics import (
+    MAX_HTTP_CLIENTS,
+    MasterMetrics,
+    MetricsServer,
+    RpcMetrics,
+    start_metrics,
+)
 from chunkmaster.master.readiness import remove_ready_file, write_ready_file
 from chunkmaster.master.server import MasterServer
 from chunkmaster.master.service import Service
@@ -87,17 +94,25 @@ def default_store_path(job: str) -> Path:
     return Path(base) / "chunkmaster" / f"{job}.db"
 
 
-def build_store(config: MasterConfig) -> Store:
-    """The embedded store the config names (not etcd: that one comes with its leadership)."""
-    from chunkmaster.store.memory import InMemStore
+def build_store(config: MasterConfig) -> tuple[Store, Leadership]:
+    """The store the config names and the leadership that comes with it: etcd's election, or
+    for an embedded store a master alone (modules imported only by the master that uses them)."""
+    if config.etcd is not None:
+        from chunkmaster.etcd.journal import EtcdStore
+
+        etcd = EtcdStore(config.etcd, ttl_sec=config.ttl_sec, job=config.job)
+        return etcd, etcd
+    if config.store == ":memory:":
+        from chunkmaster.store.memory import InMemStore
+
+        return InMemStore(), Alone()
     from chunkmaster.store.sqlite import SqliteStore
 
-    if config.store == ":memory:":
-        return InMemStore()
     path = config.store or default_store_path(config.job or "default")
-    return SqliteStore(
+    store = SqliteStore(
         path, synchronous=config.store_sync, job=config.job, on_damage=config.store_on_damage
     )
+    return store, Alone()
 
 
 def _log_protection(config: MasterConfig, host: str) -> None:
@@ -152,71 +167,13 @@ async def _serve(
     config: MasterConfig, stop: asyncio.Event, credentials: Any, host: str, max_connections: int
 ) -> bool:
     """Lead (on etcd: once elected) and serve until stopped; True when the lock was lost."""
-    leadership: Leadership | None = None
-    if config.etcd is not None:
-        from chunkmaster.store.etcd import EtcdStore
-
-        etcd_store = EtcdStore(config.etcd, ttl_sec=config.ttl_sec, job=config.job)
-        store: Store = etcd_store
-        leadership = etcd_store
-        log.info("state: %s", store.describe())
-        campaign = asyncio.create_task(leadership.campaign())
-        waiter = asyncio.create_task(stop.wait())
-        await asyncio.wait([campaign, waiter], return_when=asyncio.FIRST_COMPLETED)
-        if not campaign.done():
-            campaign.cancel()
-            await leadership.shutdown()
-            return False
-        waiter.cancel()
-        campaign.result()
-    else:
-        store = build_store(config)
-        log.info("state: %s", store.describe())
-
-    service = Service(
-        store,
-        chunks_per_task=config.chunks_per_task,
-        chunk_size=config.chunk_size,
-        timeout_dur=config.task_timeout,
-        failure_max=config.task_timeout_max,
-        failed_policy=config.failed_policy,
-        error_budget=config.max_failed_records,
-        equal_steps=config.equal_steps,
-        trainer_ttl=config.trainer_ttl,
-        rank_wait=config.rank_wait,
-        index_timeout=config.index_timeout,
-        max_inflated=config.max_inflated_bytes,
-        dataset_format=config.format,
-        job=config.job or "default",
-        storage_options=config.storage_options,
-        shuffle_seed=config.shuffle_seed,
-        data_roots=config.data_roots,
-    )
-    try:
-        await service.start()
-        if config.restore is not None:
-            await service.restore(
-                read_checkpoint(config.restore),
-                replace=config.restore_replace,
-                other_job=config.restore_other_job,
-            )
-    except Exception:
-        await service.close()
-        raise
-    metrics = None
-    if config.metrics_port is not None:
-        tls = None
-        if config.tls_cert is not None and config.tls_key is not None:
-            tls = server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
-        # The same rules as the RPC port: its token, its TLS.
-        metrics, http = await start_metrics(
-            service,
-            host,
-            config.metrics_port,
-            elected=leadership is not None,
-            token=config.token,
-            ssl_context=tls,
-        )
+    store, leadership = build_store(config)
+    log.info("state: %s", store.describe())
+    if not await _elected(leadership, stop):
+        await store.shutdown()
+        return False
+    service = await _started_service(store, config)
+    metrics, http = await _metrics(service, config, host, leadership.elected)
     server = MasterServer(
         service,
         host,
@@ -227,22 +184,17 @@ async def _serve(
         max_connections=max_connections,
     )
     await server.start()
-    if leadership is not None:
-        await leadership.publish_addr(f"{host}:{server.port}")
+    await leadership.publish_addr(f"{host}:{server.port}")
     log.info("serving on %s", server.address)
     if config.ready_file is not None:
+        metrics_addr = None if http is None else http.address
         write_ready_file(
-            config.ready_file,
-            server.address,
-            config.store_name,
-            metrics_addr=None if metrics is None else http.address,
+            config.ready_file, server.address, config.store_name, metrics_addr=metrics_addr
         )
-    lost = asyncio.create_task(leadership.lost.wait()) if leadership is not None else None
-    waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
-    if lost is not None:
-        waiters.append(lost)
+    lost = asyncio.create_task(leadership.lost.wait())
+    waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait()), lost]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    was_lost = lost is not None and lost.done()
+    was_lost = lost.done()
     if was_lost:
         log.critical(
             "lost the master lock: stopped serving at once so that the new leader alone serves"
@@ -255,10 +207,56 @@ async def _serve(
         await server.stop(grace=1.0)
     for w in waiters:
         w.cancel()
-    if metrics is not None:
+    if http is not None:
         await http.stop()
     await service.close()
     if config.ready_file is not None:
         remove_ready_file(config.ready_file)
     log.info("stopped")
     return was_lost and not stop.is_set()
+
+
+async def _elected(leadership: Leadership, stop: asyncio.Event) -> bool:
+    """Campaign until this master leads (True) or it is asked to stop first (False)."""
+    campaign = asyncio.create_task(leadership.campaign())
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait([campaign, waiter], return_when=asyncio.FIRST_COMPLETED)
+    if not campaign.done():
+        campaign.cancel()
+        await leadership.shutdown()
+        return False
+    waiter.cancel()
+    campaign.result()
+    return True
+
+
+async def _started_service(store: Store, config: MasterConfig) -> Service:
+    """The service recovered from the store (and restored from --restore), or closed."""
+    service = Service(store, config.settings())
+    try:
+        await service.start()
+        if config.restore is not None:
+            await service.restore(
+                read_checkpoint(config.restore),
+                replace=config.restore_replace,
+                other_job=config.restore_other_job,
+            )
+    except Exception:
+        await service.close()
+        raise
+    return service
+
+
+async def _metrics(
+    service: Service, config: MasterConfig, host: str, elected: bool
+) -> tuple[MasterMetrics | None, MetricsServer | None]:
+    """The metrics and dashboard server, if --metrics-port asks for one: the same rules as
+    the RPC port (its token, its TLS)."""
+    if config.metrics_port is None:
+        return None, None
+    tls = None
+    if config.tls_cert is not None and config.tls_key is not None:
+        tls = server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+    return await start_metrics(
+        service, host, config.metrics_port, elected=elected, token=config.token, ssl_context=tls
+    )

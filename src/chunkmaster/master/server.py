@@ -115,17 +115,14 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.SetDatasetResponse()
 
     async def GetTask(self, request: Any, context: Any) -> Any:
-        wait = max(0.0, request.wait_seconds)
-        remaining = context.time_remaining()
-        if remaining is not None:  # answer before the caller's own deadline expires
-            wait = min(wait, max(0.0, remaining - 0.25))
         worker = request.worker or context.peer()
         owner = peer_identity(context) or ""  # journaled with the dispatch
         task = await _answer(
             context,
             lambda: self.service.get_task(
                 request.pass_id,
-                wait=wait,
+                wait=request.wait_seconds,
+                time_left=context.time_remaining(),  # answered before the caller gives up
                 worker=worker,
                 request_id=request.request_id,
                 owner=owner,
@@ -229,10 +226,13 @@ class MasterServer:
         self.server.add_generic_rpc_handlers((_master_handler(servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         where = f"{_bracket(host)}:{port}"
-        if credentials is None:
-            bound = self.server.add_insecure_port(where)
-        else:
-            bound = self.server.add_secure_port(where, credentials)
+        try:
+            if credentials is None:
+                bound = self.server.add_insecure_port(where)
+            else:
+                bound = self.server.add_secure_port(where, credentials)
+        except RuntimeError:  # gRPC's "failed to bind": a port taken since the CLI's check
+            bound = 0
         if bound == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         self.host, self.port = host, bound

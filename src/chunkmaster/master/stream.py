@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,14 +20,15 @@ from chunkmaster.core.errors import (
     SessionExpiredError,
 )
 from chunkmaster.core.model import RETURNED_REASON, Position, TaskMeta
+from chunkmaster.master.checks import batch_size
 from chunkmaster.master.leases import DataWait
-from chunkmaster.master.service import Service, started
+from chunkmaster.master.ledger import started
+from chunkmaster.master.service import Service
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc.wire import MAX_BATCH, status_code_of, task_to_pb
 
 log = logging.getLogger("chunkmaster.stream")
 
-MAX_WAIT = 300.0  # the longest a NextTask may wait for a task, in seconds
 MAX_OUTSTANDING = 256
 """Messages of one stream the master holds at once, waiting for their answer or for it to be
 sent: a trainer has a few; a stream that sends more without reading its answers is refused
@@ -180,11 +180,6 @@ class SessionConversation:
         if not msg.want_task:
             self._answer(seq, finished)
             return
-        if not math.isfinite(msg.wait_seconds):
-            raise InvalidArgumentError(
-                f"invalid argument: wait {msg.wait_seconds} is not a finite number of seconds"
-            )
-        wait = min(max(0.0, msg.wait_seconds), MAX_WAIT)
         session = self.session
 
         # The finishes are applied already; their write and the dispatch's share one group
@@ -195,8 +190,8 @@ class SessionConversation:
             try:
                 tasks = await self.service.get_tasks(
                     msg.pass_id,
-                    max(1, min(msg.max_tasks, MAX_BATCH)),
-                    wait=wait,
+                    batch_size(msg.max_tasks, MAX_BATCH),
+                    wait=msg.wait_seconds,
                     worker=self.name,
                     request_id=msg.request_id,
                     session=session,

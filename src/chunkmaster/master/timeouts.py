@@ -1,8 +1,12 @@
-"""One scheduler for every task deadline (not a thread or timer per task).
+"""Task timeouts: one scheduler for every task deadline (not a thread or timer per task).
 
 Deadlines are wall-clock times stored in the state, so after a restart a pending task keeps
-the time it already used. Entries are (deadline, task, epoch); a stale entry (the task was
-finished, or dispatched again under a newer epoch) is dropped when it comes up.
+the time it already used. A task held by a trainer without a session times out a fixed
+timeout after its dispatch (the original's meaning); one held by a session, only once the
+session has made no progress for the timeout (`core.state.task_deadline`: a trainer that is
+slow but reading keeps its tasks; one that is stuck loses them). Entries are (deadline, task,
+epoch); a stale entry (the task was finished, or dispatched again under a newer epoch) is
+dropped when it comes up, and one whose task's deadline moved is pushed again at the new one.
 """
 
 from __future__ import annotations
@@ -13,6 +17,12 @@ import heapq
 import logging
 import time
 from collections.abc import Awaitable, Callable
+
+from chunkmaster.core.events import Fail, Resume
+from chunkmaster.core.model import TIMEOUT_REASON
+from chunkmaster.core.state import fail_ignored, task_deadline
+from chunkmaster.master.ledger import Ledger, started
+from chunkmaster.master.reports import log_failure
 
 log = logging.getLogger("chunkmaster.timeouts")
 
@@ -70,3 +80,72 @@ class TimeoutScheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+class TaskTimeouts:
+    """The pending tasks' deadlines on one scheduler: a deadline passed is a `Fail("timeout")`.
+
+    Re-armed from the state whenever the ledger rebuilds it. After a store outage every pending
+    task gets a full timeout again (`Resume`): while the store refused writes no trainer could
+    report a task finished, and like the time no master was serving, that time must not time
+    out tasks live trainers are reading.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        timeout_dur: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ledger = ledger
+        self.timeout_dur = timeout_dur
+        self._clock = clock
+        self._scheduler = TimeoutScheduler(self._expire, clock)
+        ledger.on_reset.append(self.rearm)
+        ledger.on_writable.append(self._after_store_outage)
+
+    def from_now(self) -> float:
+        """A deadline one timeout from now (wall-clock seconds, journaled)."""
+        return self._clock() + self.timeout_dur
+
+    def arm(self, deadline: float, task_id: int, epoch: int) -> None:
+        self._scheduler.arm(deadline, task_id, epoch)
+
+    def rearm(self) -> None:
+        """Every pending task's deadline, from the state (after it was rebuilt)."""
+        st = self._ledger.state
+        self._scheduler.reset([(task_deadline(st, t), t, p.epoch) for t, p in st.pending.items()])
+
+    def start(self) -> None:
+        self.rearm()
+        self._scheduler.start()
+
+    async def close(self) -> None:
+        await self._scheduler.close()
+
+    def __len__(self) -> int:
+        return len(self._scheduler)
+
+    async def _expire(self, task_id: int, epoch: int) -> None:
+        """A timer came up: the dispatch times out, unless it is over, or its holder made
+        progress since the timer was armed. Then it is armed again at the new deadline: one
+        heap entry per timeout a live trainer outlasts, not one per progress report."""
+        if not self._ledger.available:
+            return  # the state is being rebuilt; every timer is re-armed from it after
+        st = self._ledger.state
+        ev = Fail(task_id, epoch, TIMEOUT_REASON)
+        if fail_ignored(st, ev) is not None:
+            return
+        due = task_deadline(st, task_id)
+        if due > self._clock():
+            self.arm(due, task_id, epoch)
+            return
+        await self._ledger.commit(ev)
+        log_failure(self._ledger.state, task_id, TIMEOUT_REASON)
+
+    def _after_store_outage(self) -> None:
+        if self._ledger.state.pending:
+            # Applied before any timer can fire on the old deadlines (they run after a yield).
+            _, durable = self._ledger.submit(Resume(self.from_now()))
+            started(durable)
+            self.rearm()

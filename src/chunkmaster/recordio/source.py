@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
+from chunkmaster.formats.remote import is_remote, local_path, shared
 from chunkmaster.recordio.errors import NotRegularFileError
 
 Source = Union[str, "os.PathLike[str]", IO[bytes], Any]
@@ -33,28 +34,28 @@ def describe(source: Source) -> str:
     return repr(name) if name is not None else repr(source)
 
 
-def _is_url(path: str) -> bool:
-    scheme, sep, _ = path.partition("://")
-    return bool(sep) and scheme.isidentifier()
-
-
 @contextmanager
 def open_source(source: Source, mode: str = "rb") -> Iterator[Opened]:
     """Open `source` for binary reading or writing; close it afterwards only if we opened it.
 
-    A missing local file raises FileNotFoundError unchanged (an I/O problem, not corruption);
-    a local path that is not a regular file raises NotRegularFileError (see `open_regular`).
+    A URL is read as every dataset URL is, through `formats.remote` (`file://` is a local
+    path). A missing local file raises FileNotFoundError unchanged (an I/O problem, not
+    corruption); a local path that is not a regular file raises NotRegularFileError (see
+    `open_regular`).
     """
     name = describe(source)
     if isinstance(source, str | os.PathLike):
         path = os.fsdecode(source)
-        if _is_url(path):
+        f: Any
+        if not is_remote(path):
+            # Large reads bypass the buffer; the buffer only serves 20-byte header reads.
+            f = open_regular(local_path(path), mode)
+        elif mode == "rb":
+            f = shared().open(path)
+        else:
             import fsspec  # lazy: importing fsspec costs ~50 ms and most callers use paths
 
-            f: Any = fsspec.open(path, mode).open()
-        else:
-            # Large reads bypass the buffer; the buffer only serves 20-byte header reads.
-            f = open_regular(path, mode)
+            f = fsspec.open(path, mode).open()
         try:
             yield Opened(f, name, 0)
         finally:

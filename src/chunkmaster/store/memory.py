@@ -1,4 +1,5 @@
-"""The seed's in-memory store: for tests and throwaway runs; survives no crash."""
+"""The in-memory store (`--store :memory:`): a job that need not outlive its master process
+(tests, a throwaway run, a job restarted from a data checkpoint anyway); survives no crash."""
 
 from __future__ import annotations
 

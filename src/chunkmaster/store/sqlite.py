@@ -395,19 +395,7 @@ class SqliteStore:
                 "not a chunkmaster store"
             )
         if app_id == 0 and not tables:
-            if witness is not None and witness.seq > 0:
-                raise _Damage(
-                    f"holds no journal ({self.path.stat().st_size} bytes), but the store had "
-                    f"made entry {witness.seq} durable (its witness {self.witness_path.name} "
-                    f"says so): the database file was truncated or replaced, or {self._wal_hint()}"
-                )
-            if witness_error is not None:
-                raise _Damage(
-                    f"is empty and its witness {self.witness_path} is damaged "
-                    f"({witness_error}), so nothing shows whether the store held data"
-                )
-            sid = witness.store_id if witness is not None else None
-            return _Found("new", sid, None, 0, counter if witness is not None else -1)
+            return self._empty(witness, witness_error, counter)
         if app_id == 0:
             legacy = (
                 _COLUMNS["meta"] <= tables.get("meta", set())
@@ -445,7 +433,35 @@ class SqliteStore:
         store_id = meta.get("store_id")
         if store_id is None:
             raise _Damage("has no store id in its meta table (the table was altered)")
-        sound = _Found("ours", store_id, db_job, last_seq, -1)
+        return self._witnessed(_Found("ours", store_id, db_job, last_seq, -1), got, witness_error)
+
+    def _empty(
+        self, witness: WitnessRecord | None, witness_error: str | None, counter: int
+    ) -> _Found:
+        """An empty database: a new store, unless its witness says it held entries."""
+        if witness is not None and witness.seq > 0:
+            raise _Damage(
+                f"holds no journal ({self.path.stat().st_size} bytes), but the store had "
+                f"made entry {witness.seq} durable (its witness {self.witness_path.name} "
+                f"says so): the database file was truncated or replaced, or {self._wal_hint()}"
+            )
+        if witness_error is not None:
+            raise _Damage(
+                f"is empty and its witness {self.witness_path} is damaged "
+                f"({witness_error}), so nothing shows whether the store held data"
+            )
+        sid = witness.store_id if witness is not None else None
+        return _Found("new", sid, None, 0, counter if witness is not None else -1)
+
+    def _witnessed(
+        self,
+        sound: _Found,
+        got: tuple[WitnessRecord, int] | None,
+        witness_error: str | None,
+    ) -> _Found:
+        """A sound store of ours, held to its witness: the same store, and all of it."""
+        store_id, last_seq = sound.store_id, sound.last_seq
+        witness, counter = got if got is not None else (None, -1)
         if witness_error is not None:
             raise _Damage(f"has a damaged witness {self.witness_path} ({witness_error})", sound)
         if witness is None:
@@ -468,7 +484,7 @@ class SqliteStore:
                 "from an older backup",
                 sound,
             )
-        return _Found("ours", store_id, db_job, last_seq, counter)
+        return _Found("ours", store_id, sound.job, last_seq, counter)
 
     def _wal_hint(self) -> str:
         name = f"{self.path.name}-wal"

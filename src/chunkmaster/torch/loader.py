@@ -222,42 +222,10 @@ class Loader:
 
     def _run(self, feed: PassFeed) -> Iterator[Any]:
         p = feed.pass_id
-        client = self.client
         self.pass_id = p
-        merger = Merger(self.batch_size, self._collate)
-        tasks: dict[TaskKey, Task] = {}
-        received: dict[TaskKey, int] = {}  # position the main process received (>= taken)
-        failing: dict[TaskKey, tuple[int, str]] = {}  # read failures behind merged samples
-        done: set[TaskKey] = set()
+        run = _PassRun(self, feed)
         completed = False
         self.meter.restart()
-        round_ = Round(-1)
-
-        def task_of(key: TaskKey) -> Task:
-            task = round_.given.get(key) or tasks.get(key)
-            if task is None:
-                raise RuntimeError(f"a worker sent records of task {key}, never handed out")
-            return task
-
-        def take(marks: tuple[tuple[TaskKey, int], ...]) -> bool:
-            """The training loop takes a batch: move its tasks on. False when it holds records
-            of no task this trainer still holds (its session was lost, they are another
-            trainer's now): not to train on. Records of a lost task that share a batch with a
-            held one are the duplicates of a lost session (one batch at most)."""
-            client.wait_lease()
-            mine = False
-            for key, end in marks:
-                task = task_of(key)
-                received[key] = max(received.get(key, 0), end)
-                if feed.taken(task, end):
-                    mine = True
-                if end >= task.num_records:
-                    done.add(key)
-            for key in [k for k in failing if not merger.holds(k)]:
-                self._failed(feed, task_of(key), *failing.pop(key))
-                done.add(key)
-            return mine
-
         try:
             while True:
                 started = time.monotonic()
@@ -266,69 +234,53 @@ class Loader:
                     if end is None or isinstance(end, EndOfPass):
                         break
                     raise end
-                waited = time.monotonic() - started
-                round_ = Round(self._rounds)
-                self._rounds += 1
-                if self._dispatcher is not None:
-                    self._dispatcher.begin(
-                        round_, feed.take, lambda task: feed.restock(task, task.start)
-                    )
-                else:
-                    self._readers.local = LocalEnd(round_, feed.take)
-                try:
-                    batches = iter(self._loader)
-                    while True:
-                        started = time.monotonic()
-                        try:
-                            item = next(batches)
-                        except StopIteration:
-                            break
-                        waited += time.monotonic() - started
-                        if isinstance(item, Batch):
-                            if take(item.marks):
-                                self.meter.waited(waited)
-                                waited = 0.0
-                                yield item.data
-                        elif isinstance(item, Loose):
-                            merger.add(item)
-                            for key, first, count in item.spans:
-                                received[key] = max(received.get(key, 0), first + count)
-                            while merger.full:
-                                batch = merger.pop()
-                                assert batch is not None
-                                if take(batch.marks):
-                                    self.meter.waited(waited)
-                                    waited = 0.0
-                                    yield self._pinned(batch.data)
-                        elif isinstance(item, ReadFailure):
-                            received[item.key] = item.records
-                            if merger.holds(item.key):
-                                failing[item.key] = (item.records, item.reason)
-                            else:
-                                self._failed(feed, task_of(item.key), item.records, item.reason)
-                                done.add(item.key)
-                finally:
-                    if self._dispatcher is not None:
-                        self._dispatcher.end(round_)
-                    else:
-                        self._readers.local = None
-                    tasks.update(round_.given)
-                # The round is over: what is left of the workers' batches goes now (a pass's
-                # last batch), and a task no worker read to its end goes back to the stock.
-                while (batch := merger.pop()) is not None:
-                    if take(batch.marks):
-                        self.meter.waited(waited)
-                        waited = 0.0
-                        yield self._pinned(batch.data)
-                for key, task in round_.given.items():
-                    if key not in done and feed.held(task):
-                        feed.restock(task, received.get(key, task.start))
+                run.waited = time.monotonic() - started
+                yield from self._round(run)
             completed = True
             self._completed = p
             self.pass_id = p + 1
         finally:
             if not completed:
                 feed.abandon()  # its tasks go back at the positions the loop took them to
+
+    def _round(self, run: _PassRun) -> Iterator[Any]:
+        """One round of the DataLoader's workers over the tasks the feed has ready."""
+        feed = run.feed
+        round_ = run.round = Round(self._rounds)
+        self._rounds += 1
+        if self._dispatcher is not None:
+            self._dispatcher.begin(round_, feed.take, lambda task: feed.restock(task, task.start))
+        else:
+            self._readers.local = LocalEnd(round_, feed.take)
+        try:
+            batches = iter(self._loader)
+            while True:
+                started = time.monotonic()
+                try:
+                    item = next(batches)
+                except StopIteration:
+                    break
+                run.waited += time.monotonic() - started
+                if isinstance(item, Batch):
+                    if run.take(item.marks):
+                        yield item.data
+                elif isinstance(item, Loose):
+                    for batch in run.merge(item):
+                        yield self._pinned(batch)
+                elif isinstance(item, ReadFailure):
+                    run.read_failure(item)
+        finally:
+            if self._dispatcher is not None:
+                self._dispatcher.end(round_)
+            else:
+                self._readers.local = None
+            run.tasks.update(round_.given)
+        # The round is over: what is left of the workers' batches goes now (a pass's last
+        # batch), and a task no worker read to its end goes back to the stock.
+        while (batch := run.merger.pop()) is not None:
+            if run.take(batch.marks):
+                yield self._pinned(batch.data)
+        run.restock()
 
     def _failed(self, feed: PassFeed, task: Task, records: int, reason: str) -> None:
         self.read_errors += 1
@@ -368,6 +320,76 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _PassRun:
+    """One pass's bookkeeping in the rank's main process: the tasks handed to workers, how far
+    the main process received each, the loose samples merged into batches, and the read
+    failures waiting behind merged samples; the wait for data since the last batch taken."""
+
+    def __init__(self, loader: Loader, feed: PassFeed) -> None:
+        self.loader = loader
+        self.feed = feed
+        self.merger = Merger(loader.batch_size, loader._collate)
+        self.round = Round(-1)
+        self.tasks: dict[TaskKey, Task] = {}
+        self.received: dict[TaskKey, int] = {}  # position the main process received (>= taken)
+        self.failing: dict[TaskKey, tuple[int, str]] = {}  # failures behind merged samples
+        self.done: set[TaskKey] = set()
+        self.waited = 0.0
+
+    def task_of(self, key: TaskKey) -> Task:
+        task = self.round.given.get(key) or self.tasks.get(key)
+        if task is None:
+            raise RuntimeError(f"a worker sent records of task {key}, never handed out")
+        return task
+
+    def take(self, marks: tuple[tuple[TaskKey, int], ...]) -> bool:
+        """The training loop takes a batch: move its tasks on. False when it holds records
+        of no task this trainer still holds (its session was lost, they are another
+        trainer's now): not to train on. Records of a lost task that share a batch with a
+        held one are the duplicates of a lost session (one batch at most)."""
+        self.loader.client.wait_lease()
+        mine = False
+        for key, end in marks:
+            task = self.task_of(key)
+            self.received[key] = max(self.received.get(key, 0), end)
+            if self.feed.taken(task, end):
+                mine = True
+            if end >= task.num_records:
+                self.done.add(key)
+        for key in [k for k in self.failing if not self.merger.holds(k)]:
+            self.loader._failed(self.feed, self.task_of(key), *self.failing.pop(key))
+            self.done.add(key)
+        if mine:
+            self.loader.meter.waited(self.waited)
+            self.waited = 0.0
+        return mine
+
+    def merge(self, item: Loose) -> Iterator[Any]:
+        """Loose samples into batches: the data of each full batch the loop may take."""
+        self.merger.add(item)
+        for key, first, count in item.spans:
+            self.received[key] = max(self.received.get(key, 0), first + count)
+        while self.merger.full:
+            batch = self.merger.pop()
+            assert batch is not None
+            if self.take(batch.marks):
+                yield batch.data
+
+    def read_failure(self, item: ReadFailure) -> None:
+        self.received[item.key] = item.records
+        if self.merger.holds(item.key):
+            self.failing[item.key] = (item.records, item.reason)
+        else:
+            self.loader._failed(self.feed, self.task_of(item.key), item.records, item.reason)
+            self.done.add(item.key)
+
+    def restock(self) -> None:
+        """A task of the round no worker read to its end goes back to the feed's stock."""
+        for key, task in self.round.given.items():
+            if key not in self.done and self.feed.held(task):
+                self.feed.restock(task, self.received.get(key, task.start))
 
 
 def _restart_key(blob: bytes) -> str:

@@ -115,6 +115,8 @@ class EtcdStore:
 
     # --- leadership (see chunkmaster.master.leadership) ---------------------------------------
 
+    elected = True  # leading takes winning the election (master.leadership)
+
     @property
     def lost(self) -> asyncio.Event:
         """Set the moment leadership is lost (lease gone, lock key gone, or a fence failed)."""

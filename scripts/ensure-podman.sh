@@ -1,0 +1,20 @@
+#!/bin/sh
+# The image test builds a Debian root file system with mmdebstrap, imports it into podman and
+# runs containers with runc in a pod: Debian's mmdebstrap, podman, runc and catatonit. Nothing else is changed on the
+# machine: the test points podman at its own containers.conf and storage.
+set -eu
+need=""
+command -v mmdebstrap >/dev/null 2>&1 || need="$need mmdebstrap"
+command -v podman >/dev/null 2>&1 || need="$need podman"
+command -v runc >/dev/null 2>&1 || need="$need runc"
+command -v catatonit >/dev/null 2>&1 || need="$need catatonit"
+[ -n "$need" ] || exit 0
+if command -v apt-get >/dev/null 2>&1; then
+    echo "installing Debian's$need for the image test" >&2
+    apt-get update -qq
+    # catatonit: the pause process of a pod's infra container (the pod's shared namespaces).
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
+else
+    echo "missing$need and no apt-get to install them" >&2
+    exit 1
+fi

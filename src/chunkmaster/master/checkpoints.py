@@ -1,0 +1,225 @@
+"""Commits and data checkpoints (docs/sessions.md): trainers commit the positions their model
+reflects; the job's data position at its last commits is a data checkpoint
+(`core/checkpoint.py` encodes it); a checkpoint is restored on an empty store at start
+(`chunkmaster master --restore`), over the job a store holds (`--restore-replace`), or onto
+the running job (the Restore RPC, once per restart key: a training job restarted from its
+model checkpoint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+from chunkmaster.core import checkpoint
+from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.errors import CheckpointRefusedError
+from chunkmaster.core.events import Commit, Event, Restore, SetDataset
+from chunkmaster.core.model import Position
+from chunkmaster.core.reconcile import reconcile
+from chunkmaster.core.state import commit_refused, committed_position, restore_repeated
+from chunkmaster.master.checks import check_position, deny
+from chunkmaster.master.datasets import absolute_path, chunk_size_for
+from chunkmaster.master.job_dataset import JobDataset
+from chunkmaster.master.ledger import Ledger, after
+from chunkmaster.master.owners import commit_position_refused
+from chunkmaster.master.sessions import Sessions
+from chunkmaster.master.settings import Settings
+from chunkmaster.master.timeouts import TaskTimeouts
+
+log = logging.getLogger("chunkmaster.service")
+
+
+class Checkpoints:
+    def __init__(
+        self,
+        ledger: Ledger,
+        settings: Settings,
+        clock: Callable[[], float],
+        dataset: JobDataset,
+        sessions: Sessions,
+        timeouts: TaskTimeouts,
+    ) -> None:
+        self._ledger = ledger
+        self._settings = settings
+        self._clock = clock
+        self._dataset = dataset
+        self._sessions = sessions
+        self._timeouts = timeouts
+
+    def commit(
+        self, positions: Iterable[Position], session: str = "", identity: str | None = None
+    ) -> Awaitable[int]:
+        """Commit the positions of `session` (`identity`: its certificate under mutual TLS),
+        all or none: a position naming a dispatch another trainer holds or (under mutual
+        TLS) a task another certificate finished refuses the whole commit with
+        PermissionDeniedError, one naming a dispatch no longer this trainer's with
+        CheckpointRefusedError, each naming the task."""
+        st = self._ledger.state
+        ps = tuple(positions)
+        for pos in ps:
+            check_position(pos)
+        deny(*(commit_position_refused(st, pos, session, identity) for pos in ps))
+        problems = []
+        for pos in ps:
+            why = commit_refused(st, pos)
+            if why is not None:
+                problems.append(f"task {pos.task_id} of pass {pos.pass_id}: {why}")
+        if problems:
+            raise CheckpointRefusedError("commit refused: " + "; ".join(problems[:5]))
+        if not ps:
+            return after(None, 0)
+        applied, durable = self._ledger.submit(Commit(ps))
+        assert isinstance(applied, int)
+        return after(durable, applied)
+
+    async def data_checkpoint(self) -> bytes:
+        """The job's data position at the last commits, as a checked blob; only what is
+        durable (it waits for the writes in flight)."""
+        await self._ledger.sync()
+        st = self._ledger.state
+        ds = st.dataset
+        if ds is None:
+            raise CheckpointRefusedError("no dataset is set yet: there is no position to save")
+        floor, commits = committed_position(st)
+        by_pass: dict[int, tuple[set[int], dict[int, int]]] = {}
+        for pass_id, task_id, records in commits:
+            full, partial = by_pass.setdefault(pass_id, (set(), {}))
+            if records == st.task_records(task_id, pass_id):
+                full.add(task_id)
+            else:
+                partial[task_id] = records
+        cp = checkpoint.DataCheckpoint(
+            job=self._settings.job,
+            created=self._clock(),
+            dataset=checkpoint.fingerprint(ds, ds.file_sizes),
+            num_tasks=ds.num_tasks,
+            floor=floor,
+            passes=tuple(
+                checkpoint.PassCommits(p, frozenset(full), partial)
+                for p, (full, partial) in sorted(by_pass.items())
+            ),
+            shuffle_seed=ds.shuffle_seed,
+        )
+        return checkpoint.encode(cp)
+
+    async def restore(
+        self, blob: bytes, *, replace: bool = False, other_job: bool = False, key: str = ""
+    ) -> bool:
+        """Go to a data checkpoint's position. Raises CheckpointError (a bad blob, another
+        job's unless `other_job`, changed files, a store that holds a job) or the dataset's
+        errors, naming the problem.
+
+        Without `key` (`chunkmaster master --restore`): on an empty store, or over the job it
+        holds with `replace`, index the checkpoint's dataset again (held to the data roots, as
+        any dataset), check it is unchanged, and start from its position; False if this state
+        was started from it already. With `key` (the Restore RPC: a training job restarted
+        from its model checkpoint): on the running job, whose dataset must be the
+        checkpoint's; every session ends. False if this key restored the job already (each
+        rank of one restart asks)."""
+        cp = checkpoint.decode(blob)
+        source = hashlib.blake2b(blob, digest_size=16).hexdigest()
+        if key:
+            return await self._restore_running(cp, source, key)
+        return await self._restore_at_start(cp, source, replace, other_job)
+
+    async def _restore_at_start(
+        self, cp: checkpoint.DataCheckpoint, source: str, replace: bool, other_job: bool
+    ) -> bool:
+        st = self._ledger.state
+        job = self._settings.job
+        if st.restored_from == source:
+            log.info("the state was started from this data checkpoint already; going on")
+            return False
+        if cp.job != job and not other_job:
+            raise checkpoint.CheckpointError(
+                f"the data checkpoint is of the job {cp.job!r} and this master runs the job "
+                f"{job!r}; start it with --job {cp.job}, or with --restore-other-job to "
+                "restore another job's position"
+            )
+        if st.dataset is not None and not replace:
+            raise checkpoint.CheckpointError(
+                f"the store already holds a job (pass {st.cur_pass}, dataset "
+                f"{list(st.dataset.globs)}): a data checkpoint is restored onto an empty "
+                "store only; start with --restore-replace to replace the state it holds"
+            )
+        cp = checkpoint.with_paths(cp, absolute_path)
+        bound = chunk_size_for(cp.dataset.format, self._settings.chunk_size)
+        why = checkpoint.chunk_size_refusal(cp.dataset, bound)
+        if why is not None:
+            raise checkpoint.CheckpointError(why)
+        dataset = await self._dataset.index(
+            cp.dataset.globs, cp.dataset.chunks_per_task, cp.dataset.format
+        )
+        checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
+        events: list[Event] = [
+            SetDataset(dataset),
+            Restore(cp.floor, _commits_of(cp, dataset), source),
+        ]
+        if st.dataset is None:
+            for ev in events:
+                await self._ledger.commit(ev)
+        else:  # a fresh state from the checkpoint, with this master's limits
+            await self._ledger.replace(events)
+            for ev in reconcile(self._ledger.state, self._settings.limits):
+                await self._ledger.commit(ev)
+        st = self._ledger.state
+        log.info(
+            "restored the data checkpoint of job %r: pass %d, %d task(s) to do, %d done",
+            cp.job,
+            st.cur_pass,
+            len(st.todo),
+            len(st.done),
+        )
+        return True
+
+    async def _restore_running(self, cp: checkpoint.DataCheckpoint, source: str, key: str) -> bool:
+        st = self._ledger.state
+        if restore_repeated(st, key):
+            log.info("restore %r was made already (another rank of the same restart)", key)
+            return False
+        ds = st.dataset
+        if ds is None:
+            raise checkpoint.CheckpointError(
+                "the master has no dataset yet: start it with --restore FILE to begin a job "
+                "from a data checkpoint"
+            )
+        if cp.job != self._settings.job:
+            raise checkpoint.CheckpointError(
+                f"the data checkpoint is of the job {cp.job!r} and this master runs the job "
+                f"{self._settings.job!r}: a running job goes back only to a checkpoint of its own"
+            )
+        cp = checkpoint.with_paths(cp, absolute_path)
+        checkpoint.check_restorable(cp, ds, ds.file_sizes)
+        ended = len(st.sessions)
+        if not self._ledger.available:
+            raise self._ledger.unavailable()
+        await self._ledger.commit(Restore(cp.floor, _commits_of(cp, ds), source, key))
+        st = self._ledger.state
+        self._sessions.reset()
+        self._timeouts.rearm()
+        log.warning(
+            "restored the running job to the data checkpoint of %s (restart %r): pass %d, %d "
+            "task(s) to do, %d done; %d session(s) ended",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(cp.created)),
+            key,
+            st.cur_pass,
+            len(st.todo),
+            len(st.done),
+            ended,
+        )
+        return True
+
+
+def _commits_of(
+    cp: checkpoint.DataCheckpoint, dataset: Dataset
+) -> tuple[tuple[int, int, int], ...]:
+    """(pass, task, records committed) of a checkpoint, in the order Restore applies them."""
+    return tuple(
+        (p.pass_id, t, r)
+        for p in cp.passes
+        for totals in (dataset.task_records_for(p.pass_id),)
+        for t, r in sorted([(t, totals[t]) for t in p.full] + list(p.partial.items()))
+    )

@@ -1,0 +1,195 @@
+"""Handing out tasks, and waiting for one (defect D2: bounded by the caller's wait).
+
+A request asks the core what would happen (`check_get_task`: dispatch, wait, or an error);
+a dispatch is journaled with its deadline and its timer armed before any yield. With nothing
+to hand out yet (no dataset, every task pending, a pass not begun, a rank missing) the request
+waits for any change of the state, up to its wait (master/checks.py: one limit for every
+path), and then answers what is true then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+
+from chunkmaster.core.errors import (
+    MasterError,
+    NoMoreAvailableError,
+    NotReadyError,
+    PassAfterError,
+    PermissionDeniedError,
+    RanksMissingError,
+    SessionExpiredError,
+)
+from chunkmaster.core.events import Dispatch
+from chunkmaster.core.model import Task
+from chunkmaster.core.state import Availability, MasterState, check_get_task
+from chunkmaster.core.steps import missing_ranks
+from chunkmaster.master.checks import check_pass, wait_seconds
+from chunkmaster.master.ledger import DONE, Ledger
+from chunkmaster.master.timeouts import TaskTimeouts
+
+log = logging.getLogger("chunkmaster.service")
+
+
+class Dispatcher:
+    def __init__(self, ledger: Ledger, timeouts: TaskTimeouts, rank_wait: float) -> None:
+        self._ledger = ledger
+        self._timeouts = timeouts
+        self.rank_wait = rank_wait
+        #: (pass, time.monotonic()) since when the pass waits for ranks missing from its world
+        self._ranks_waiting: tuple[int, float] | None = None
+        self._changed = asyncio.Event()
+        ledger.on_change.append(self._notify)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self, until: float) -> bool:
+        """Wait for any state change until the monotonic time `until`; False on timeout."""
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._changed.wait(), remaining)
+        except TimeoutError:
+            return False
+        return True
+
+    async def get_tasks(
+        self,
+        pass_id: int,
+        count: int,
+        *,
+        wait: float = 0.0,
+        time_left: float | None = None,
+        worker: str = "",
+        request_id: str = "",
+        session: str = "",
+        owner: str = "",
+    ) -> list[Task]:
+        """Up to `count` tasks of `pass_id`: the first waiting up to `wait` seconds (and
+        `time_left`, a caller's deadline) for one, the others only if free at once. One round
+        trip and one durable write for them all. The i-th task's request ID is
+        `request_id#i`, so a retry whose answer was lost gets the same tasks back."""
+        check_pass(pass_id)
+        until = time.monotonic() + wait_seconds(wait, time_left)
+        task, durable = await self._take(pass_id, until, worker, request_id, session, owner)
+        tasks, writes = [task], [durable]
+        while len(tasks) < count:
+            rid = f"{request_id}#{len(tasks)}" if request_id else ""
+            st = self._ledger.state
+            if rid and (held := _repeated(st, rid, session, owner)) is not None:
+                tasks.append(st.task(held))
+                continue
+            if not self._ledger.available:
+                break
+            try:
+                if check_get_task(st, pass_id, session) is not Availability.DISPATCH:
+                    break
+            except MasterError:  # the pass is over or cannot go on: the first ones stand
+                break
+            more, written = self._submit(worker, rid, session, owner)
+            writes.append(written)
+            if more is None:
+                break
+            tasks.append(more)
+        for written in writes:
+            await written
+        return tasks
+
+    async def _take(
+        self, pass_id: int, until: float, worker: str, request_id: str, session: str, owner: str
+    ) -> tuple[Task, Awaitable[None]]:
+        """One task, waiting until the monotonic time `until`; its dispatch's durability is
+        left to the caller to await."""
+        while True:
+            if not self._ledger.available:
+                raise self._ledger.unavailable()
+            st = self._ledger.state
+            if request_id and (held := _repeated(st, request_id, session, owner)) is not None:
+                return st.task(held), DONE
+            try:
+                avail = check_get_task(st, pass_id, session)
+            except PassAfterError:
+                if not await self._wait_change(until):
+                    raise
+                continue
+            if avail is Availability.DISPATCH:
+                if session and session not in st.sessions:
+                    raise SessionExpiredError()
+                task, durable = self._submit(worker, request_id, session, owner)
+                if task is not None:
+                    return task, durable
+                await durable
+                continue  # equal steps: nothing for this trainer in this pass; ask again
+            if avail is Availability.WAIT:
+                self._check_ranks()
+            if not await self._wait_change(until):
+                if avail is Availability.NOT_READY:
+                    raise NotReadyError()
+                raise NoMoreAvailableError()
+
+    def _check_ranks(self) -> None:
+        """Equal steps in a declared world share a pass among its ranks only once every rank
+        has a session: after `rank_wait` seconds without some, refuse naming them."""
+        st = self._ledger.state
+        missing = missing_ranks(st) if st.steps.on and not st.steps.fixed else []
+        if not missing:
+            self._ranks_waiting = None
+            return
+        now = time.monotonic()
+        if self._ranks_waiting is None or self._ranks_waiting[0] != st.cur_pass:
+            self._ranks_waiting = (st.cur_pass, now)
+            log.info(
+                "pass %d waits for rank(s) %s to open a session before sharing its records "
+                "(equal steps); at most %.0fs",
+                st.cur_pass,
+                _ranks_text(missing),
+                self.rank_wait,
+            )
+            return
+        waited = now - self._ranks_waiting[1]
+        if waited >= self.rank_wait:
+            world = max(s.world_size for s in st.sessions.values())
+            raise RanksMissingError(
+                f"pass {st.cur_pass} cannot start: rank(s) {_ranks_text(missing)} of world size "
+                f"{world} have no trainer after {waited:.0f}s (--rank-wait {self.rank_wait:g}s); "
+                "start them, or check each trainer's WORLD_SIZE and RANK"
+            )
+
+    def _submit(
+        self, worker: str, request_id: str, session: str = "", owner: str = ""
+    ) -> tuple[Task | None, Awaitable[None]]:
+        """Dispatch the head of Todo (None: equal steps leave nothing for this trainer).
+        Applied and its timer armed before any yield: a caller that goes away while the
+        dispatch is made durable must not leave the task pending without a timer (it would
+        never come back); a failed write resets the timers anyway."""
+        deadline = self._timeouts.from_now()
+        task, durable = self._ledger.submit(Dispatch(deadline, worker, request_id, session, owner))
+        if task is None:
+            return None, durable
+        assert isinstance(task, Task)
+        self._timeouts.arm(deadline, task.meta.id, task.meta.epoch)
+        return task, durable
+
+
+def _repeated(st: MasterState, request_id: str, session: str, owner: str) -> int | None:
+    """The task a repeated request got, if any: only its own requester gets it again."""
+    held = st.requests.get(request_id)
+    if held is None:
+        return None
+    p = st.pending[held]
+    if p.session != session or (p.owner != owner and not session):
+        raise PermissionDeniedError(
+            f"permission denied: request {request_id} was made by another trainer"
+        )
+    return held
+
+
+def _ranks_text(ranks: Sequence[int], most: int = 16) -> str:
+    shown = ", ".join(map(str, ranks[:most]))
+    return shown + (f" and {len(ranks) - most} more" if len(ranks) > most else "")

@@ -1,0 +1,139 @@
+"""Trainers' reports on the tasks they hold: finishes, failures, progress, tasks handed back.
+
+One path each, whichever way the report came (a unary call, a session message): its values
+checked (master/checks.py), refused if it names a task another trainer holds
+(master/owners.py), then applied as events before the call returns, so a report is never
+overtaken by a later message of the same trainer; the awaitable each returns completes once
+the events are durable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+
+from chunkmaster.core.events import Fail, Finish, Progress, ReturnTasks
+from chunkmaster.core.model import Position, TaskMeta
+from chunkmaster.core.quarantine import describe
+from chunkmaster.core.state import MasterState, fail_ignored, finish_ignored
+from chunkmaster.logs import about
+from chunkmaster.master.checks import check_report, deny
+from chunkmaster.master.ledger import Ledger, after, started
+from chunkmaster.master.owners import own_positions, session_report_refused, unary_report_refused
+
+log = logging.getLogger("chunkmaster.service")
+
+
+class Reports:
+    """`deadline()`: when a session that reports progress now may time out next (now plus
+    the task timeout: master/timeouts.py)."""
+
+    def __init__(self, ledger: Ledger, deadline: Callable[[], float]) -> None:
+        self._ledger = ledger
+        self._deadline = deadline
+
+    def _refuse_foreign(
+        self, task_ids: Iterable[int], session: str | None, identity: str | None
+    ) -> None:
+        """A session reports its own tasks only; a trainer without one only tasks handed out
+        by unary GetTask (and under mutual TLS, to its certificate)."""
+        st = self._ledger.state
+        if session is None:
+            deny(*(unary_report_refused(st, t, identity) for t in task_ids))
+        else:
+            deny(*(session_report_refused(st, session, t) for t in task_ids))
+
+    def finish(
+        self, finishes: Sequence[Finish], *, session: str | None = None, identity: str | None = None
+    ) -> Awaitable[int]:
+        """Finish each task, in order; awaitable: how many finishes applied (a report about a
+        task no longer pending, or of another pass, applies nothing). All or none: one on a
+        task another trainer holds refuses them all (PermissionDeniedError naming it)."""
+        for f in finishes:
+            check_report(f.task_id, f.epoch, f.pass_id)
+        self._refuse_foreign((f.task_id for f in finishes), session, identity)
+        applied = 0
+        durable: Awaitable[None] | None = None
+        for ev in finishes:
+            why = finish_ignored(self._ledger.state, ev)
+            if why is not None:
+                log.info(
+                    "finish of task %d (epoch %d) ignored: %s",
+                    ev.task_id,
+                    ev.epoch,
+                    why,
+                    extra=about(task=ev.task_id, epoch=ev.epoch),
+                )
+                continue
+            _, durable = self._ledger.submit(ev)
+            applied += 1
+        return after(durable, applied)
+
+    def fail(
+        self,
+        meta: TaskMeta,
+        reason: str,
+        *,
+        session: str | None = None,
+        identity: str | None = None,
+    ) -> Awaitable[int]:
+        """A trainer could not process a dispatch; its reason stays visible in status."""
+        check_report(meta.id, meta.epoch)
+        self._refuse_foreign((meta.id,), session, identity)
+        ev = Fail(meta.id, meta.epoch, reason or "failed (no reason given)")
+        why = fail_ignored(self._ledger.state, ev)
+        if why is not None:
+            log.info("failure of task %d (epoch %d) ignored: %s", meta.id, meta.epoch, why)
+            return after(None, 0)
+        _, durable = self._ledger.submit(ev)
+        log_failure(self._ledger.state, meta.id, ev.reason)
+        return after(durable, 1)
+
+    def progress(self, session: str, positions: Iterable[Position]) -> int:
+        """Record how far the session's trainer got; nobody waits for it to be durable. A
+        position that moved is progress: the session's tasks are safe from timing out for
+        another task timeout. How many positions moved; positions on tasks another trainer
+        holds change nothing and raise PermissionDeniedError naming them, once the session's
+        own are recorded."""
+        ps = list(positions)
+        own = own_positions(self._ledger.state, session, ps)
+        applied = 0
+        if own and self._ledger.available:
+            result, durable = self._ledger.submit(Progress(own, self._deadline()))
+            assert isinstance(result, int)
+            applied = result
+            started(durable)
+        st = self._ledger.state
+        deny(*(session_report_refused(st, session, pos.task_id) for pos in ps))
+        return applied
+
+    def returned(self, session: str, positions: Iterable[Position]) -> Awaitable[int]:
+        """Hand the session's tasks named back at their positions; awaitable: how many."""
+        ps = own_positions(self._ledger.state, session, positions)
+        if not ps:
+            return after(None, 0)
+        if not self._ledger.available:
+            raise self._ledger.unavailable()
+        back, durable = self._ledger.submit(ReturnTasks(session, ps))
+        assert isinstance(back, int)
+        return after(durable, back)
+
+
+def log_failure(st: MasterState, task_id: int, reason: str) -> None:
+    """One line for a failure just applied: the task goes round again, or is quarantined
+    (and the job may have stopped)."""
+    n = st.failure_total.get(task_id, 0)
+    extra = about(pass_id=st.cur_pass, task=task_id, reason=reason)
+    if task_id not in st.failed:
+        log.warning("task %d failed (%s); dispatching it again", task_id, reason, extra=extra)
+        return
+    log.warning(
+        "task %d failed %d times, over the limit of %d; quarantined: %s",
+        task_id,
+        n,
+        st.failure_max,
+        describe(st, task_id).describe(),
+        extra=extra,
+    )
+    if st.stopped is not None and task_id in st.stopped.tasks:
+        log.error("%s", st.stopped.message, extra=extra)

@@ -1,0 +1,49 @@
+"""docs/deploy.md and deploy/prometheus/chunkmaster-alerts.yaml name only metrics the master
+serves, and files that exist; the README points to the guide."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from helpers.deploy import REPO
+
+METRIC = re.compile(r"\bchunkmaster_[a-z_]+\b")
+SUFFIXES = ("_total", "_bucket", "_sum", "_count")
+
+
+def served() -> set[str]:
+    text = (REPO / "src/chunkmaster/master/metrics.py").read_text()
+    return set(re.findall(r'"(chunkmaster_[a-z_]+)"', text))
+
+
+def base(name: str) -> str:
+    for suffix in SUFFIXES:
+        if name.endswith(suffix) and name.removesuffix(suffix) in served():
+            return name.removesuffix(suffix)
+    return name
+
+
+def test_every_metric_named_in_the_guide_and_the_alerts_is_served() -> None:
+    names = set()
+    for path in ("docs/deploy.md", "deploy/prometheus/chunkmaster-alerts.yaml"):
+        names |= {base(n) for n in METRIC.findall((REPO / path).read_text())}
+    assert names, "no metric named"
+    assert names <= served(), f"not served by master/metrics.py: {sorted(names - served())}"
+
+
+def test_the_alert_rules_are_rules() -> None:
+    doc = yaml.safe_load((REPO / "deploy/prometheus/chunkmaster-alerts.yaml").read_text())
+    rules = doc["groups"][0]["rules"]
+    assert len(rules) >= 10
+    for rule in rules:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+        assert rule["alert"].startswith("Chunkmaster") and METRIC.search(rule["expr"])
+        assert rule["labels"]["severity"] in ("critical", "warning", "info")
+
+
+def test_files_the_guide_names_exist_and_the_readme_points_to_it() -> None:
+    guide = (REPO / "docs/deploy.md").read_text()
+    for path in re.findall(r"`((?:deploy|tests|scripts|bench|src|examples)/[\w./-]+)`", guide):
+        assert (REPO / path).exists(), path
+    assert "docs/deploy.md" in (REPO / "README.md").read_text()

@@ -1,0 +1,174 @@
+"""The house's layers, read from the source: what imports what (docs/architecture.md).
+
+- No import circle anywhere in `chunkmaster`, type-hint imports included.
+- `core/` is pure: it imports nothing of the shell.
+- `store/` imports nothing of `etcd/`; `etcd/` uses only `store.base` of `store/`.
+- A trainer's `import chunkmaster` loads nothing of the master, its stores or SQLite.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import chunkmaster
+
+SRC = Path(chunkmaster.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each module's imports of chunkmaster modules, wherever they are written (in functions,
+    under TYPE_CHECKING): `from pkg import mod` names the module, `from mod import x` the
+    module."""
+    modules = _modules()
+
+    def known(name: str) -> str:
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("chunkmaster"):
+                assert node.module is not None
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    deps.add(full if full in modules else known(node.module))
+            elif isinstance(node, ast.Import):
+                deps.update(known(a.name) for a in node.names if a.name.startswith("chunkmaster"))
+        deps.discard(name)
+        graph[name] = deps
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle, as the path around it; None if there is none."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(mod: str) -> list[str] | None:
+        state[mod] = 1
+        path.append(mod)
+        for dep in sorted(graph.get(mod, ())):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep) :], dep]
+            if dep not in state and (found := visit(dep)) is not None:
+                return found
+        path.pop()
+        state[mod] = 2
+        return None
+
+    for mod in sorted(graph):
+        if mod not in state and (found := visit(mod)) is not None:
+            return found
+    return None
+
+
+def test_no_import_circle() -> None:
+    circle = _circle(_imports())
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
+
+
+def test_core_imports_nothing_of_the_shell() -> None:
+    graph = _imports()
+    outside = {
+        (mod, dep)
+        for mod, deps in graph.items()
+        if mod.startswith("chunkmaster.core")
+        for dep in deps
+        if not dep.startswith("chunkmaster.core")
+    }
+    assert not outside
+
+
+def test_store_and_etcd_import_one_way() -> None:
+    graph = _imports()
+    store_to_etcd = {
+        (m, d)
+        for m, deps in graph.items()
+        if m.startswith("chunkmaster.store")
+        for d in deps
+        if d.startswith("chunkmaster.etcd")
+    }
+    etcd_to_store = {
+        d
+        for m, deps in graph.items()
+        if m.startswith("chunkmaster.etcd")
+        for d in deps
+        if d.startswith("chunkmaster.store")
+    }
+    assert not store_to_etcd
+    assert etcd_to_store <= {"chunkmaster.store.base"}
+
+
+def test_a_trainer_imports_nothing_of_the_master() -> None:
+    """`import chunkmaster` in a fresh interpreter: the client, the core's values and errors,
+    the formats; not the service, the stores, the state machine, SQLite or etcd's master side."""
+    code = "import json, sys, chunkmaster; print(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    loaded = set(json.loads(out.stdout))
+    assert "chunkmaster.client.client" in loaded
+    master_side = sorted(
+        m
+        for m in loaded
+        if m.startswith(("chunkmaster.master", "chunkmaster.store"))
+        or m
+        in (
+            "sqlite3",
+            "chunkmaster.core.state",
+            "chunkmaster.core.codec",
+            "chunkmaster.etcd.journal",
+            "chunkmaster.etcd.election",
+        )
+    )
+    assert master_side == []
+    # ... and the master's names are there all the same, on first use.
+    assert chunkmaster.Service.__module__ == "chunkmaster.master.service"
+    assert chunkmaster.SqliteStore.__module__ == "chunkmaster.store.sqlite"
+
+
+#: Functions over the limit in parts of the house other work is reshaping (the client's
+#: options, the CLI's friction, the demo): listed by name so that none is added, to be
+#: dropped from here as they shrink.
+LONG_FOR_NOW = {
+    "chunkmaster/cli/read_cmd.py:register",
+    "chunkmaster/cli/status_cmd.py:render",
+    "chunkmaster/client/buffer.py:next_run",
+    "chunkmaster/client/client.py:__init__",
+    "chunkmaster/client/client.py:_shuffled",
+    "chunkmaster/demo.py:_demo",
+}
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    long = set()
+    for path in SRC.rglob("*.py"):
+        if "_pb2" in path.name:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.add(f"{path.relative_to(SRC.parent).as_posix()}:{node.name}")
+    assert long <= LONG_FOR_NOW, sorted(long - LONG_FOR_NOW)

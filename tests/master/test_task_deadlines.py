@@ -1,0 +1,49 @@
+"""The cost of deadlines that move with progress: a progress report moves a session's
+deadline in the state (O(1)), never the timer heap; the timer of a task whose deadline moved
+is pushed again only when it comes up (master/timeouts.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers.aio import run
+from helpers.datasets import numbered_records
+
+from chunkmaster.core.model import Position
+from chunkmaster.core.state import task_deadline
+from chunkmaster.master.service import Service
+from chunkmaster.store.memory import InMemStore
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_moves_the_deadline_without_a_timer_per_report(tmp_path: Path) -> None:
+    data = numbered_records(tmp_path / "d.rio", 2000)
+    clock = Clock()
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=2000, timeout_dur=60.0, clock=clock)
+        await svc.start()
+        try:
+            await svc.set_dataset([data])
+            sid = await svc.open_session("", "t", "h", 1, 0)
+            task = await svc.get_task(0, session=sid)
+            timers = len(svc._timeouts)  # the dispatch's one
+            for n in range(1, 1001):
+                clock.now += 1.0
+                moved = svc.report_progress(sid, [Position(task.meta.id, 1, 0, n)])
+                assert moved == 1
+            assert len(svc._timeouts) == timers == 1
+            assert task_deadline(svc.ledger.state, task.meta.id) == clock.now + 60.0
+            [pending] = svc.status()["pending_tasks"]
+            assert pending["expires_in"] == 60.0
+        finally:
+            await svc.close()
+
+    run(main())
