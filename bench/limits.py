@@ -49,8 +49,11 @@ One command per figure; each prints one JSON object per measurement (`--json-out
 
 `--profile DIR` records the master with py-spy (native frames: gRPC's C core too) in a window
 of its own after each measured one, and prints where its busy samples went, so a limit can be
-read off where the time goes. `--master-gc G0,G1,G2` starts the masters with those garbage
-collector thresholds (bench/gc_site): an experiment for a fix, not the product's figure.
+read off where the time goes. `--master-src DIR,DIR` runs the command once per source tree,
+its masters importing chunkmaster from that tree (the load and the trainers are the same): a
+change to the master measured before and after in one run, e.g. main's tree against a branch's:
+
+    .venv/bin/python bench/limits.py --master-src /work/main/src,src sessions --levels 0,10000
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ ROWS: list[dict[str, Any]] = []
 
 
 def emit(row: dict[str, Any]) -> dict[str, Any]:
+    if MASTER_SRC:
+        row["master_src"] = MASTER_SRC
     ROWS.append(row)
     print(json.dumps(row), flush=True)
     return row
@@ -250,24 +255,27 @@ def start_master(args: list[str], timeout: float = 600.0, *, pin: int | None = N
             os.sched_setaffinity(0, {pin})
 
     log = None if LOG_DIR is None else LOG_DIR / f"master-{time.time_ns()}.log"
-    with master_gc_env():
+    with master_src_env():
         return MasterProcess(args, preexec_fn=pin_it, log_path=log).start(timeout)
 
 
-MASTER_GC = ""  # --master-gc: thresholds for the master's garbage collector (an experiment)
+MASTER_SRC = ""  # --master-src: the source tree the masters started now import chunkmaster from
+
+
+def src_tag() -> str:
+    """A profile's name suffix for the source tree of --master-src now measured ("" without)."""
+    return "-" + "-".join(Path(MASTER_SRC).resolve().parts[-2:]) if MASTER_SRC else ""
 
 
 @contextlib.contextmanager
-def master_gc_env() -> Iterator[None]:
-    """With --master-gc, the master started in the body gets bench/gc_site on its path, which
-    sets its GC thresholds: what such a setting in the product would change, measured."""
-    if not MASTER_GC:
+def master_src_env() -> Iterator[None]:
+    """With --master-src, the master started in the body has that tree first on its path."""
+    if not MASTER_SRC:
         yield
         return
     saved = dict(os.environ)
-    os.environ["CHUNKMASTER_BENCH_GC"] = MASTER_GC
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(_HERE / "gc_site"), *filter(None, [saved.get("PYTHONPATH")])]
+        [str(Path(MASTER_SRC).resolve()), *filter(None, [saved.get("PYTHONPATH")])]
     )
     try:
         yield
@@ -551,7 +559,7 @@ def bench_sessions(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]
             sent1, _, stall = keep_alives_sent(holders, out)
             delivered = (sent1 - sent0) / idle["window_s"]
             if args.profile is not None and level == max(args.levels):
-                with profiled(m.proc.pid, args.profile, f"sessions-{level}"):
+                with profiled(m.proc.pid, args.profile, f"sessions-{level}{src_tag()}"):
                     time.sleep(args.window)
             rss = mem_mb(m.proc.pid)
             w = Window({"master": [m.proc.pid]}).start()
@@ -682,7 +690,7 @@ def bench_tasks(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
                 rates[n].append(rate)
         if args.profile is not None:
             big = masters[max(sizes)]
-            with profiled(big.proc.pid, args.profile, f"dispatch-{max(sizes)}"):
+            with profiled(big.proc.pid, args.profile, f"dispatch-{max(sizes)}{src_tag()}"):
                 session_measure("session", big.addr, 8, 1.0, args.seconds)
         base = min(sizes)
         for n in sizes:
@@ -708,7 +716,7 @@ def bench_tasks(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
             if args.profile is not None and n == max(sizes):
                 m.kill()
                 m.start(wait=False)
-                with profiled(m.proc.pid, args.profile, f"recovery-{n}"):
+                with profiled(m.proc.pid, args.profile, f"recovery-{n}{src_tag()}"):
                     m.wait_serving(3600)
             stop_master(m)
             row["store_mb"] = round(store_bytes(dbs[n]) / 2**20, 1)
@@ -908,10 +916,10 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, help="also write every row here as a JSON list")
     ap.add_argument("--profile", type=Path, help="py-spy the master into this folder")
     ap.add_argument(
-        "--master-gc",
-        metavar="G0,G1,G2",
-        help="an experiment, not the product's figure: start masters with these "
-        "gc.set_threshold values (Python's default: 700,10,10)",
+        "--master-src",
+        metavar="DIR,DIR",
+        help="run the command once per source tree, its masters importing chunkmaster "
+        "from it (before and after a change, in one run)",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     doc = (__doc__ or "").split("\n\n    ")[0]
@@ -1010,17 +1018,20 @@ def main() -> None:
     args = ap.parse_args()
     root = args.root or Path(tempfile.mkdtemp(prefix="limits-"))
     root.mkdir(parents=True, exist_ok=True)
-    global LOG_DIR, MASTER_GC
+    global LOG_DIR, MASTER_SRC
     LOG_DIR = root
-    MASTER_GC = args.master_gc or ""
     print(f"# scratch: {root}; machine: {os.cpu_count()} CPUs, load {os.getloadavg()}", flush=True)
     try:
-        if args.cmd in ("sessions", "all"):
-            bench_sessions(args, root)
-        if args.cmd in ("tasks", "all"):
-            bench_tasks(args, root)
-        if args.cmd in ("files", "all"):
-            bench_files(args, root)
+        for src in args.master_src.split(",") if args.master_src else [""]:
+            MASTER_SRC = src
+            if src:
+                print(f"# masters from {Path(src).resolve()}", flush=True)
+            if args.cmd in ("sessions", "all"):
+                bench_sessions(args, root)
+            if args.cmd in ("tasks", "all"):
+                bench_tasks(args, root)
+            if args.cmd in ("files", "all"):
+                bench_files(args, root)
     finally:
         if args.json_out is not None:
             args.json_out.write_text(json.dumps(ROWS, indent=1))
