@@ -207,10 +207,11 @@ IDLE_LEAVES = (
 def summarize_profile(raw: Path, top: int = 10) -> dict[str, Any]:
     """Where the master's busy samples went, from py-spy's collapsed stacks: the share of
     samples waiting (idle), own time by library or source file (gRPC's C core and Cython
-    layer show as cygrpc), and total time by chunkmaster function (what our code costs)."""
+    layer show as cygrpc), total time by chunkmaster function (what our code costs) and the
+    share in Python's cyclic garbage collector."""
     by_place: Counter[str] = Counter()
     ours: Counter[str] = Counter()
-    busy = idle = 0
+    busy = idle = collector = 0
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if not stack:
@@ -222,6 +223,7 @@ def summarize_profile(raw: Path, top: int = 10) -> dict[str, Any]:
             idle += count
             continue
         busy += count
+        collector += count if any("gc_collect" in f for f in frames) else 0
         by_place[_place(leaf)] += count
         for f in {f.split(" (")[0] for f in frames if "chunkmaster/" in f}:
             ours[f] += count
@@ -229,6 +231,7 @@ def summarize_profile(raw: Path, top: int = 10) -> dict[str, Any]:
     return {
         "busy_samples": busy,
         "idle_share": round(idle / max(1, busy + idle), 3),
+        "collector_share": round(collector / share, 3),
         "own_by_place": [[k, round(v / share, 3)] for k, v in by_place.most_common(top)],
         "chunkmaster_total": [[k, round(v / share, 3)] for k, v in ours.most_common(top)],
     }
