@@ -55,6 +55,7 @@ def _starts_processes(item: pytest.Item) -> bool:
     module = getattr(item, "module", None)
     for name, value in vars(module).items() if module is not None else ():
         origin = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", "")
+        origin = str(origin).removeprefix("tests.")  # `from tests.helpers...` too
         if origin in PROCESS_MODULES or (origin == "helpers.trainers" and name in PROCESS_NAMES):
             return True
     return False
