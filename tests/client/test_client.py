@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from helpers.inproc import InProcessMaster
 from helpers.trainers import digest_of, sample_records
+from helpers.waits import wait_for
 
 from chunkmaster.client import Client, ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.core.errors import (
@@ -36,15 +37,17 @@ def _client_threads() -> list[str]:
 
 
 def _wait_status(m: InProcessMaster, pred: Any, timeout: float = 20.0) -> dict[str, Any]:
-    """Poll the master's status until `pred(status)` holds (an event, not a fixed sleep)."""
-    done = threading.Event()
+    """Poll the master's status until `pred(status)` holds; that status."""
     st: dict[str, Any] = {}
-    for _ in range(int(timeout / 0.02)):
-        st = m.status()
-        if pred(st):
-            return st
-        done.wait(0.02)
-    pytest.fail(f"status never satisfied the condition: {st}")
+
+    def holds() -> bool:
+        st.update(m.status())
+        return bool(pred(st))
+
+    wait_for(
+        holds, "the master's status to satisfy the condition", timeout, explain=lambda: f": {st}"
+    )
+    return st
 
 
 @pytest.mark.parametrize("compressor", [Compressor.NONE, Compressor.SNAPPY, Compressor.GZIP])

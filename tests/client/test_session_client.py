@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +14,12 @@ import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.master_process import MasterProcess
+from helpers.waits import wait_for
 
 from chunkmaster.client import Client, Connection, EndOfPass, Reading, Session
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.checkpoint import decode
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def _dataset(tmp_path: Path, n: int, chunk: int = 40) -> tuple[str, list[bytes]]:

@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.master_process import MasterProcess
+from helpers.waits import wait_for
 from hypothesis import given, settings
 
 from chunkmaster.client import Reading, Session
@@ -150,13 +150,6 @@ class Trainer:
         self.proc.wait(10)
 
 
-def wait_for(cond: object, what: str, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_buffered_trainers_crash_and_resume_from_the_data_checkpoint_exactly_once(
     tmp_path: Path,
 ) -> None:
@@ -175,7 +168,9 @@ def test_buffered_trainers_crash_and_resume_from_the_data_checkpoint_exactly_onc
         common = ["--passes", "1", "--commit-every", "9", "--step-time", "0.002"]
         common += ["--shuffle-buffer", "60", "--report-every", "5"]
         trainers = [Trainer(str(m.addr), tmp_path / f"a{i}.out", *common) for i in range(2)]
-        wait_for(lambda: all(len(t.records(0)) >= 150 for t in trainers), "the trainers to read")
+        wait_for(
+            lambda: all(len(t.records(0)) >= 150 for t in trainers), "the trainers to read", 120
+        )
         with MasterConnection(str(m.addr), timeout=60) as conn:
             ckpt.write_bytes(conn.data_checkpoint())
     finally:

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from helpers.datasets import write_records
 from helpers.formats import write_parquet
 from helpers.inproc import InProcessMaster
 from helpers.torch_parts import ids_of, record_id, slow_record_id
+from helpers.waits import wait_for
 
 from chunkmaster.cli.status_cmd import render
 from chunkmaster.client import Session
@@ -338,10 +338,10 @@ def test_a_thawed_trainer_trains_on_none_of_the_tasks_it_lost_and_its_commit_is_
         start_new_session=True,
     )
     try:
-        wait_until(lambda: stopped(a.pid))
+        wait_for(lambda: stopped(a.pid), f"trainer {a.pid} to stop", 120)
         frozen = len(a_log.read_text().splitlines())
         assert frozen == 3
-        wait_until(lambda: status(m.addr)["sessions"] == 0)  # its lease ran out
+        wait_for(lambda: status(m.addr)["sessions"] == 0, "its session's lease to run out", 120)
         b = trainer(tmp_path, "b", *args, "--log", str(b_log), "--transform", "record_id")
         finish(tmp_path, "b", b)
         os.killpg(a.pid, signal.SIGCONT)
@@ -364,14 +364,6 @@ def test_a_thawed_trainer_trains_on_none_of_the_tasks_it_lost_and_its_commit_is_
 def stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
-def wait_until(cond: Any, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
 
 
 def test_the_loader_takes_the_clients_options_grouped_and_warns_at_the_flat_ones(

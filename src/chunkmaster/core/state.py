@@ -579,6 +579,8 @@ def _return_tasks(state: MasterState, ev: ReturnTasks) -> int:
         state.todo.appendleft(task_id)
         if state.steps.on:
             steps.handed_back(state, task_id, ev.session)
+    if state.steps.on:
+        _maybe_roll_over(state)  # one read to its end, back when every trainer has its quota
     return len(back)
 
 
