@@ -11,6 +11,7 @@ the stores are imported on first use (`chunkmaster.Service`), for a master in th
 from typing import TYPE_CHECKING, Any
 
 from chunkmaster.client.client import Client, EndOfPass, TaskReadError
+from chunkmaster.client.options import Connection, Reading, Session
 from chunkmaster.core.errors import (
     AllTaskFailedError,
     DatasetError,
@@ -23,7 +24,7 @@ from chunkmaster.core.errors import (
     PassBeforeError,
     UnavailableError,
 )
-from chunkmaster.core.model import Chunk, FailedPolicy, SaveModelRequest, Task, TaskMeta
+from chunkmaster.core.model import Chunk, FailedPolicy, Task, TaskMeta
 
 if TYPE_CHECKING:
     from chunkmaster.master.service import Service
@@ -43,6 +44,7 @@ __all__ = [
     "AllTaskFailedError",
     "Chunk",
     "Client",
+    "Connection",
     "DatasetError",
     "DatasetMismatchError",
     "EndOfPass",
@@ -54,8 +56,9 @@ __all__ = [
     "NotReadyError",
     "PassAfterError",
     "PassBeforeError",
-    "SaveModelRequest",
+    "Reading",
     "Service",
+    "Session",
     "SqliteStore",
     "Task",
     "TaskMeta",

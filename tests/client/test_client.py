@@ -70,7 +70,7 @@ def test_finish_is_reported_when_the_last_record_is_taken(rio: Any) -> None:
     finished: list[Task] = []
     with (
         InProcessMaster(chunks_per_task=1, timeout_dur=30.0) as m,
-        Client(m.addr, buffer_size=100, on_task_done=finished.append) as c,
+        Client(m.addr, on_task_done=finished.append) as c,
     ):
         c.set_dataset([path])
         c.start_get_records(0)
@@ -96,7 +96,7 @@ def test_t4_four_clients_buffer_one_ten_passes(rio: Any) -> None:
 
     def trainer(addr: str) -> None:
         try:
-            with Client(addr, buffer_size=1) as c:
+            with Client(addr) as c:
                 c.set_dataset([path])
                 for p in range(10):
                     c.start_get_records(p)
@@ -151,8 +151,10 @@ def test_abandoned_pass_never_mixes_into_the_next(rio: Any) -> None:
     records = sample_records(400, "r")
     path = rio("mix.rio", records, max_chunk_size=200)
     with (
-        InProcessMaster(chunks_per_task=1, timeout_dur=1.0, failure_max=5) as m,
-        Client(m.addr, buffer_size=1000) as a,
+        # A timeout short enough that a task A did not hand back would show in failed_tasks,
+        # long enough that a loaded machine does not time out a task A or B is reading.
+        InProcessMaster(chunks_per_task=1, timeout_dur=5.0, failure_max=5) as m,
+        Client(m.addr) as a,
         Client(m.addr) as b,
     ):
         a.set_dataset([path])
@@ -199,7 +201,7 @@ class ThreadResult:
 def test_close_mid_pass_stops_every_thread(rio: Any) -> None:
     path = rio("close.rio", sample_records(500), max_chunk_size=100)
     with InProcessMaster(chunks_per_task=1, timeout_dur=30.0) as m:
-        c = Client(m.addr, buffer_size=10)
+        c = Client(m.addr)
         c.set_dataset([path])
         c.start_get_records(0)
         c.next_record()

@@ -32,6 +32,7 @@ from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 from helpers.waits import wait_for
 
+from chunkmaster.client import Connection
 from chunkmaster.client.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.checkpoint import decode
@@ -125,7 +126,9 @@ class Cluster:
     def status(self) -> dict[str, Any]:
         if self.kind == "etcd":  # a leader that lost its lock serves again elsewhere
             endpoints, job = self.where[1], self.where[3]
-            with Client(etcd_endpoints=[endpoints], etcd_job=job, session=False) as c:
+            with Client(
+                etcd_endpoints=[endpoints], session=False, connection=Connection(etcd_job=job)
+            ) as c:
                 return c.status()
         with MasterConnection(self.addr) as c:
             return c.status()

@@ -162,9 +162,7 @@ def test_master_restarted_at_the_same_address_is_reconnected(
             progress.set()
 
         try:
-            with Client(
-                etcd_endpoints=[etcd_server.endpoint], buffer_size=8, on_task_done=on_done
-            ) as client:
+            with Client(etcd_endpoints=[etcd_server.endpoint], on_task_done=on_done) as client:
                 client.set_dataset([str(data)])
                 for p in range(passes):
                     d = Digest()

@@ -30,6 +30,7 @@ from helpers.torch_parts import ids_of, record_id, slow_record_id
 from helpers.waits import wait_for
 
 from chunkmaster.cli.status_cmd import render
+from chunkmaster.client import Session
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.master.metrics import StateCollector
 from chunkmaster.recordio import load_index
@@ -262,8 +263,8 @@ def test_each_trainer_reports_how_long_its_training_loop_waits_for_data(tmp_path
             dataset=[str(tmp_path / "d.rio")],
             transform=slow_record_id,
             batch_size=8,
-            report_interval=0.2,
             name="starving",
+            session=Session(report_interval=0.2),
         ) as L,
     ):
         it = iter(L)
@@ -363,3 +364,31 @@ def test_a_thawed_trainer_trains_on_none_of_the_tasks_it_lost_and_its_commit_is_
 def stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_the_loader_takes_the_clients_options_grouped_and_warns_at_the_flat_ones(
+    tmp_path: Path,
+) -> None:
+    """The rank's Client options, as the Client takes them; a flat one of before warns naming
+    its replacement, at the line that made the Loader (not inside chunkmaster)."""
+    path = str(write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(40)]))
+    with pytest.warns(
+        DeprecationWarning, match=r"Client\(report_every=\.\.\.\) is deprecated"
+    ) as w:
+        Loader("127.0.0.1:1", dataset=[path], report_every=5).close()
+    assert w[0].filename == __file__
+    with pytest.raises(ValueError, match="a Loader needs a session"):
+        Loader("127.0.0.1:1", session=False)
+    with (
+        InProcessMaster(chunks_per_task=4) as m,
+        Loader(
+            m.addr,
+            dataset=[path],
+            transform=record_id,
+            batch_size=None,
+            name="grouped",
+            session=Session(report_every=3),
+        ) as L,
+    ):
+        assert sorted(int(r) for r in L) == list(range(40))
+        assert [t["name"] for t in m.status()["trainers"]] == ["grouped"]

@@ -2,12 +2,16 @@
 
 from chunkmaster.client.client import Client, ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.connection import MasterConnection, TransportError
+from chunkmaster.client.options import Connection, Reading, Session
 
 __all__ = [
     "Client",
     "ClientClosedError",
+    "Connection",
     "EndOfPass",
     "MasterConnection",
+    "Reading",
+    "Session",
     "TaskReadError",
     "TransportError",
 ]
