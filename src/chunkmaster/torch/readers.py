@@ -1,5 +1,6 @@
 """The dataset each DataLoader worker iterates: it asks the main process for tasks, reads them
-(client/reading.py: the format's loader, the worker's own file handles) and yields batches that
+(client/reading.py: the format's loader; client/files.py: the local files it reads, held open
+across the chunks of a round and closed when the round ends) and yields batches that
 say where they leave their tasks (batches.py).
 
 Picklable (settings and the channel's queues only), so it works with every multiprocessing
@@ -16,6 +17,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from chunkmaster.client.errors import TaskReadError
+from chunkmaster.client.files import OpenFiles
 from chunkmaster.client.reading import TaskReader
 from chunkmaster.formats.storage import storage_for
 from chunkmaster.torch.batches import Batch, Batcher, Loose, ReadFailure
@@ -65,9 +67,16 @@ class Readers(IterableDataset[Item]):
                     "chunkmaster.torch.Readers is iterated by chunkmaster.torch.Loader only"
                 )
             end = QueueEnd(self.ends, info.id)
+        files = OpenFiles()
+        try:
+            yield from self._read(end, files)
+        finally:
+            files.close()
+
+    def _read(self, end: LocalEnd | QueueEnd, files: OpenFiles) -> Iterator[Item]:
         options = self.storage_options
         reader = TaskReader(
-            lambda path: storage_for(path, options), self.columns, self.max_inflated
+            lambda path: storage_for(path, options, local=files), self.columns, self.max_inflated
         )
         batcher = Batcher(self.batch_size, self.collate)
         end.open()
