@@ -22,9 +22,12 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.shuffle import Permutation
 
 LINEAR_STEP = 1000  # records between two evaluations of a linear schedule
@@ -189,3 +192,275 @@ class Planner:
             for c, v, x in zip(cursors, virtual, w, strict=True):
                 c.ahead = v - x * total  # each source keeps its lead, in records
         return out
+
+
+# ---- a mixture job's passes -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Replan:
+    """From unit `at` of its pass on, the units were planned again under `weights`."""
+
+    at: int
+    weights: Weights
+
+
+@dataclass(slots=True)
+class PassPlan:
+    """How one pass of a mixture is planned: from `start` (the sources' cursors when it began)
+    under `weights` (the schedule in force then), and again from each re-plan's unit on under
+    its weights. `units` (a global task ID a unit) follows from that: a snapshot stores it, a
+    data checkpoint only the rest (None: not computed yet)."""
+
+    start: tuple[Cursor, ...]
+    weights: Weights
+    replans: tuple[Replan, ...] = ()
+    units: array[int] | None = None
+
+
+def copy_cursors(cursors: Sequence[Cursor]) -> list[Cursor]:
+    return [Cursor(c.epoch, c.next, c.planned, c.ahead) for c in cursors]
+
+
+@dataclass
+class MixtureState:
+    """A mixture job's plans and per-source counts (part of core.state.MasterState).
+
+    Each pass is `units` units; `passes` holds the plan of every pass a commit may still name
+    (from the commit floor on) and, after a restore, those its data checkpoint recorded ahead
+    of the current one. `cursors` are where the pass after the last one planned starts.
+    `high` is 1 + the highest unit of the current pass ever handed out or committed: the units
+    from it on were never handed out, and a weight change plans them again."""
+
+    planner: Planner
+    first_task: tuple[int, ...]  # each source's first global task, and one past the last
+    units: int
+    weights: Weights
+    cursors: list[Cursor]
+    passes: dict[int, PassPlan] = field(default_factory=dict)
+    high: int = 0
+    handed: list[int] = field(default_factory=list)  # records per source, the whole job
+    consumed: list[int] = field(default_factory=list)
+    committed: list[int] = field(default_factory=list)
+    #: Units of each source among the current pass's first `high`, and the records of the
+    #: current pass (both follow from its plan).
+    reached: list[int] = field(default_factory=list)
+    records: int = 0
+
+    @classmethod
+    def create(
+        cls,
+        names: Sequence[str],
+        task_records: Sequence[Sequence[int]],
+        seed: int | None,
+        weights: Weights,
+        units: int,
+    ) -> MixtureState:
+        planner = Planner(task_records, names, seed)
+        first = [0]
+        for tasks in task_records:
+            first.append(first[-1] + len(tasks))
+        n = len(names)
+        weights.check(n)
+        return cls(
+            planner,
+            tuple(first),
+            units,
+            weights,
+            [Cursor() for _ in range(n)],
+            handed=[0] * n,
+            consumed=[0] * n,
+            committed=[0] * n,
+            reached=[0] * n,
+        )
+
+    @classmethod
+    def of(cls, ds: Dataset) -> MixtureState:
+        """A mixture dataset's state before its first pass: its sources' weights in force, a
+        pass of as many units as the sources have tasks."""
+        task_records = ds.task_records
+        return cls.create(
+            [s.name for s in ds.sources],
+            [task_records[r.start : r.stop] for r in map(ds.source_tasks, range(len(ds.sources)))],
+            ds.shuffle_seed,
+            Weights.fixed([s.weight for s in ds.sources]),
+            ds.num_tasks,
+        )
+
+    @property
+    def names(self) -> Sequence[str]:
+        return self.planner.names
+
+    def source_of_task(self, task: int) -> int:
+        """The source a global task ID belongs to."""
+        return bisect_right(self.first_task, task) - 1
+
+    def compute(self, plan: PassPlan, stop: int | None = None) -> tuple[array[int], list[Cursor]]:
+        """The global tasks of units [0, stop) of `plan` (default: all), and the sources'
+        cursors after them: planned as the pass was, one call from its start and one from
+        each re-plan's unit on (a call cut short plans the same first units)."""
+        stop = self.units if stop is None else stop
+        cursors = copy_cursors(plan.start)
+        points = [(0, plan.weights), *((r.at, r.weights) for r in plan.replans)]
+        first = self.first_task
+        out: array[int] = array("I")
+        for i, (at, weights) in enumerate(points):
+            end = min(points[i + 1][0] if i + 1 < len(points) else self.units, stop)
+            if end > at:
+                out.extend(
+                    [
+                        first[u.source] + u.task
+                        for u in self.planner.plan(cursors, weights, end - at)
+                    ]
+                )
+            if end >= stop:
+                break
+        return out, cursors
+
+    def plan(self, pass_id: int) -> array[int]:
+        """The global task of each unit of `pass_id` (a pass from the commit floor on)."""
+        p = self.passes[pass_id]
+        if p.units is None:
+            p.units = self.compute(p)[0]
+        return p.units
+
+    def begin(self, pass_id: int) -> None:
+        """Plan a pass that begins: as a data checkpoint recorded it, or from the cursors
+        under the weights in force."""
+        p = self.passes.get(pass_id)
+        if p is None:
+            p = self.passes[pass_id] = PassPlan(tuple(copy_cursors(self.cursors)), self.weights)
+        p.units, self.cursors = self.compute(p)
+        self.high = 0
+        self.reached = [0] * len(self.names)
+        self.records = self.records_of(p.units)
+
+    def records_of(self, units: Sequence[int]) -> int:
+        """The records of these global tasks."""
+        records = self.planner.task_records
+        first = self.first_task
+        total = 0
+        for t in units:
+            s = bisect_right(first, t) - 1
+            total += records[s][t - first[s]]
+        return total
+
+    def reach(self, pass_id: int, unit: int) -> None:
+        """Unit `unit` of the current pass was handed out or committed."""
+        if unit < self.high:
+            return
+        plan = self.plan(pass_id)
+        for u in range(self.high, unit + 1):
+            self.reached[self.source_of_task(plan[u])] += 1
+        self.high = unit + 1
+
+    def replan(self, pass_id: int, at: int, weights: Weights, current: bool) -> int:
+        """Plan units `at`.. of `pass_id` again under `weights`, which are in force from now
+        on; `current`: it is the pass being handed out. Returns the records planned before unit
+        `at`: where the change takes effect, counted over the whole job."""
+        p = self.passes[pass_id]
+        kept = tuple(r for r in p.replans if r.at < at)
+        _, cursors = self.compute(PassPlan(p.start, p.weights, kept), at)
+        effect = sum(c.planned for c in cursors)
+        p.replans = kept + ((Replan(at, weights),) if at < self.units else ())
+        if p.units is not None and at < self.units:
+            first = self.first_task
+            tail = self.planner.plan(cursors, weights, self.units - at)
+            p.units[at:] = array("I", [first[u.source] + u.task for u in tail])
+            if current:
+                self.cursors = cursors
+                self.records = self.records_of(p.units)
+        self.weights = weights
+        return effect
+
+    def epoch(self, pass_id: int, source: int) -> int:
+        """The epoch of `source` at the current pass's next unit to hand out."""
+        start = self.passes[pass_id].start[source]
+        n = self.first_task[source + 1] - self.first_task[source]
+        return start.epoch + (start.next + self.reached[source]) // n
+
+    def forget(self, floor: int, horizon: int) -> None:
+        """Plans below the commit floor go; those no commit may name (at `horizon` or before)
+        keep only what computes them again."""
+        for p in [p for p in self.passes if p < floor]:
+            del self.passes[p]
+        for p, plan in self.passes.items():
+            if p <= horizon:
+                plan.units = None
+
+
+# ---- as JSON values (the journal's, a snapshot's, a data checkpoint's) -----------------------
+
+
+def _number(v: Any, what: str) -> float:
+    if type(v) not in (int, float):
+        raise MixtureError(f"{what} is not a number")
+    return float(v)
+
+
+def _integer(v: Any, what: str) -> int:
+    if type(v) is not int:
+        raise MixtureError(f"{what} is not an integer")
+    return int(v)
+
+
+def _items(v: Any, what: str, length: int | None = None) -> list[Any]:
+    if type(v) is not list or (length is not None and len(v) != length):
+        raise MixtureError(f"{what} is not a list" + (f" of {length}" if length else ""))
+    return v
+
+
+def weights_json(w: Weights) -> list[Any]:
+    """[mode, [[at, weight, ...], ...]]"""
+    return [w.mode, [[p.at, *p.weights] for p in w.points]]
+
+
+def weights_from_json(v: Any) -> Weights:
+    """The schedule `weights_json` wrote; MixtureError naming what is malformed (its values
+    are checked by `Weights.check`)."""
+    mode, points = _items(v, "a weight schedule", 2)
+    if type(mode) is not str:
+        raise MixtureError("a weight schedule's mode is not a string")
+    out = []
+    for p in _items(points, "a weight schedule's breakpoints"):
+        p = _items(p, "a breakpoint")
+        if not p:
+            raise MixtureError("a breakpoint is empty")
+        at = _integer(p[0], "a breakpoint's record")
+        out.append(Breakpoint(at, tuple(_number(w, "a weight") for w in p[1:])))
+    return Weights(tuple(out), mode)
+
+
+def cursor_json(c: Cursor) -> list[Any]:
+    return [c.epoch, c.next, c.planned, c.ahead]
+
+
+def cursor_from_json(v: Any) -> Cursor:
+    e, n, p, a = _items(v, "a source's cursor", 4)
+    return Cursor(
+        _integer(e, "a cursor's epoch"),
+        _integer(n, "a cursor's next task"),
+        _integer(p, "a cursor's records planned"),
+        _number(a, "a cursor's lead"),
+    )
+
+
+def plan_json(plan: PassPlan) -> list[Any]:
+    """How a pass is planned (its units aside): [cursors, weights, [[at, weights], ...]]."""
+    return [
+        [cursor_json(c) for c in plan.start],
+        weights_json(plan.weights),
+        [[r.at, weights_json(r.weights)] for r in plan.replans],
+    ]
+
+
+def plan_from_json(v: Any) -> PassPlan:
+    start, weights, replans = _items(v, "a pass's plan", 3)
+    return PassPlan(
+        tuple(cursor_from_json(c) for c in _items(start, "a pass's cursors")),
+        weights_from_json(weights),
+        tuple(
+            Replan(_integer(at, "a re-plan's unit"), weights_from_json(w))
+            for at, w in (_items(r, "a re-plan", 2) for r in _items(replans, "a pass's re-plans"))
+        ),
+    )
