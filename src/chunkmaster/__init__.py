@@ -11,6 +11,7 @@ the stores are imported on first use (`chunkmaster.Service`), for a master in th
 from typing import TYPE_CHECKING, Any
 
 from chunkmaster.client.client import Client, EndOfPass, TaskReadError
+from chunkmaster.client.mixture import Source, WeightChange
 from chunkmaster.core.errors import (
     AllTaskFailedError,
     DatasetError,
@@ -56,11 +57,13 @@ __all__ = [
     "PassBeforeError",
     "SaveModelRequest",
     "Service",
+    "Source",
     "SqliteStore",
     "Task",
     "TaskMeta",
     "TaskReadError",
     "UnavailableError",
+    "WeightChange",
     "__version__",
 ]
 

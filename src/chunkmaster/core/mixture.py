@@ -242,9 +242,10 @@ class MixtureState:
     handed: list[int] = field(default_factory=list)  # records per source, the whole job
     consumed: list[int] = field(default_factory=list)
     committed: list[int] = field(default_factory=list)
-    #: Units of each source among the current pass's first `high`, and the records of the
-    #: current pass (both follow from its plan).
+    #: Units of each source among the current pass's first `high` and their records, and the
+    #: records of the current pass (all follow from its plan).
     reached: list[int] = field(default_factory=list)
+    reached_records: list[int] = field(default_factory=list)
     records: int = 0
 
     @classmethod
@@ -272,6 +273,7 @@ class MixtureState:
             consumed=[0] * n,
             committed=[0] * n,
             reached=[0] * n,
+            reached_records=[0] * n,
         )
 
     @classmethod
@@ -333,6 +335,7 @@ class MixtureState:
         p.units, self.cursors = self.compute(p)
         self.high = 0
         self.reached = [0] * len(self.names)
+        self.reached_records = [0] * len(self.names)
         self.records = self.records_of(p.units)
 
     def records_of(self, units: Sequence[int]) -> int:
@@ -349,10 +352,18 @@ class MixtureState:
         """Unit `unit` of the current pass was handed out or committed."""
         if unit < self.high:
             return
-        plan = self.plan(pass_id)
+        plan, first, records = self.plan(pass_id), self.first_task, self.planner.task_records
         for u in range(self.high, unit + 1):
-            self.reached[self.source_of_task(plan[u])] += 1
+            t = plan[u]
+            s = bisect_right(first, t) - 1
+            self.reached[s] += 1
+            self.reached_records[s] += records[s][t - first[s]]
         self.high = unit + 1
+
+    def planned_now(self, pass_id: int) -> int:
+        """Records planned over the whole job up to the current pass's next unit never handed
+        out: the weights in force are the schedule's there."""
+        return sum(c.planned for c in self.passes[pass_id].start) + sum(self.reached_records)
 
     def replan(self, pass_id: int, at: int, weights: Weights, current: bool) -> int:
         """Plan units `at`.. of `pass_id` again under `weights`, which are in force from now

@@ -19,7 +19,6 @@ from chunkmaster.core.shuffle import ShuffleSeedError
 from chunkmaster.core.state import MasterState
 from chunkmaster.core.steps import StepsMode
 
-
 KEEP_REFUSED = (
     "--failed-policy keep does not apply to a mixture: its passes are other tasks every time "
     "(a task set aside comes back with its source's next epoch); start the master with "
