@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatch_bench import Master, chunk_bytes, measure
+from footprint import cpu_seconds
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.rpc import master_pb2 as pb
@@ -66,23 +67,35 @@ def set_dataset(addr: str, paths: list[str], mixture: bool) -> float:
 
 
 def dispatch(paths: list[str], rounds: int, clients: int, warmup: float, secs: float) -> dict:
+    """Cycles/s of each kind of job, and the master's CPU per 1,000 cycles (from /proc: less
+    sensitive than the rate to what else the machine runs)."""
     rates: dict[str, list[float]] = {"dataset": [], "mixture": []}
+    cpu: dict[str, list[float]] = {"dataset": [], "mixture": []}
     for _ in range(rounds):
         for kind in ("dataset", "mixture"):
             m = Master(["--store", ":memory:", "--chunk-per-task", "1", "--task-timeout-dur", "1h"])
             try:
                 set_dataset(m.addr, paths, kind == "mixture")
-                rates[kind].append(measure(m.addr, clients, warmup, secs))
+                before = cpu_seconds(m.proc.pid)
+                rate = measure(m.addr, clients, warmup, secs)
+                cycles = rate * (warmup + secs)  # the warmup's cycles too
+                cpu[kind].append((cpu_seconds(m.proc.pid) - before) / cycles * 1000)
+                rates[kind].append(rate)
                 with MasterConnection(m.addr) as c:
                     passes = c.status()["cur_pass"]
             finally:
                 m.stop()
-            print(json.dumps({kind: round(rates[kind][-1]), "passes": passes}), flush=True)
+            row = {kind: round(rate), "cpu_s_per_1k": round(cpu[kind][-1], 3), "passes": passes}
+            print(json.dumps(row), flush=True)
     one, mix = statistics.median(rates["dataset"]), statistics.median(rates["mixture"])
+    one_cpu, mix_cpu = statistics.median(cpu["dataset"]), statistics.median(cpu["mixture"])
     return {
         "dataset_cycles_per_s": round(one),
         "mixture_cycles_per_s": round(mix),
         "ratio": round(mix / one, 3),
+        "dataset_cpu_s_per_1k_cycles": round(one_cpu, 3),
+        "mixture_cpu_s_per_1k_cycles": round(mix_cpu, 3),
+        "cpu_ratio": round(one_cpu / mix_cpu, 3),
         "runs": {k: [round(x) for x in v] for k, v in rates.items()},
     }
 
@@ -127,7 +140,12 @@ def at_scale(root: Path, paths: list[str], clients: int, secs: float) -> dict[st
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", type=int, default=2_000, help="tasks of the dispatch runs (small: passes roll over)")
+    ap.add_argument(
+        "--tasks",
+        type=int,
+        default=2_000,
+        help="tasks of the dispatch runs (small: passes roll over)",
+    )
     ap.add_argument("--big-tasks", type=int, default=1_000_000, help="tasks at scale (0: skip)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, default=8)

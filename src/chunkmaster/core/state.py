@@ -178,32 +178,37 @@ class MasterState:
         return len(self.epochs)  # one epoch a task, set with the dataset; cheaper to ask
 
     def task(self, task_id: int) -> Task:
-        assert self.dataset is not None
+        ds = self.dataset
+        assert ds is not None
         p = self.pending.get(task_id)
         start = 0 if p is None else p.start
         if task_id >= len(self.epochs):  # a piece: its task's chunks up to its end
             piece = self.steps.pieces[task_id]
+            unit, end, epoch = piece.task, piece.end, piece.epoch
+        else:
+            unit, end, epoch = task_id, 0, self.epochs[task_id]
+        task = self.unit_task(unit)
+        whole = ds.task_chunks(task, self.cur_pass)
+        if task_id >= len(self.epochs):
             chunks = []
             first = 0
-            for c in self.task_chunks(piece.task):
-                if first >= piece.end:
+            for c in whole:
+                if first >= end:
                     break
                 chunks.append(c)
                 first += c.num_records
-            meta = TaskMeta(task_id, piece.epoch)
-            unit, end, epoch, whole = piece.task, piece.end, piece.epoch, tuple(chunks)
-        else:
-            unit, end, epoch, whole = task_id, 0, self.epochs[task_id], self.task_chunks(task_id)
-        meta = TaskMeta(task_id, epoch)
-        task = self.unit_task(unit)
-        source = "" if self.mix is None else self.mix.names[self.mix.source_of_task(task)]
+            whole = tuple(chunks)
+        source, fmt = "", ds.format
+        if self.mix is not None:  # the task's source, looked up once
+            s = self.mix.source_of_task(task)
+            source, fmt = self.mix.names[s], ds.sources[s].format
         return Task(
-            meta,
+            TaskMeta(task_id, epoch),
             whole,
             self.cur_pass,
             start,
             end,
-            self.dataset.task_format(task),
+            fmt,
             self.num_failures.get(task_id, 0),
             source,
         )
