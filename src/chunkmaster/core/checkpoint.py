@@ -496,11 +496,16 @@ def _check_plan(pass_id: int, plan: PassPlan, tasks: list[int], units: int) -> N
 
 def unit_records(cp: DataCheckpoint, ds: Dataset) -> dict[int, list[int]]:
     """Records per unit of each pass a mixture's checkpoint planned, planned again on `ds`
-    (its sources: `check_restorable` first)."""
+    (its sources: `check_restorable` first), up to the pass's last unit with a commit: the
+    units a commit names (planning costs microseconds a unit; a pass may be a million)."""
     assert cp.mixture is not None
     mix = MixtureState.of(ds)
     records = ds.task_records
-    return {p: [records[t] for t in mix.compute(plan)[0]] for p, plan in cp.mixture.passes}
+    last = {p.pass_id: max([*p.full, *p.partial], default=-1) for p in cp.passes}
+    return {
+        p: [records[t] for t in mix.compute(plan, last.get(p, -1) + 1)[0]]
+        for p, plan in cp.mixture.passes
+    }
 
 
 def _check_sources(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None) -> list[str]:
@@ -524,8 +529,12 @@ def _check_sources(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None)
     return lines
 
 
-def check_restorable(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None = None) -> None:
-    """Refuse restoring `cp` onto `ds` unless it is the dataset the checkpoint was taken on."""
+def check_restorable(
+    cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None = None
+) -> dict[int, list[int]]:
+    """Refuse restoring `cp` onto `ds` unless it is the dataset the checkpoint was taken on.
+    Returns a mixture's `unit_records` (computed here: its commits are checked against them;
+    empty for one dataset)."""
     if cp.shuffle_seed != ds.shuffle_seed:
         raise CheckpointError(
             f"the data checkpoint was taken with shuffle seed {_seed_text(cp.shuffle_seed)} and "
@@ -561,6 +570,7 @@ def check_restorable(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | Non
                     f"pass {p.pass_id}: task {task} has {totals[task]} records, so {records} "
                     f"committed is not a partial commit"
                 )
+    return units
 
 
 def _seed_text(seed: int | None) -> str:

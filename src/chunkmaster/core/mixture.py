@@ -326,13 +326,18 @@ class MixtureState:
             p.units = self.compute(p)[0]
         return p.units
 
-    def begin(self, pass_id: int) -> None:
+    def begin(self, pass_id: int, units: array[int] | None = None) -> None:
         """Plan a pass that begins: as a data checkpoint recorded it, or from the cursors
-        under the weights in force."""
+        under the weights in force. `units`: its plan, made already from the same start,
+        weights and re-plans, with `cursors` those after it (a restore onto the pass that
+        setting the dataset just planned: a million units cost seconds)."""
         p = self.passes.get(pass_id)
         if p is None:
             p = self.passes[pass_id] = PassPlan(tuple(copy_cursors(self.cursors)), self.weights)
-        p.units, self.cursors = self.compute(p)
+        if units is None:
+            p.units, self.cursors = self.compute(p)
+        else:
+            p.units = units
         self.high = 0
         self.reached = [0] * len(self.names)
         self.reached_records = [0] * len(self.names)

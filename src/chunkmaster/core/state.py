@@ -773,15 +773,22 @@ def _restore(state: MasterState, ev: Restore) -> bool:
 def _restore_plans(
     mix: MixtureState, floor: int, passes: tuple[tuple[int, PassPlan], ...], weights: Weights
 ) -> None:
-    """A mixture's plans as its data checkpoint recorded them, from the floor pass on."""
+    """A mixture's plans as its data checkpoint recorded them, from the floor pass on. The
+    floor pass is planned again, unless it is the last pass this state planned, from the same
+    start, weights and re-plans: the plan is the same, and so are the cursors after it."""
+    old = mix.passes.get(floor)
+    same = old is not None and old.units is not None and floor == max(mix.passes)
     mix.passes = {
         p: PassPlan(tuple(copy_cursors(plan.start)), plan.weights, plan.replans)
         for p, plan in passes
     }
-    if floor not in mix.passes:
+    new = mix.passes.get(floor)
+    if new is None:
         raise InvalidEvent(f"a mixture's restore lacks the plan of its floor pass {floor}")
     mix.weights = weights
-    mix.begin(floor)
+    if same and old is not None:
+        same = (old.start, old.weights, old.replans) == (new.start, new.weights, new.replans)
+    mix.begin(floor, old.units if same and old is not None else None)
 
 
 def _start_pass(state: MasterState) -> None:

@@ -160,10 +160,10 @@ class Checkpoints:
             raise checkpoint.CheckpointError(KEEP_REFUSED)
         cp = checkpoint.with_paths(cp, absolute_path)
         dataset = await self._index(cp)
-        checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
+        units = checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
         events: list[Event] = [
             SetDataset(dataset),
-            Restore(cp.floor, _commits_of(cp, dataset), source, "", _plans_of(cp)),
+            Restore(cp.floor, _commits_of(cp, dataset, units), source, "", _plans_of(cp)),
         ]
         if st.dataset is None:
             for ev in events:
@@ -217,12 +217,12 @@ class Checkpoints:
                 f"{self._settings.job!r}: a running job goes back only to a checkpoint of its own"
             )
         cp = checkpoint.with_paths(cp, absolute_path)
-        checkpoint.check_restorable(cp, ds, ds.file_sizes)
+        units = checkpoint.check_restorable(cp, ds, ds.file_sizes)
         ended = len(st.sessions)
         if not self._ledger.available:
             raise self._ledger.unavailable()
         await self._ledger.commit(
-            Restore(cp.floor, _commits_of(cp, ds), source, key, _plans_of(cp))
+            Restore(cp.floor, _commits_of(cp, ds, units), source, key, _plans_of(cp))
         )
         st = self._ledger.state
         self._sessions.reset()
@@ -241,11 +241,11 @@ class Checkpoints:
 
 
 def _commits_of(
-    cp: checkpoint.DataCheckpoint, dataset: Dataset
+    cp: checkpoint.DataCheckpoint, dataset: Dataset, units: dict[int, list[int]]
 ) -> tuple[tuple[int, int, int], ...]:
     """(pass, task, records committed) of a checkpoint, in the order Restore applies them (a
-    mixture's units have the records of the tasks its plans put there)."""
-    units = checkpoint.unit_records(cp, dataset) if cp.mixture is not None else {}
+    mixture's units have the records of the tasks its plans put there: `units`, from
+    `check_restorable`)."""
     return tuple(
         (p.pass_id, t, r)
         for p in cp.passes
