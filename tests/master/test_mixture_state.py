@@ -256,6 +256,30 @@ def test_a_restore_continues_each_source_exactly_where_it_was_committed(reweigh:
     check_source_epochs(ds, fresh.plans)
 
 
+def test_a_restore_onto_the_pass_just_planned_keeps_its_plan_and_changes_nothing_else() -> None:
+    """Restoring onto a fresh job, whose pass 0 setting the dataset just planned from the same
+    start and weights, keeps that plan instead of planning a million units again: the state
+    is byte for byte the one a restore that plans the pass again gives."""
+    from chunkmaster.core.codec import encode_snapshot
+
+    ds = three()
+    live = Run(ds)
+    apply(live.state, OpenSession("s", "t", "h", 1))
+    run_committing(live, 300, holes={7})
+    floor, commits = committed_position(live.state)
+    position = mixture_position(live.state)
+    assert floor == 0 and position is not None
+    kept, planned = Run(ds), Run(ds)
+    assert kept.state.mix is not None and planned.state.mix is not None
+    units = kept.state.mix.passes[0].units
+    planned.state.mix.passes[0].units = None  # as if it were not planned: plan it again
+    for run in (kept, planned):
+        run.do(Restore(floor, commits, "ckpt", "", position))
+    assert kept.state.mix.passes[0].units is units  # the same plan, not planned again
+    assert encode_snapshot(kept.state) == encode_snapshot(planned.state)
+    assert kept.plans[0] == live.plans[0]
+
+
 def test_keep_is_refused_on_a_mixture_at_start() -> None:
     from chunkmaster.core.mixture import MixtureError
     from chunkmaster.core.model import FailedPolicy
