@@ -244,6 +244,8 @@ class Dataset:
         """Records per task (8 bytes a task, computed once)."""
         cr = self.chunk_records
         cpt = effective_chunks_per_task(self.chunks_per_task)
+        if cpt == 1:  # a task a chunk (a source's tasks end where its chunks do)
+            return array("Q", cr)
         chunks = self.source_bounds[0] if self.sources else (0, self.num_chunks)
         out: array[int] = array("Q")
         for first, end in pairwise(chunks):

@@ -25,7 +25,8 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import Any, NamedTuple
 
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.shuffle import Permutation
@@ -114,9 +115,9 @@ class Cursor:
     ahead: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """One unit of a pass: task `task` of `source`, in that source's epoch `epoch`."""
+class Unit(NamedTuple):
+    """One unit of a pass: task `task` of `source`, in that source's epoch `epoch` (a tuple:
+    a pass may plan a million, and a tuple is made faster than a dataclass)."""
 
     source: int
     task: int
@@ -173,11 +174,14 @@ class Planner:
                 if x > 0
             ]
             heapq.heapify(heap)
+            # Pop the next source, plan its task, push its next one: one heappushpop a unit.
+            push, all_records = heapq.heappushpop, self.task_records
+            item = heapq.heappop(heap)
             while len(out) < count and (change is None or total < change):
-                _, s = heapq.heappop(heap)
+                s = item[1]
                 c = cursors[s]
                 task = nxt[s]
-                records = self.task_records[s]
+                records = all_records[s]
                 r = int(records[task])
                 out.append(Unit(s, task, c.epoch))
                 c.next += 1
@@ -187,8 +191,8 @@ class Planner:
                 c.planned += r
                 total += r
                 virtual[s] += r
-                nxt[s] = self.task_of(s, c.epoch, c.next)
-                heapq.heappush(heap, ((virtual[s] + records[nxt[s]]) / w[s], s))
+                nxt[s] = nt = self.task_of(s, c.epoch, c.next)
+                item = push(heap, ((virtual[s] + records[nt]) / w[s], s))
             for c, v, x in zip(cursors, virtual, w, strict=True):
                 c.ahead = v - x * total  # each source keeps its lead, in records
         return out
@@ -345,13 +349,15 @@ class MixtureState:
 
     def records_of(self, units: Sequence[int]) -> int:
         """The records of these global tasks."""
-        records = self.planner.task_records
-        first = self.first_task
-        total = 0
-        for t in units:
-            s = bisect_right(first, t) - 1
-            total += records[s][t - first[s]]
-        return total
+        return sum(map(self._task_records.__getitem__, units))
+
+    @cached_property
+    def _task_records(self) -> array[int]:
+        """Records of every global task, the sources' side by side (made once)."""
+        out: array[int] = array("Q")
+        for records in self.planner.task_records:
+            out.extend(records)
+        return out
 
     def reach(self, pass_id: int, unit: int) -> None:
         """Unit `unit` of the current pass was handed out or committed."""
