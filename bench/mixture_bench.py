@@ -12,7 +12,7 @@ same tasks, in one run.
   one dataset's; the time to recover after a SIGKILL (restart on the store to ready), and the
   time to restore the checkpoint into a fresh master (start with --restore to ready).
 
-    .venv/bin/python bench/mixture_bench.py                 # about two minutes
+    .venv/bin/python bench/mixture_bench.py                 # about four minutes here
     .venv/bin/python bench/mixture_bench.py --big-tasks 100000 --rounds 2 --seconds 3
 """
 
