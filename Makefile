@@ -1,9 +1,10 @@
-# The two entry points: `make demo` and `make test`. Both start from nothing.
+# The two entry points: `make demo` and `make test`. Both start from nothing. `make test-fast`:
+# the pure and in-process tests only (no master or trainer processes, etcd, S3, containers).
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench peers fuzz soak soak-hostile clean proto image test-cluster
+.PHONY: demo test test-fast lint bench peers fuzz soak soak-hostile clean proto image test-cluster
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	sh scripts/bootstrap.sh $(VENV)
@@ -19,6 +20,10 @@ test: $(STAMP)
 	$(PY) -m ruff format --check src tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Tests that start processes are marked `slow` by tests/conftest.py; these are the others.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/recordio_bench.py

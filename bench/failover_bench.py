@@ -44,6 +44,7 @@ from dispatch_bench import Master, make_dataset, measure  # noqa: E402
 from helpers.etcd_server import EtcdServer  # noqa: E402
 from helpers.master_process import MasterProcess  # noqa: E402
 
+from chunkmaster.client import Reading  # noqa: E402
 from chunkmaster.client.client import Client  # noqa: E402
 from chunkmaster.client.connection import MasterConnection  # noqa: E402
 from chunkmaster.core.errors import PassBeforeError  # noqa: E402
@@ -63,12 +64,12 @@ METRICS = (
 class Taker:
     """A trainer that takes records as fast as it can, noting when and from which master.
 
-    buffer_size=1 and prefetch_tasks=0 (one record per task): at most one task read ahead,
-    so soon after a kill every record taken comes from a task of the new leader.
+    prefetch_tasks=0 (one record per task): no task held ahead of the one being read, so
+    soon after a kill every record taken comes from a task of the new leader.
     """
 
     def __init__(self, endpoint: str) -> None:
-        self.client = Client(etcd_endpoints=[endpoint], buffer_size=1, prefetch_tasks=0)
+        self.client = Client(etcd_endpoints=[endpoint], reading=Reading(prefetch_tasks=0))
         self.cond = threading.Condition()
         self.last: tuple[float, str | None] = (0.0, None)
         self.thread = threading.Thread(target=self._run, daemon=True)

@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stream_bench import start_master
 
-from chunkmaster.client import Client
+from chunkmaster.client import Client, Reading
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.dataset import size_text
 from chunkmaster.formats.lines import CHUNK_SIZE, JSONL, TEXT, index_lines
@@ -131,7 +131,7 @@ class Master:
         p = self.next_pass
         self.next_pass += 1
         n = 0
-        with Client(self.addr, prefetch_tasks=self.prefetch_tasks) as c:
+        with Client(self.addr, reading=Reading(prefetch_tasks=self.prefetch_tasks)) as c:
             c.status()
             while c.session_id == "":
                 time.sleep(0.001)

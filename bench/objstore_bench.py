@@ -8,9 +8,10 @@ loopback in its own process, reached through s3fs as any S3 endpoint would be. I
 same two cores as everything else, so the absolute figures say little about a real object
 store; the ratios, measured run by run in one process against the same server, are the point.
 
-1. One trainer's MB/s: `Client(storage_options=..., read_ahead=K)` reads a pass of a RecordIO
-   dataset of incompressible records (chunks of --chunk-kb) from a `chunkmaster master`
-   process, every chunk fetched by the client's read-ahead, CRC-checked and cut into records.
+1. One trainer's MB/s: `Client(reading=Reading(storage_options=..., read_ahead=K))` reads a
+   pass of a RecordIO dataset of incompressible records (chunks of --chunk-kb) from a
+   `chunkmaster master` process, every chunk fetched by the client's read-ahead, CRC-checked
+   and cut into records.
    Baseline: s3fs's own concurrent ranged reads, `S3FileSystem.cat_ranges` of exactly the same
    byte ranges (each chunk's offset and length) with `batch_size=K`, the same concurrency: the
    fastest plain way to move those bytes through s3fs, with no master, no checks, no records.
@@ -44,7 +45,7 @@ from helpers.datasets import write_records  # noqa: E402
 from helpers.master_process import MasterProcess  # noqa: E402
 from helpers.s3_server import S3Server  # noqa: E402
 
-from chunkmaster.client import Client, EndOfPass  # noqa: E402
+from chunkmaster.client import Client, EndOfPass, Reading  # noqa: E402
 from chunkmaster.client.connection import MasterConnection  # noqa: E402
 from chunkmaster.formats.recordio import FORMAT as RECORDIO  # noqa: E402
 from chunkmaster.formats.remote import shared  # noqa: E402
@@ -172,7 +173,7 @@ def main() -> None:
             opts: dict[str, Any] = s3.storage_options()
             client_s, base_s, set_s, list_s = [], [], [], []
             try:
-                with Client(m.addr, storage_options=opts, read_ahead=k) as c:
+                with Client(m.addr, reading=Reading(storage_options=opts, read_ahead=k)) as c:
                     c.set_dataset(["s3://bench/ds/*.rio"])
                     # The connection and credentials, as the baseline's first read warms its.
                     shared(opts).read_ranges(ranges[0][0], [(0, 1)])

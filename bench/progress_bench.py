@@ -38,12 +38,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stream_bench import CHUNK, CHUNKS_PER_TASK, make_files, start_master
 
-from chunkmaster.client import Client, EndOfPass
+from chunkmaster.client import Client, EndOfPass, Session
 
 MODES: dict[str, dict[str, Any]] = {
     "unary": {"session": False},
-    "session": {"report_every": 1000},
-    "no-report": {"report_every": 0},
+    "session": {"session": Session(report_every=1000)},
+    "no-report": {"session": Session(report_every=0)},
 }
 
 

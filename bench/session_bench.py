@@ -8,8 +8,9 @@
    path of the same master build in the same run, driven by the same asyncio gRPC clients
    (bench/dispatch_bench.py's loop): the fastest way a trainer without a session can cycle.
    The clients do no reading: this measures the master.
-1b. A real `Client` (session, in-memory store) reading one-record tasks, with prefetch_tasks
-   1 (one task a message, in steady state) and 15 (batches of 8): tasks/s, against the raw
+1b. A real `Client` (session, in-memory store) reading one-record tasks, as it comes (it sizes
+   its requests by its pace), and with `Reading(prefetch_tasks=)` 1 (one task a message, in
+   steady state: the default before) and 15 (batches of 8): tasks/s, against the raw
    batch client of (1) on a fresh master in the same run (the master's rate with no reading:
    a ceiling, not a peer).
 2. commit() latency, p50 and p99, on the embedded store and on etcd: one trainer holding a task
@@ -50,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from dispatch_bench import Master, _client_loop, make_dataset
 from dispatch_bench import measure as dispatch_measure
 
+from chunkmaster.client import Reading
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.rpc import master_pb2 as pb
 
@@ -411,11 +413,16 @@ def bench_takeover(root: Path, ttl: float, repeat: int) -> list[dict]:
     return rows
 
 
-def _client_rate(addr: str, prefetch: int, warmup: float, seconds: float) -> float:
-    """Tasks/s of one real Client reading one-record tasks, over a window after a warm-up."""
+#: The raw batch client of (1) (the ceiling), the default Client, and fixed prefetches.
+CLIENT_KINDS = ("raw_batch", "default", "prefetch1", "prefetch15")
+
+
+def _client_rate(addr: str, prefetch: int | None, warmup: float, seconds: float) -> float:
+    """Tasks/s of one real Client reading one-record tasks, over a window after a warm-up
+    (`prefetch` None: the default client, which sizes its requests by its pace)."""
     from chunkmaster.client import Client
 
-    with Client(addr, name=f"reader-{prefetch}", prefetch_tasks=prefetch) as c:
+    with Client(addr, name=f"reader-{prefetch}", reading=Reading(prefetch_tasks=prefetch)) as c:
         it = c.records(0)
         start = time.monotonic() + warmup
         while time.monotonic() < start:
@@ -433,7 +440,7 @@ def bench_client(root: Path, tasks: int, args: Any) -> list[dict]:
     rows = []
     for rep in range(args.repeat):
         row: dict[str, Any] = {"bench": "client", "repeat": rep}
-        for what in ("raw_batch", "prefetch1", "prefetch15"):
+        for what in CLIENT_KINDS:
             m = Master(master_args)
             try:
                 with MasterConnection(m.addr, timeout=600) as c:
@@ -441,17 +448,17 @@ def bench_client(root: Path, tasks: int, args: Any) -> list[dict]:
                 if what == "raw_batch":
                     rate = measure("batch", m.addr, 1, args.warmup, args.seconds)
                 else:
-                    prefetch = int(what.removeprefix("prefetch"))
+                    prefetch = None if what == "default" else int(what.removeprefix("prefetch"))
                     rate = _client_rate(m.addr, prefetch, args.warmup, args.seconds)
             finally:
                 m.stop()
             row[what] = round(rate)
-        row["ratio_prefetch1"] = round(row["prefetch1"] / row["raw_batch"], 2)
-        row["ratio_prefetch15"] = round(row["prefetch15"] / row["raw_batch"], 2)
+        for what in CLIENT_KINDS[1:]:
+            row[f"ratio_{what}"] = round(row[what] / row["raw_batch"], 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("\ntasks/s of one real Client reading one-record tasks (medians of the repeats)")
-    for key in ("raw_batch", "prefetch1", "prefetch15"):
+    for key in CLIENT_KINDS:
         med = statistics.median(r[key] for r in rows)
         ratio = med / statistics.median(r["raw_batch"] for r in rows)
         print(f"  {key:10} {med:8.0f}  x{ratio:.2f} of the raw batch client")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from dispatch_bench import Master, make_dataset, measure
 
-from chunkmaster.client import Client
+from chunkmaster.client import Client, Reading
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.recordio import Compressor, Writer
 
@@ -125,7 +125,10 @@ def buffer_rates(root: Path, rounds: int) -> tuple[list[float], list[float]]:
     plain: list[float] = []
     shuffled: list[float] = []
     try:
-        with Client(m.addr) as a, Client(m.addr, shuffle_buffer=BUFFER, shuffle_seed=1) as b:
+        with (
+            Client(m.addr) as a,
+            Client(m.addr, reading=Reading(shuffle_buffer=BUFFER, shuffle_seed=1)) as b,
+        ):
             a.set_dataset([data])
             p = 0
             read_rate(a, p)  # warm-up: page cache, connections

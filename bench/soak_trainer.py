@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+from chunkmaster.client import Connection
 from chunkmaster.client.client import Client
 from chunkmaster.core.model import Task
 
@@ -36,11 +37,10 @@ def trainer(
     emit(f"s {os.getpid()} {'session' if session else 'unary'}")
     with Client(
         etcd_endpoints=endpoints,
-        etcd_timeout=10.0,
-        buffer_size=8,
         on_task_done=on_done,
         session=session,
         name=os.path.basename(out),
+        connection=Connection(etcd_timeout=10.0),
     ) as client:
         client.set_dataset([dataset])  # the first trainer's call sets it; later ones agree
         p = 0

@@ -184,6 +184,30 @@ def session_batch_client(addr: str, index: int, wait_start: Callable[[], Window]
     return session_client(addr, index, wait_start, window=2, batch=BATCH)
 
 
+def client_client(addr: str, index: int, wait_start: Callable[[], Window]) -> int:
+    """The default `chunkmaster.Client`, untuned (it sizes its requests by itself), reading
+    the one-record tasks with `records()`: a cycle is a record taken (a task read and, when
+    the client reports it, finished). Reads the next pass if one ends inside the window."""
+    from chunkmaster.client import Client as ChunkmasterClient
+
+    with ChunkmasterClient(addr, name=f"bench-{index}") as client:
+        pass_id = int(client.status()["cur_pass"])  # type: ignore[call-overload]
+        window = wait_start()
+        records = client.records(pass_id)
+
+        def cycle() -> int:
+            nonlocal records, pass_id
+            try:
+                next(records)
+            except StopIteration:
+                pass_id += 1
+                records = client.records(pass_id)
+                return 0
+            return 1
+
+        return count_cycles(cycle, window)
+
+
 def chunkmaster_runner(store: str, client: Client) -> Callable[[int, Options], Measurement]:
     """A fresh `chunkmaster master` per measurement (this .venv), `tasks` one-chunk tasks."""
 
@@ -234,6 +258,8 @@ RUNNERS = [
     Runner("chunkmaster-session2-sqlite", chunkmaster_runner("sqlite", session2_client)),
     Runner("chunkmaster-batch-memory", chunkmaster_runner("memory", session_batch_client)),
     Runner("chunkmaster-batch-sqlite", chunkmaster_runner("sqlite", session_batch_client)),
+    Runner("chunkmaster-client-memory", chunkmaster_runner("memory", client_client)),
+    Runner("chunkmaster-client-sqlite", chunkmaster_runner("sqlite", client_client)),
     Runner("dlrover", peer_runner("dlrover")),
     Runner("tfdata", peer_runner("tfdata")),
 ]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from chunkmaster.client.client import Client, EndOfPass, TaskReadError
 from chunkmaster.client.mixture import Source, WeightChange
+from chunkmaster.client.options import Connection, Reading, Session
 from chunkmaster.core.errors import (
     AllTaskFailedError,
     DatasetError,
@@ -24,7 +25,7 @@ from chunkmaster.core.errors import (
     PassBeforeError,
     UnavailableError,
 )
-from chunkmaster.core.model import Chunk, FailedPolicy, SaveModelRequest, Task, TaskMeta
+from chunkmaster.core.model import Chunk, FailedPolicy, Task, TaskMeta
 
 if TYPE_CHECKING:
     from chunkmaster.master.service import Service
@@ -44,6 +45,7 @@ __all__ = [
     "AllTaskFailedError",
     "Chunk",
     "Client",
+    "Connection",
     "DatasetError",
     "DatasetMismatchError",
     "EndOfPass",
@@ -55,8 +57,9 @@ __all__ = [
     "NotReadyError",
     "PassAfterError",
     "PassBeforeError",
-    "SaveModelRequest",
+    "Reading",
     "Service",
+    "Session",
     "Source",
     "SqliteStore",
     "Task",

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import glob
 import pickle
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from chunkmaster.client.client import Client
+from chunkmaster.client.options import Connection
 from chunkmaster.recordio.scanner import scan
 
 __all__ = ["cloud_reader", "recordio"]
@@ -40,7 +42,7 @@ def cloud_reader(
     paths: str | Sequence[str],
     etcd_endpoints: str | Sequence[str] | None = None,
     timeout_sec: float = 5,
-    buf_size: int = 64,
+    buf_size: int | None = None,
     *,
     addr: str | None = None,
     first_pass: int = 0,
@@ -55,17 +57,22 @@ def cloud_reader(
     iteration of the returned reader is one pass, numbered from `first_pass` (give the
     master's current pass to a restarted trainer so it does not replay finished passes).
     The reader has `close()`; its client is also closed when the reader is collected.
-    `token`, `tls_ca`, `tls_cert` and `tls_key` are `chunkmaster.Client`'s.
+    `token`, `tls_ca`, `tls_cert` and `tls_key` are `chunkmaster.Client`'s (its
+    `Connection`). `buf_size`, the original's, did nothing here and is deprecated.
     """
+    if buf_size is not None:
+        warnings.warn(
+            "cloud_reader(buf_size=...) does nothing and is deprecated: remove it (no records "
+            "are read ahead; tasks are, as many as the trainer's pace needs)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     client = Client(
         addr,
         etcd_endpoints=None if addr is not None else etcd_endpoints,
-        etcd_timeout=timeout_sec,
-        buffer_size=buf_size,
-        token=token,
-        tls_ca=tls_ca,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
+        connection=Connection(
+            etcd_timeout=timeout_sec, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+        ),
     )
     try:
         client.set_dataset(_paths(paths))
@@ -88,12 +95,19 @@ def cloud_reader(
     return reader
 
 
-def recordio(paths: str | Sequence[str], buf_size: int = 100) -> Reader:
+def recordio(paths: str | Sequence[str], buf_size: int | None = None) -> Reader:
     """The local twin of cloud_reader: every record of the matching files, unpickled.
 
-    `buf_size` is accepted for compatibility; reading is already chunk-buffered.
+    `buf_size`, the original's, does nothing here (reading is chunk-buffered) and is
+    deprecated.
     """
-    del buf_size
+    if buf_size is not None:
+        warnings.warn(
+            "recordio(buf_size=...) does nothing and is deprecated: remove it (reading is "
+            "already chunk-buffered)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     patterns = _paths(paths)
 
     def reader() -> Iterator[Any]:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from helpers.inproc import InProcessMaster
 from helpers.trainers import digest_of, sample_records
+from helpers.waits import wait_for
 
 from chunkmaster.client import Client, ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.core.errors import (
@@ -36,15 +37,17 @@ def _client_threads() -> list[str]:
 
 
 def _wait_status(m: InProcessMaster, pred: Any, timeout: float = 20.0) -> dict[str, Any]:
-    """Poll the master's status until `pred(status)` holds (an event, not a fixed sleep)."""
-    done = threading.Event()
+    """Poll the master's status until `pred(status)` holds; that status."""
     st: dict[str, Any] = {}
-    for _ in range(int(timeout / 0.02)):
-        st = m.status()
-        if pred(st):
-            return st
-        done.wait(0.02)
-    pytest.fail(f"status never satisfied the condition: {st}")
+
+    def holds() -> bool:
+        st.update(m.status())
+        return bool(pred(st))
+
+    wait_for(
+        holds, "the master's status to satisfy the condition", timeout, explain=lambda: f": {st}"
+    )
+    return st
 
 
 @pytest.mark.parametrize("compressor", [Compressor.NONE, Compressor.SNAPPY, Compressor.GZIP])
@@ -67,7 +70,7 @@ def test_finish_is_reported_when_the_last_record_is_taken(rio: Any) -> None:
     finished: list[Task] = []
     with (
         InProcessMaster(chunks_per_task=1, timeout_dur=30.0) as m,
-        Client(m.addr, buffer_size=100, on_task_done=finished.append) as c,
+        Client(m.addr, on_task_done=finished.append) as c,
     ):
         c.set_dataset([path])
         c.start_get_records(0)
@@ -93,7 +96,7 @@ def test_t4_four_clients_buffer_one_ten_passes(rio: Any) -> None:
 
     def trainer(addr: str) -> None:
         try:
-            with Client(addr, buffer_size=1) as c:
+            with Client(addr) as c:
                 c.set_dataset([path])
                 for p in range(10):
                     c.start_get_records(p)
@@ -148,8 +151,10 @@ def test_abandoned_pass_never_mixes_into_the_next(rio: Any) -> None:
     records = sample_records(400, "r")
     path = rio("mix.rio", records, max_chunk_size=200)
     with (
-        InProcessMaster(chunks_per_task=1, timeout_dur=1.0, failure_max=5) as m,
-        Client(m.addr, buffer_size=1000) as a,
+        # A timeout short enough that a task A did not hand back would show in failed_tasks,
+        # long enough that a loaded machine does not time out a task A or B is reading.
+        InProcessMaster(chunks_per_task=1, timeout_dur=5.0, failure_max=5) as m,
+        Client(m.addr) as a,
         Client(m.addr) as b,
     ):
         a.set_dataset([path])
@@ -196,7 +201,7 @@ class ThreadResult:
 def test_close_mid_pass_stops_every_thread(rio: Any) -> None:
     path = rio("close.rio", sample_records(500), max_chunk_size=100)
     with InProcessMaster(chunks_per_task=1, timeout_dur=30.0) as m:
-        c = Client(m.addr, buffer_size=10)
+        c = Client(m.addr)
         c.set_dataset([path])
         c.start_get_records(0)
         c.next_record()

@@ -17,7 +17,7 @@ from helpers.trainers import (
 )
 
 from chunkmaster.cli.main import main
-from chunkmaster.client import Client
+from chunkmaster.client import Client, Reading
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.digest import Digest
 
@@ -121,4 +121,4 @@ def test_a_negative_prefetch_is_refused_before_anything_starts(
     err = capsys.readouterr().err
     assert "--prefetch-tasks must be 0 or more, not -1" in err
     with pytest.raises(ValueError, match="prefetch_tasks must be 0 or more"):
-        Client("127.0.0.1:1", prefetch_tasks=-1)
+        Client("127.0.0.1:1", reading=Reading(prefetch_tasks=-1))

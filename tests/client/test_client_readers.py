@@ -34,7 +34,7 @@ def test_cloud_reader_yields_unpickled_records_pass_by_pass(rio: Any) -> None:
     # The highest protocol is full of NUL bytes: the original forced protocol 0 (D9).
     path = rio("objs.rio", _pickled(pickle.HIGHEST_PROTOCOL), max_chunk_size=300)
     with InProcessMaster(chunks_per_task=2, timeout_dur=30.0) as m:
-        reader = cloud_reader([path], None, buf_size=16, addr=m.addr)
+        reader = cloud_reader([path], None, addr=m.addr)
         try:
             reader()  # creating the generator uses no pass (the v2 argument check does this)
             for p in range(3):

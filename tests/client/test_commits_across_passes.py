@@ -14,6 +14,7 @@ import pytest
 from helpers.datasets import numbered_records
 from helpers.inproc import InProcessMaster
 
+from chunkmaster.client import Reading
 from chunkmaster.client.client import Client
 from chunkmaster.client.errors import EndOfPass
 from chunkmaster.core.errors import PassOverError
@@ -25,7 +26,10 @@ RECORDS = 60  # one record a chunk, 6 chunks a task: 10 tasks
 def test_a_commit_in_pass_1_also_commits_what_pass_0_consumed(tmp_path: Path) -> None:
     data = numbered_records(tmp_path / "d.rio", RECORDS)
     store = SqliteStore(str(tmp_path / "a.db"))
-    with InProcessMaster(store, chunks_per_task=6) as m, Client(m.addr, prefetch_tasks=0) as c:
+    with (
+        InProcessMaster(store, chunks_per_task=6) as m,
+        Client(m.addr, reading=Reading(prefetch_tasks=0)) as c,
+    ):
         c.set_dataset([data])
         assert len(list(c.records(0))) == RECORDS  # no commit in pass 0
         c.start_get_records(1)
@@ -74,7 +78,10 @@ def test_a_pass_left_early_hands_its_tasks_back_at_once(tmp_path: Path) -> None:
     another trainer (or this one, asking again) reads the rest at once, not after the task
     timeout (20 minutes here)."""
     data = numbered_records(tmp_path / "d.rio", 60)
-    with InProcessMaster(chunks_per_task=6) as m, Client(m.addr, prefetch_tasks=3) as first:
+    with (
+        InProcessMaster(chunks_per_task=6) as m,
+        Client(m.addr, reading=Reading(prefetch_tasks=3)) as first,
+    ):
         first.set_dataset([data])
         first.start_get_records(0)
         got = [first.next_record() for _ in range(9)]  # task 0 whole, 3 records of task 1

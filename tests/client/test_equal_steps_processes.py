@@ -12,29 +12,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.datasets import write_records
 from helpers.master_process import MasterProcess
+from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
 
 TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 RECORDS = 1000  # 1000 = 3 * 333 + 1
 PASSES = 2
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Trainer:
@@ -89,7 +80,7 @@ def trainers_then_dataset(
     assert master.addr is not None
     trainers = [Trainer(master.addr, tmp_path / f"t{i}.out", "--step-time", step) for i in range(3)]
     try:
-        wait_for(lambda: status(master.addr or "")["sessions"] == 3, "three sessions")
+        wait_for(lambda: status(master.addr or "")["sessions"] == 3, "three sessions", 120)
     except Exception as exc:
         raise AssertionError(f"{exc}; the master's log:\n{master.log()[-3000:]}") from None
     with MasterConnection(master.addr, timeout=60) as c:
@@ -139,7 +130,7 @@ def test_survivors_of_a_killed_trainer_end_each_pass_equal(mode: str, tmp_path: 
     try:
         trainers = trainers_then_dataset(master, data, tmp_path, "0.003")
         victim, survivors = trainers[0], trainers[1:]
-        wait_for(lambda: len(victim.records(0)) >= 60, "the victim to read")
+        wait_for(lambda: len(victim.records(0)) >= 60, "the victim to read", 120)
         victim.kill()
         for t in survivors:
             t.wait()
@@ -173,7 +164,7 @@ def test_a_master_killed_mid_pass_comes_back_with_the_same_quotas(
     master, data = start(tmp_path, mode)
     try:
         trainers = trainers_then_dataset(master, data, tmp_path, "0.003")
-        wait_for(lambda: len(trainers[0].records(0)) >= 150, "the trainers to read")
+        wait_for(lambda: len(trainers[0].records(0)) >= 150, "the trainers to read", 120)
         master.restart()
         for t in trainers:
             t.wait()

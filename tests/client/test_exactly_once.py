@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,9 @@ import pytest
 from helpers.datasets import write_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
+from helpers.waits import wait_for
 
+from chunkmaster.client import Connection
 from chunkmaster.client.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.checkpoint import decode
@@ -49,15 +51,9 @@ def make_dataset(tmp_path: Path) -> str:
     return str(path)
 
 
-def wait_for(
-    cond: Callable[[], bool], what: str, trainers: Sequence[Trainer] = (), timeout: float = 120.0
-) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            logs = "".join(f"\n--- {t.log}:\n{t.log.read_text()[-2000:]}" for t in trainers)
-            raise AssertionError(f"timed out waiting for {what}{logs}")
-        time.sleep(0.02)
+def logs_of(trainers: Sequence[Trainer]) -> str:
+    """The end of each trainer's log (for a wait that timed out)."""
+    return "".join(f"\n--- {t.log}:\n{t.log.read_text()[-2000:]}" for t in trainers)
 
 
 class Trainer:
@@ -130,7 +126,9 @@ class Cluster:
     def status(self) -> dict[str, Any]:
         if self.kind == "etcd":  # a leader that lost its lock serves again elsewhere
             endpoints, job = self.where[1], self.where[3]
-            with Client(etcd_endpoints=[endpoints], etcd_job=job, session=False) as c:
+            with Client(
+                etcd_endpoints=[endpoints], session=False, connection=Connection(etcd_job=job)
+            ) as c:
                 return c.status()
         with MasterConnection(self.addr) as c:
             return c.status()
@@ -191,7 +189,7 @@ def killed_trainer_case(
             for i in range(3)
         ]
         victim, survivors = trainers[0], trainers[1:]
-        wait_for(lambda: len(victim.records(0)) >= 60, "the victim to read")
+        wait_for(lambda: len(victim.records(0)) >= 60, "the victim to read", 120)
         victim.kill()
         if kind == "etcd":
             cluster.fail_over()  # and the leader too, in the middle
@@ -246,7 +244,10 @@ def test_a_whole_job_crash_resumes_from_the_data_checkpoint_exactly_once(
         common = ["--passes", "2", "--commit-every", "23", "--step-time", "0.002"]
         trainers = [Trainer(cluster.where, tmp_path / f"a{i}.out", *common) for i in range(3)]
         wait_for(
-            lambda: all(reading([t])[0] >= 50 for t in trainers), "every trainer to read", trainers
+            lambda: all(reading([t])[0] >= 50 for t in trainers),
+            "every trainer to read",
+            120,
+            explain=lambda: logs_of(trainers),
         )
         if kind == "etcd":
             read, commits = reading(trainers)
@@ -258,7 +259,12 @@ def test_a_whole_job_crash_resumes_from_the_data_checkpoint_exactly_once(
                 now_read, now_commits = reading(trainers)
                 return now_read >= read + 150 and now_commits > commits
 
-            wait_for(went_on, "more reading and committing after the failover", trainers)
+            wait_for(
+                went_on,
+                "more reading and committing after the failover",
+                120,
+                explain=lambda: logs_of(trainers),
+            )
         before = [t.lines() for t in trainers]  # what was committed before the save began
         save = ["checkpoint", "save", "--addr", cluster.addr, str(ckpt)]
         out = subprocess.run(
@@ -322,7 +328,7 @@ def test_trainers_joining_and_leaving_mid_pass_see_every_record_once(tmp_path: P
         first = Trainer(cluster.where, tmp_path / "j0.out", *slow)
         leaver = Trainer(cluster.where, tmp_path / "j1.out", *slow, *go, "--leave-after", "77")
         joiner = Trainer(cluster.where, tmp_path / "j2.out", *slow, *go)
-        wait_for(lambda: len(first.records(0)) >= 100, "the first trainer to read")
+        wait_for(lambda: len(first.records(0)) >= 100, "the first trainer to read", 120)
         (tmp_path / "go").touch()
         for t in (first, leaver, joiner):
             t.wait()

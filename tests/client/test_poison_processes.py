@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from helpers.trainers import digest_of, sample_records
+from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.digest import Digest
@@ -57,14 +55,6 @@ def _status(addr: str) -> dict[str, Any]:
         return c.status()
 
 
-def _wait_for(cond: Callable[[], bool], what: str, ts: list[Any], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: " + "".join(t.log() for t in ts))
-        threading.Event().wait(0.05)
-
-
 def _status_text(addr: str) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "chunkmaster", "status", "--addr", addr],
@@ -88,7 +78,12 @@ def test_within_budget_the_pass_goes_on_without_the_poison_and_says_so(
     # Both trainers are in from the first task: their sessions are open before the dataset is
     # set (else one could start only once the other had read both passes).
     ts = trainers(2, args)
-    _wait_for(lambda: _status(m.addr)["sessions"] == 2, "both trainers' sessions", ts)
+    wait_for(
+        lambda: _status(m.addr)["sessions"] == 2,
+        "both trainers' sessions",
+        120,
+        explain=lambda: ": " + "".join(t.log() for t in ts),
+    )
     with MasterConnection(m.addr, timeout=60) as c:
         c.set_dataset([ds.pattern])
     for t in ts:

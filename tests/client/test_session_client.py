@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +14,12 @@ import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.master_process import MasterProcess
+from helpers.waits import wait_for
 
-from chunkmaster.client import Client, EndOfPass
+from chunkmaster.client import Client, Connection, EndOfPass, Reading, Session
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.checkpoint import decode
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def _dataset(tmp_path: Path, n: int, chunk: int = 40) -> tuple[str, list[bytes]]:
@@ -67,7 +58,9 @@ def test_finishes_ride_on_task_requests_and_the_ledger_counts_every_record(
         # Holding one task at a time, the trainer asks for the next one only after it took the
         # last record of the one it holds: the finish is queued by then and rides along
         # (unless the machine stalls the fetcher past FINISH_FLUSH: then it goes alone).
-        with Client(m.addr, name="alice", report_every=7, prefetch_tasks=0) as c:
+        with Client(
+            m.addr, name="alice", session=Session(report_every=7), reading=Reading(prefetch_tasks=0)
+        ) as c:
             c.set_dataset([path])
             assert Counter(c.records(0)) == Counter(records)
             st = m.status()
@@ -92,7 +85,7 @@ def test_a_trainer_that_prefetches_gets_its_tasks_several_to_a_message(
     tasks = m_tasks(path, 1)
     with (
         InProcessMaster(chunks_per_task=1, timeout_dur=60.0) as m,
-        Client(m.addr, name="bulk", prefetch_tasks=7) as c,
+        Client(m.addr, name="bulk", reading=Reading(prefetch_tasks=7)) as c,
     ):
         c.set_dataset([path])
         for p in (0, 1):
@@ -113,7 +106,7 @@ def m_tasks(path: str, chunks_per_task: int = 2) -> int:
 def test_progress_commit_checkpoint_and_goodbye_are_at_exact_positions(tmp_path: Path) -> None:
     path, records = _dataset(tmp_path, 200)
     with InProcessMaster(chunks_per_task=1000, timeout_dur=600.0) as m:  # one task
-        with Client(m.addr, report_every=5, report_interval=60.0) as a:
+        with Client(m.addr, session=Session(report_every=5, report_interval=60.0)) as a:
             a.set_dataset([path])
             a.start_get_records(0)
             got = [a.next_record(timeout=30) for _ in range(12)]
@@ -152,7 +145,9 @@ def test_a_master_restarted_under_the_trainer_resumes_its_session(tmp_path: Path
         log_path=tmp_path / "m.log",
     ).start()
     try:
-        with Client(master.addr, report_every=3, rpc_timeout=5.0) as c:
+        with Client(
+            master.addr, session=Session(report_every=3), connection=Connection(rpc_timeout=5.0)
+        ) as c:
             c.set_dataset([path])
             c.start_get_records(0)
             got = [c.next_record(timeout=30) for _ in range(20)]
@@ -177,7 +172,7 @@ def test_a_session_the_master_forgot_is_replaced_by_a_new_one(tmp_path: Path) ->
     port = int(str(first.addr).rsplit(":", 1)[1])
     second = MasterProcess([*args, "--store", str(tmp_path / "b.db")], port=port)
     try:
-        with Client(first.addr, rpc_timeout=5.0) as c:
+        with Client(first.addr, connection=Connection(rpc_timeout=5.0)) as c:
             c.set_dataset([path])
             c.start_get_records(0)
             got = [c.next_record(timeout=30) for _ in range(10)]
@@ -198,7 +193,7 @@ def test_a_session_the_master_forgot_is_replaced_by_a_new_one(tmp_path: Path) ->
 def test_goodbye_hands_back_tasks_held_but_not_read(tmp_path: Path) -> None:
     path, _ = _dataset(tmp_path, 100)
     with InProcessMaster(chunks_per_task=2, timeout_dur=600.0) as m:
-        with Client(m.addr, prefetch_tasks=2) as a:
+        with Client(m.addr, reading=Reading(prefetch_tasks=2)) as a:
             a.set_dataset([path])
             a.start_get_records(0)
             a.next_record(timeout=30)
@@ -255,7 +250,9 @@ def test_before_reading_a_task_that_failed_the_master_has_every_earlier_finish(
             suspect = unary.get_task(0)
             assert unary.task_failed(suspect.meta, "flaky")  # to the back, with a failure
         done = finished.append
-        with Client(m.addr, prefetch_tasks=3, on_task_done=lambda t: done(t.meta.id)) as c:
+        with Client(
+            m.addr, on_task_done=lambda t: done(t.meta.id), reading=Reading(prefetch_tasks=3)
+        ) as c:
             c.start_get_records(0)
             got = []
             while True:

@@ -8,25 +8,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from helpers.datasets import write_records
 from helpers.master_process import MasterProcess
+from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.checkpoint import decode
 
 TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _trainer(addr: str, out: Path, *args: str) -> subprocess.Popen[bytes]:

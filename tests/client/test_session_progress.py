@@ -7,9 +7,9 @@ from pathlib import Path
 
 from helpers.datasets import write_records
 
-from chunkmaster.client.chunks import ChunkReader
 from chunkmaster.client.progress import Progress
 from chunkmaster.core.model import Chunk, Position, Task, TaskMeta
+from chunkmaster.formats.recordio import ChunkReader
 from chunkmaster.recordio import Compressor
 from chunkmaster.recordio.index import load_index
 

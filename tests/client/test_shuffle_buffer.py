@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,8 +17,10 @@ import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.master_process import MasterProcess
+from helpers.waits import wait_for
 from hypothesis import given, settings
 
+from chunkmaster.client import Reading, Session
 from chunkmaster.client.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.shuffle_buffer import ShuffleBuffer, buffer_rng
@@ -74,10 +75,14 @@ def numbered(tmp_path: Path, n: int, chunk: int = 50) -> str:
 def test_a_pass_through_the_buffer_has_every_record_once_and_mixes_tasks(tmp_path: Path) -> None:
     data = numbered(tmp_path, 2000)
     with InProcessMaster(chunks_per_task=2) as m:
-        with Client(m.addr, report_every=7) as plain:
+        with Client(m.addr, session=Session(report_every=7)) as plain:
             plain.set_dataset([data])
             in_order = [int(r) for r in plain.records(0)]
-        with Client(m.addr, shuffle_buffer=300, shuffle_seed=3, report_every=7) as c:
+        with Client(
+            m.addr,
+            reading=Reading(shuffle_buffer=300, shuffle_seed=3),
+            session=Session(report_every=7),
+        ) as c:
             got = [int(r) for r in c.records(1)]
             assert m.status()["cur_pass"] == 2
     assert Counter(got) == Counter(range(2000))
@@ -90,7 +95,7 @@ def test_positions_and_commits_never_pass_a_buffered_record(tmp_path: Path) -> N
     data = numbered(tmp_path, 600)
     with (
         InProcessMaster(chunks_per_task=1) as m,
-        Client(m.addr, shuffle_buffer=100, report_every=1) as c,
+        Client(m.addr, reading=Reading(shuffle_buffer=100), session=Session(report_every=1)) as c,
     ):
         assert m.service is not None
         state = m.service.ledger.state
@@ -145,13 +150,6 @@ class Trainer:
         self.proc.wait(10)
 
 
-def wait_for(cond: object, what: str, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_buffered_trainers_crash_and_resume_from_the_data_checkpoint_exactly_once(
     tmp_path: Path,
 ) -> None:
@@ -170,7 +168,9 @@ def test_buffered_trainers_crash_and_resume_from_the_data_checkpoint_exactly_onc
         common = ["--passes", "1", "--commit-every", "9", "--step-time", "0.002"]
         common += ["--shuffle-buffer", "60", "--report-every", "5"]
         trainers = [Trainer(str(m.addr), tmp_path / f"a{i}.out", *common) for i in range(2)]
-        wait_for(lambda: all(len(t.records(0)) >= 150 for t in trainers), "the trainers to read")
+        wait_for(
+            lambda: all(len(t.records(0)) >= 150 for t in trainers), "the trainers to read", 120
+        )
         with MasterConnection(str(m.addr), timeout=60) as conn:
             ckpt.write_bytes(conn.data_checkpoint())
     finally:
@@ -205,7 +205,7 @@ def test_buffered_trainers_crash_and_resume_from_the_data_checkpoint_exactly_onc
 @pytest.mark.parametrize("bad", [-1])
 def test_a_negative_buffer_is_refused(bad: int) -> None:
     with pytest.raises(ValueError, match="shuffle_buffer"):
-        Client("127.0.0.1:1", shuffle_buffer=bad)
+        Client("127.0.0.1:1", reading=Reading(shuffle_buffer=bad))
 
 
 def test_the_draw_depends_on_seed_pass_and_trainer() -> None:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from helpers.datasets import write_records
 from helpers.full_disk import fill
 from helpers.master_process import MasterProcess
+from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
 
@@ -82,14 +82,6 @@ class SessionTrainer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def held_by(status: dict[str, Any], name: str) -> set[int]:

@@ -11,6 +11,7 @@ import pytest
 from helpers.formats import MAKERS, SMALL_CHUNKS, digest_of
 from helpers.master_process import MasterProcess
 
+from chunkmaster.client import Session
 from chunkmaster.client.client import Client
 from chunkmaster.digest import Digest
 
@@ -28,7 +29,7 @@ def test_a_restored_job_delivers_exactly_what_was_not_committed(
     before = Digest()
     try:
         assert first.addr is not None
-        with Client(first.addr, session=True, name="t", report_every=1) as client:
+        with Client(first.addr, name="t", session=Session(report_every=1)) as client:
             client.set_dataset([pattern])
             it = client.records(0)
             for record in itertools.islice(it, 50):  # mid-task: a partial commit too

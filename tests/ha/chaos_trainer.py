@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from chunkmaster.client import Connection
 from chunkmaster.client.client import Client
 from chunkmaster.core.model import Task
 
@@ -27,7 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, required=True)
     ap.add_argument("--dataset", nargs="*", default=[])
     ap.add_argument("--step-time", type=float, default=0.0)
-    ap.add_argument("--buffer-size", type=int, default=16)
     args = ap.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -44,10 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     emit(f"s {os.getpid()}")
     with Client(
-        etcd_endpoints=args.endpoints,
-        etcd_timeout=5.0,
-        buffer_size=args.buffer_size,
-        on_task_done=on_done,
+        etcd_endpoints=args.endpoints, on_task_done=on_done, connection=Connection(etcd_timeout=5.0)
     ) as client:
         if args.dataset:
             client.set_dataset(args.dataset)

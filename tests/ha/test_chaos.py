@@ -27,7 +27,7 @@ from pathlib import Path
 
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
-from helpers.master_process import MasterProcess
+from helpers.master_process import MasterProcess, wait_leader
 from helpers.record_log import Log, RecordLog
 
 RECORDS = 480
@@ -112,7 +112,7 @@ def test_chaos_leaders_and_trainers_killed_every_pass_delivers_every_record(
                 leader_kills += 1
                 masters = [m for m in masters if m.running]
                 masters.append(new_master(False))  # three again: two standbys
-                leader = _wait_leader(masters, 30)
+                leader = wait_leader(masters, 30)
                 failovers.append(time.monotonic() - t_kill)
                 continue
             if trainer_marks and taken >= trainer_marks[0]:
@@ -186,13 +186,3 @@ def test_chaos_leaders_and_trainers_killed_every_pass_delivers_every_record(
                 t.proc.kill()
         for m in masters:
             m.kill()
-
-
-def _wait_leader(masters: list[MasterProcess], timeout: float) -> MasterProcess:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for m in masters:
-            if m.addr is not None and m.running:
-                return m
-        time.sleep(0.005)
-    raise AssertionError("no standby took over:\n" + "\n".join(m.log()[-1500:] for m in masters))

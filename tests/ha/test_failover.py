@@ -22,7 +22,8 @@ from typing import Any
 
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
-from helpers.master_process import MasterProcess
+from helpers.master_process import MasterProcess, wait_leader
+from helpers.waits import wait_for
 
 from chunkmaster.client.client import Client
 from chunkmaster.client.connection import MasterConnection
@@ -45,17 +46,6 @@ def start_master(etcd: EtcdServer, log: Path, *, wait: bool, port: int = 0) -> M
     args = ["--endpoints", etcd.endpoint, "--host", "127.0.0.1", "--ttl", str(TTL)]
     args += ["--chunk-per-task", "4", "--task-timeout-dur", TASK_TIMEOUT]
     return MasterProcess(args, port=port, log_path=log).start(wait=wait)
-
-
-def wait_leader(candidates: Sequence[MasterProcess], timeout: float = 30.0) -> MasterProcess:
-    """The candidate that writes its ready file first (only the lock holder does)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for m in candidates:
-            if m.addr is not None and m.running:
-                return m
-        time.sleep(0.01)
-    raise AssertionError("no standby took over:\n" + "\n".join(m.log()[-2000:] for m in candidates))
 
 
 class Reader:
@@ -101,13 +91,6 @@ class Reader:
         return self.log_path.read_text(errors="replace")[-3000:]
 
 
-def wait_for(what: str, cond: Any, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
 def test_trainers_follow_standbys_through_two_leader_sigkills(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
@@ -124,8 +107,8 @@ def test_trainers_follow_standbys_through_two_leader_sigkills(
         leader = masters[0]
         for pass_id in (0, 1):  # kill the leader mid-pass 0, then its successor mid-pass 1
             wait_for(
-                f"a task done in pass {pass_id}",
                 lambda p=pass_id: any(r.tasks_in(p) for r in readers),
+                f"a task done in pass {pass_id}",
             )
             assert all(pass_id not in r.passes() for r in readers)  # mid-pass
             leader.kill()
@@ -179,9 +162,7 @@ def test_master_restarted_at_the_same_address_is_reconnected(
             progress.set()
 
         try:
-            with Client(
-                etcd_endpoints=[etcd_server.endpoint], buffer_size=8, on_task_done=on_done
-            ) as client:
+            with Client(etcd_endpoints=[etcd_server.endpoint], on_task_done=on_done) as client:
                 client.set_dataset([str(data)])
                 for p in range(passes):
                     d = Digest()

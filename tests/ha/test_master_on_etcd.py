@@ -11,7 +11,7 @@ import aetcd
 import pytest
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
-from helpers.master_process import MasterProcess
+from helpers.master_process import MasterProcess, wait_leader
 
 from chunkmaster import PassBeforeError, UnavailableError
 from chunkmaster.client.connection import MasterConnection, TransportError
@@ -76,7 +76,7 @@ def test_standby_takes_over_with_the_state_after_sigkill_and_at_once_after_sigte
             for t in tasks[:3]:
                 conn.task_finished(t.meta.id, epoch=t.meta.epoch, pass_id=0)
         a.kill()  # SIGKILL: the lease expires after the TTL
-        new = _wait_leader([b, c], 30)
+        new = wait_leader([b, c], 30)
         with MasterConnection(new.addr) as conn:
             st = conn.status()
             # the acknowledged finishes survive; the two pending tasks kept their deadlines
@@ -156,16 +156,6 @@ def test_etcd_outage_refuses_changes_then_carries_on(
             assert sorted(_drain_pass(conn, 0)) == sorted(set(range(6)) - {t.meta.id})
     finally:
         a.kill()
-
-
-def _wait_leader(candidates: list[MasterProcess], timeout: float) -> MasterProcess:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for m in candidates:
-            if m.addr is not None:
-                return m
-        time.sleep(0.02)
-    raise AssertionError("no standby took over")
 
 
 def _drain_pass(conn: MasterConnection, pass_id: int) -> list[int]:

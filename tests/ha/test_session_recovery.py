@@ -8,8 +8,6 @@ still holds its task at its reported position, and its finish completes it.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from helpers.datasets import write_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession, position
+from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.rpc import master_pb2 as pb
@@ -31,14 +30,6 @@ def dataset(tmp_path: Path) -> str:
 def status(addr: str) -> dict[str, Any]:
     with MasterConnection(addr) as c:
         return c.status()
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def hold_a_task(addr: str, data: str) -> tuple[str, Any]:

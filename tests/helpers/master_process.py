@@ -20,6 +20,7 @@ from chunkmaster.master.readiness import (
     remove_ready_file,
     wait_ready,
 )
+from helpers.waits import wait_for
 
 _names = itertools.count()
 
@@ -138,3 +139,20 @@ class MasterProcess:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def wait_leader(candidates: Sequence[MasterProcess], timeout: float = 30.0) -> MasterProcess:
+    """The candidate that writes its ready file first (only the lock holder does)."""
+    up: list[MasterProcess] = []
+
+    def took_over() -> bool:
+        up[:] = [m for m in candidates if m.addr is not None and m.running]
+        return bool(up)
+
+    wait_for(
+        took_over,
+        "a standby to take over (write its ready file)",
+        timeout,
+        explain=lambda: ":\n" + "\n".join(m.log()[-2000:] for m in candidates),
+    )
+    return up[0]

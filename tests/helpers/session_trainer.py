@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 
+from chunkmaster.client import Reading, Session
 from chunkmaster.client.client import Client
 
 
@@ -68,9 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     with Client(
         **where,  # type: ignore[arg-type]
         name=args.name,
-        report_every=args.report_every,
-        shuffle_buffer=args.shuffle_buffer,
-        prefetch_tasks=args.prefetch_tasks,
+        session=Session(report_every=args.report_every),
+        reading=Reading(shuffle_buffer=args.shuffle_buffer, prefetch_tasks=args.prefetch_tasks),
     ) as client:
         if args.dataset:
             client.set_dataset(args.dataset)

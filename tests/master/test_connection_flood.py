@@ -13,15 +13,15 @@ import contextlib
 import os
 import resource
 import socket
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession
+from helpers.waits import wait_for
 
 from chunkmaster.client.connection import ChannelSecurity, MasterConnection
 from chunkmaster.core.errors import UnauthenticatedError
@@ -37,14 +37,6 @@ def low_open_files() -> None:
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def closed_by_peer(s: socket.socket) -> bool:

@@ -25,6 +25,7 @@ from chunkmaster.core.events import (
     OpenSession,
     Progress,
     Restore,
+    ReturnTasks,
     SetDataset,
 )
 from chunkmaster.core.model import TRAINER_LOST_REASON, Position, Task
@@ -257,6 +258,21 @@ def test_unary_get_task_waits_under_equal_steps() -> None:
     s = started("pad", [4], 1, 1)
     assert check_get_task(s, 0, "") is Availability.WAIT
     assert check_get_task(s, 0, "s0") is Availability.DISPATCH
+
+
+def test_a_task_read_to_its_end_and_handed_back_last_ends_the_pass() -> None:
+    """Found by tests/master/test_state_events.py: every trainer has its quota, and the last
+    task out comes back by ReturnTasks (the trainer stopped reading the pass) at its end. What
+    is left is dropped; the pass must end there, not stall with Todo and Pending empty (where
+    every GetTask would be answered "all tasks failed")."""
+    s = started("drop", [2, 2], 1, 1)
+    first = apply(s, Dispatch(100.0, "t0", "", "s0"))
+    last = apply(s, Dispatch(100.0, "t0", "", "s0"))
+    assert isinstance(first, Task) and isinstance(last, Task)
+    assert apply(s, Finish(last.meta.id, last.meta.epoch, 0))
+    assert apply(s, ReturnTasks("s0", (Position(first.meta.id, first.meta.epoch, 0, 2),))) == 1
+    assert s.cur_pass == 1
+    assert check_get_task(s, 1, "s0") is Availability.DISPATCH
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -17,6 +17,7 @@ from helpers.raw_session import RawSession
 
 import chunkmaster
 from chunkmaster.cli.main import main
+from chunkmaster.client import Connection
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import InvalidArgumentError
 from chunkmaster.core.model import TaskMeta
@@ -93,7 +94,9 @@ def test_a_failure_reason_of_megabytes_is_cut(master: MasterProcess, tmp_path: P
     assert len(reasons) == 2
     for r in reasons:
         assert len(r.encode()) <= 1000 and r.startswith("xxx") and "bytes, cut" in r
-    with chunkmaster.Client(master.addr, session=False, retry_timeout=10) as client:
+    with chunkmaster.Client(
+        master.addr, session=False, connection=Connection(retry_timeout=10)
+    ) as client:
         assert client.status()["failed"] == 0
     assert main(["status", "--addr", master.addr]) == 0
     assert master.wait_log("task 1 failed")
@@ -148,7 +151,9 @@ def test_a_trainer_with_a_long_name_reads_its_pass(master: MasterProcess, tmp_pa
     """Cutting free text is the master's business: the trainer goes on as usual."""
     assert master.addr is not None
     data = numbered_records(tmp_path / "d.rio", 6)
-    with chunkmaster.Client(master.addr, name="n" * 5000, retry_timeout=30) as client:
+    with chunkmaster.Client(
+        master.addr, name="n" * 5000, connection=Connection(retry_timeout=30)
+    ) as client:
         client.set_dataset([data])
         assert sorted(client.records(0)) == [b"%06d" % i for i in range(6)]
         (trainer,) = client.status()["trainers"]  # type: ignore[misc]

@@ -11,6 +11,7 @@ import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.raw_session import RawSession, position
+from helpers.waits import wait_for
 
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.store.sqlite import SqliteStore
@@ -34,14 +35,6 @@ def master(dataset: str) -> Iterator[InProcessMaster]:
         service = m.service
         m.call(lambda: service.set_dataset([dataset]))
         yield m
-
-
-def wait_for(cond: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def next_task(s: RawSession, pass_id: int = 0, finished: list[Any] | None = None) -> Any:

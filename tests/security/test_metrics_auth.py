@@ -15,6 +15,7 @@ from conftest import TOKEN, Pki
 from helpers.master_process import MasterProcess
 
 import chunkmaster
+from chunkmaster.client import Connection
 from chunkmaster.client.connection import ChannelSecurity, MasterConnection
 from chunkmaster.core.errors import UnauthenticatedError
 from chunkmaster.master.readiness import read_ready_file
@@ -65,7 +66,9 @@ def test_a_wrong_token_is_refused_promptly_with_metrics_on(token_file: str) -> N
             with pytest.raises(grpc.RpcError) as info:
                 list(call)
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        with chunkmaster.Client(m.addr, token="wrong", retry_timeout=60) as client:
+        with chunkmaster.Client(
+            m.addr, token="wrong", connection=Connection(retry_timeout=60)
+        ) as client:
             with pytest.raises(UnauthenticatedError):
                 client.status()
             client.start_get_records(0)

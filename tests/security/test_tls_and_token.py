@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers.inproc import InProcessMaster
 
 import chunkmaster
+from chunkmaster.client import Connection
 from chunkmaster.client.connection import ChannelSecurity, MasterConnection, TransportError
 from chunkmaster.core.errors import PermissionDeniedError, UnauthenticatedError
 from chunkmaster.master.auth import server_credentials
@@ -120,7 +121,9 @@ def test_the_client_takes_the_token_from_the_environment(
     token_master: InProcessMaster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CHUNKMASTER_TOKEN", TOKEN)
-    with chunkmaster.Client(token_master.addr, session=False, retry_timeout=5) as client:
+    with chunkmaster.Client(
+        token_master.addr, session=False, connection=Connection(retry_timeout=5)
+    ) as client:
         assert client.status()["ready"] is False
 
 
@@ -130,10 +133,9 @@ def test_a_client_with_token_and_mutual_tls_reads_a_whole_pass(
     with chunkmaster.Client(
         mtls_master.addr,
         token=TOKEN,
-        tls_ca=pki.ca,
-        tls_cert=pki.client_cert,
-        tls_key=pki.client_key,
-        retry_timeout=10,
+        connection=Connection(
+            tls_ca=pki.ca, tls_cert=pki.client_cert, tls_key=pki.client_key, retry_timeout=10
+        ),
     ) as client:
         client.set_dataset([dataset])
         records = list(client.records(0))
@@ -144,7 +146,9 @@ def test_a_client_with_token_and_mutual_tls_reads_a_whole_pass(
 def test_a_trainer_with_a_wrong_token_gets_the_error_not_a_hang(
     token_master: InProcessMaster,
 ) -> None:
-    with chunkmaster.Client(token_master.addr, token="wrong", retry_timeout=5) as client:
+    with chunkmaster.Client(
+        token_master.addr, token="wrong", connection=Connection(retry_timeout=5)
+    ) as client:
         client.start_get_records(0)
         with pytest.raises(UnauthenticatedError):
             client.next_record(timeout=30)

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,10 @@ from helpers.datasets import write_records
 from helpers.formats import write_parquet
 from helpers.inproc import InProcessMaster
 from helpers.torch_parts import ids_of, record_id, slow_record_id
+from helpers.waits import wait_for
 
 from chunkmaster.cli.status_cmd import render
+from chunkmaster.client import Session
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.master.metrics import StateCollector
 from chunkmaster.recordio import load_index
@@ -262,8 +263,8 @@ def test_each_trainer_reports_how_long_its_training_loop_waits_for_data(tmp_path
             dataset=[str(tmp_path / "d.rio")],
             transform=slow_record_id,
             batch_size=8,
-            report_interval=0.2,
             name="starving",
+            session=Session(report_interval=0.2),
         ) as L,
     ):
         it = iter(L)
@@ -337,10 +338,10 @@ def test_a_thawed_trainer_trains_on_none_of_the_tasks_it_lost_and_its_commit_is_
         start_new_session=True,
     )
     try:
-        wait_until(lambda: stopped(a.pid))
+        wait_for(lambda: stopped(a.pid), f"trainer {a.pid} to stop", 120)
         frozen = len(a_log.read_text().splitlines())
         assert frozen == 3
-        wait_until(lambda: status(m.addr)["sessions"] == 0)  # its lease ran out
+        wait_for(lambda: status(m.addr)["sessions"] == 0, "its session's lease to run out", 120)
         b = trainer(tmp_path, "b", *args, "--log", str(b_log), "--transform", "record_id")
         finish(tmp_path, "b", b)
         os.killpg(a.pid, signal.SIGCONT)
@@ -365,9 +366,29 @@ def stopped(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def wait_until(cond: Any, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
+def test_the_loader_takes_the_clients_options_grouped_and_warns_at_the_flat_ones(
+    tmp_path: Path,
+) -> None:
+    """The rank's Client options, as the Client takes them; a flat one of before warns naming
+    its replacement, at the line that made the Loader (not inside chunkmaster)."""
+    path = str(write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(40)]))
+    with pytest.warns(
+        DeprecationWarning, match=r"Client\(report_every=\.\.\.\) is deprecated"
+    ) as w:
+        Loader("127.0.0.1:1", dataset=[path], report_every=5).close()
+    assert w[0].filename == __file__
+    with pytest.raises(ValueError, match="a Loader needs a session"):
+        Loader("127.0.0.1:1", session=False)
+    with (
+        InProcessMaster(chunks_per_task=4) as m,
+        Loader(
+            m.addr,
+            dataset=[path],
+            transform=record_id,
+            batch_size=None,
+            name="grouped",
+            session=Session(report_every=3),
+        ) as L,
+    ):
+        assert sorted(int(r) for r in L) == list(range(40))
+        assert [t["name"] for t in m.status()["trainers"]] == ["grouped"]

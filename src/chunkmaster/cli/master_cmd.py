@@ -239,7 +239,7 @@ SETTINGS = (
         "the most a compressed dataset file (.jsonl.gz, .txt.zst, .tfrecord.gz) may inflate to "
         "when set_dataset counts its records (default 1GiB; 512MiB, 4GiB...): a file that "
         "would inflate to more is refused, naming it. Trainers have their own limit "
-        "(Client(max_inflated_bytes=...), read --max-inflated-bytes)",
+        "(Reading(max_inflated_bytes=...), read --max-inflated-bytes)",
         "BYTES",
     ),
     Setting(

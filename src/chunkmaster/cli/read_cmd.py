@@ -106,12 +106,8 @@ def register(sub: Any) -> None:
 
 def _add_reading_flags(p: argparse.ArgumentParser) -> None:
     """How the trainer reads: its rank, prefetch, shuffle, retries and storage."""
-    p.add_argument(
-        "--buffer-size",
-        type=int,
-        default=1024,
-        help="accepted for compatibility: no records are read ahead, only tasks "
-        "(--prefetch-tasks) and chunks' bytes from object stores (--read-ahead)",
+    p.add_argument(  # deprecated: did nothing; warns (run) and is hidden from --help
+        "--buffer-size", type=int, default=None, help=argparse.SUPPRESS
     )
     p.add_argument(
         "--world-size",
@@ -126,11 +122,11 @@ def _add_reading_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefetch-tasks",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="tasks asked for ahead of the one being read (default 1); once half of the "
-        "1 + N slots are free they are filled with one request: raise it for tasks of a few "
-        "records each. The master's task timeout runs for every task held",
+        help="tasks held ahead of the one being read (default: as many as cover a round trip "
+        "to the master at the pace the trainer reads them, 1 for slow tasks; docs/client.md). "
+        "The master's task timeout runs for every task held",
     )
     p.add_argument(
         "--shuffle-buffer",
@@ -206,13 +202,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--passes must be 0 or more")
     if args.shuffle_buffer < 0:
         raise CliError("--shuffle-buffer must be 0 (off) or more")
-    if args.prefetch_tasks < 0:
+    if args.prefetch_tasks is not None and args.prefetch_tasks < 0:
         raise CliError(f"--prefetch-tasks must be 0 or more, not {args.prefetch_tasks}")
     if args.shuffle_buffer and args.task_lines:
         raise CliError("--task-lines and --shuffle-buffer do not go together (tasks get mixed)")
     if args.source and args.dataset:
         raise CliError("--dataset and --source do not go together: one list, or a mixture")
     sources = parse_sources(args.source)
+    if args.buffer_size is not None:
+        log.warning("--buffer-size does nothing and is deprecated: remove it")
     out = sys.stdout
     done: list[Task] = []
     with _make_client(args, done) as client:
@@ -282,7 +280,7 @@ def parse_sources(flags: list[str]) -> dict[str, Source]:
 
 def _make_client(args: argparse.Namespace, done: list[Task]) -> Client:
     """The trainer's client from the flags; a bad flag is a CliError."""
-    from chunkmaster.client import Client
+    from chunkmaster.client import Client, Connection, Reading, Session
     from chunkmaster.formats.options import parse_settings
 
     try:
@@ -293,19 +291,19 @@ def _make_client(args: argparse.Namespace, done: list[Task]) -> Client:
         client = Client(
             args.addr,
             etcd_endpoints=args.endpoints,
-            etcd_job=args.job,
-            buffer_size=args.buffer_size,
-            prefetch_tasks=args.prefetch_tasks,
-            retry_timeout=args.retry_timeout,
             on_task_done=done.append,
-            storage_options=storage_options,
-            read_ahead=args.read_ahead,
-            shuffle_buffer=args.shuffle_buffer,
-            shuffle_seed=args.shuffle_seed,
-            world_size=args.world_size,
-            rank=args.rank,
-            max_inflated_bytes=args.max_inflated_bytes,
-            **security_kwargs(args),
+            connection=Connection(
+                etcd_job=args.job, retry_timeout=args.retry_timeout, **security_kwargs(args)
+            ),
+            session=Session(world_size=args.world_size, rank=args.rank),
+            reading=Reading(
+                prefetch_tasks=args.prefetch_tasks,
+                storage_options=storage_options,
+                read_ahead=args.read_ahead,
+                shuffle_buffer=args.shuffle_buffer,
+                shuffle_seed=args.shuffle_seed,
+                max_inflated_bytes=args.max_inflated_bytes,
+            ),
         )
     except (RuntimeError, ValueError) as exc:
         raise CliError(str(exc)) from None

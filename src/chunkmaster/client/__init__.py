@@ -3,12 +3,16 @@
 from chunkmaster.client.client import Client, ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.connection import MasterConnection, TransportError
 from chunkmaster.client.mixture import Source, WeightChange
+from chunkmaster.client.options import Connection, Reading, Session
 
 __all__ = [
     "Client",
     "ClientClosedError",
+    "Connection",
     "EndOfPass",
     "MasterConnection",
+    "Reading",
+    "Session",
     "Source",
     "TaskReadError",
     "TransportError",

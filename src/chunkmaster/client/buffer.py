@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
+from chunkmaster.client.pace import Pace
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reading import READ_ERRORS, chunk_loader, start_point
@@ -64,7 +66,10 @@ class PassBuffer:
     records were consumed since the last progress report. `columns`: the columns to read
     (columnar formats only); `batches`: runs are whole record batches. `storage`: where a
     chunk's file is read from, by its path. `max_inflated`: what one chunk may decompress to
-    (a chunk that would inflate to more fails as unreadable, chunkmaster.inflate).
+    (a chunk that would inflate to more fails as unreadable, chunkmaster.inflate). `pace`
+    learns the trainer's time over a task (client/pace.py): from one task done with to the
+    next (`task_done`: the take of its last record, unless `paced_by_take` is false), less
+    the time the trainer waited for the master holding no task (`wait`).
     """
 
     def __init__(
@@ -85,6 +90,8 @@ class PassBuffer:
         max_inflated: int = DEFAULT_MAX_INFLATED,
         fence: Callable[[], bool] | None = None,
         generation: Callable[[], int] | None = None,
+        pace: Pace | None = None,
+        paced_by_take: bool = True,
     ) -> None:
         self.pass_id = pass_id
         self._fence = fence
@@ -118,28 +125,52 @@ class PassBuffer:
         self._at = 0  # the loaded chunk's next record
         self._after_suspect = False  # the last task taken had failures: settle before the next
         self._settling: Settling | None = None  # finishes being applied before a task begins
+        self._room_wanted = -1  # the fetcher waits until at most this many are held (-1: not)
+        self._pace = pace  # learns how long the trainer takes over a task
+        #: Whether taking a task's last record is the trainer being done with it (not with a
+        #: shuffle buffer, which calls task_done() itself: its records are handed out later).
+        self._paced_by_take = paced_by_take
+        self._done_at = 0.0  # when the trainer was last done with a task (time.monotonic())
+        self.starved = 0.0  # seconds it waited since, holding no task
 
     # ---- the fetcher's side (takes the lock) ----------------------------------------------
 
     def wait_free(self, limit: int, want: int) -> int:
         """Wait until `want` of `limit` slots are free (a held task takes one: the master's
-        timeout runs for each); how many are free."""
+        timeout runs for each); how many are free. The trainer wakes this thread only once
+        that many are free, not at every task it takes."""
         with self._cond:
-            while limit - len(self.held) < want and not self.cancel.cancelled:
-                self._cond.wait()
+            self._room_wanted = limit - want
+            try:
+                while len(self.held) > self._room_wanted and not self.cancel.cancelled:
+                    self._cond.wait()
+            finally:
+                self._room_wanted = -1
             free = limit - len(self.held)
         self.cancel.check()
         return free
 
-    def add_task(self, task: Task, generation: int | None = None) -> None:
+    def add_tasks(self, tasks: Sequence[Task], generation: int | None = None) -> None:
+        """Hold `tasks` and read them in turn (one turn of the lock, one wake-up for them
+        all); raises Cancelled if the pass was abandoned meanwhile (none is held then)."""
         with self._cond:
-            self.add_task_locked(task, generation)
+            if self.cancel.cancelled:
+                raise Cancelled()
+            for task in tasks:
+                self._hold(task, generation)
+            self._cond.notify_all()
 
     def add_task_locked(self, task: Task, generation: int | None = None) -> None:
-        """Hold `task` and read it in turn; not if it came in a session (`generation`) that
-        was found lost since: the master handed it to another trainer."""
+        """Hold `task` and read it in turn (lock held); raises Cancelled if the pass was
+        abandoned."""
         if self.cancel.cancelled:
             raise Cancelled()  # abandoned meanwhile
+        self._hold(task, generation)
+        self._cond.notify_all()
+
+    def _hold(self, task: Task, generation: int | None) -> None:
+        """Hold `task`; not if it came in a session (`generation`) that was found lost since:
+        the master handed it to another trainer."""
         current = self._generation
         if generation is not None and current is not None and generation != current():
             log.info("task %d came in a session since lost: not read", task.meta.id)
@@ -150,7 +181,6 @@ class PassBuffer:
         self._tasks.append(task)
         if self._ahead is not None:
             self._ahead.want(task)
-        self._cond.notify_all()
 
     def finish(self, end: BaseException) -> None:
         """The pass is over (EndOfPass) or cannot go on (the error the trainer gets)."""
@@ -248,6 +278,31 @@ class PassBuffer:
             self._at = min(self._skip, loaded.count)
             self._skip = 0
 
+    def task_done(self) -> None:
+        """The trainer is done with a task (lock held): the time since the one before, less
+        what it waited for the master meanwhile, is its time over a task (`pace`)."""
+        now = time.monotonic()
+        if self._pace is not None and self._done_at:
+            self._pace.task_took(now - self._done_at - self.starved)
+        self._done_at = now
+        self.starved = 0.0
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait on the client's condition (lock held) for a run, the pass's end or `timeout`;
+        the time the trainer waits holding no task is not counted as its time over a task."""
+        if self._task is not None or self._tasks:
+            return self._cond.wait(timeout)
+        t0 = time.monotonic()
+        try:
+            return self._cond.wait(timeout)
+        finally:
+            self.starved += time.monotonic() - t0
+
+    def _room(self) -> None:
+        """A held task is done with: wake the fetcher if it waits for that much room."""
+        if self._room_wanted >= 0 and len(self.held) <= self._room_wanted:
+            self._cond.notify_all()
+
     def _settled(self) -> bool:
         """Whether the master has applied this trainer's finishes (asking it, the first time).
 
@@ -308,7 +363,9 @@ class PassBuffer:
         self._progress.finished(task)
         if task.failures:
             self._after_suspect = True
-        self._cond.notify_all()  # a slot for the fetcher
+        if self._paced_by_take:
+            self.task_done()
+        self._room()
         self._reporter.finished(task)
         done.append(task)
 

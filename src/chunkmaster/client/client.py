@@ -45,10 +45,9 @@ from itertools import chain
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from chunkmaster.client.buffer import PassBuffer
+from chunkmaster.client.buffer import PassBuffer, Run
 from chunkmaster.client.connection import (
     DATASET_TIMEOUT,
-    DEFAULT_TIMEOUT,
     CallCancelled,
     ChannelSecurity,
     MasterConnection,
@@ -58,6 +57,7 @@ from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.feed import PassFeed
 from chunkmaster.client.fetcher import TaskFetcher, TaskSource, UnaryTasks
+from chunkmaster.client.files import OpenFiles
 from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
 from chunkmaster.client.mixture import (
     Schedule,
@@ -66,9 +66,9 @@ from chunkmaster.client.mixture import (
     schedule_to_pb,
     sources_to_pb,
 )
+from chunkmaster.client.options import Connection, Reading, Session, resolve
+from chunkmaster.client.pace import Pace
 from chunkmaster.client.progress import Progress
-from chunkmaster.client.readahead import DEFAULT_BUDGET as DEFAULT_READ_AHEAD_BYTES
-from chunkmaster.client.readahead import DEFAULT_CHUNKS as DEFAULT_READ_AHEAD
 from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reporter import Reporter, Reports
 from chunkmaster.client.session import TrainerSession
@@ -77,26 +77,47 @@ from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Position, Task
 from chunkmaster.formats.base import Storage
 from chunkmaster.formats.storage import storage_for
-from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 from chunkmaster.rpc import master_pb2 as pb
 
 if TYPE_CHECKING:
     from chunkmaster.etcd.discovery import MasterLocator
 
-__all__ = ["Client", "ClientClosedError", "EndOfPass", "TaskReadError"]
+__all__ = [
+    "Client",
+    "ClientClosedError",
+    "Connection",
+    "EndOfPass",
+    "Reading",
+    "Session",
+    "TaskReadError",
+]
 
 log = logging.getLogger("chunkmaster.client")
 
 _GIL: Final = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 """With the GIL, one step of a C-level iterator is atomic, so the fast path needs no lock."""
 
-DEFAULT_BUFFER = 1024
 FILL_WAIT = 0.1  # seconds a shuffle buffer waits for a task before it hands out what it holds
 SHUFFLE_BATCH = 64  # records a shuffle buffer draws per turn of the lock
 _worker_ids = itertools.count()
 _T = TypeVar("_T")
 _EMPTY_ITER: Final[Iterator[Any]] = iter(())
 _MIN_DEADLINE = 0.001  # seconds: a retry at the deadline still gets a (failing) deadline
+
+
+class _Signal:
+    """What the reading loop answers besides a run or the end of the pass."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_NOT_YET: Final = _Signal("_NOT_YET")  # no run before the deadline
+_AGAIN: Final = _Signal("_AGAIN")  # another thread installed a run: take from it
+_REPLACED: Final = _Signal("_REPLACED")  # a new pass replaced this one
 
 
 class PassBufferRecords(chain[Any]):
@@ -118,47 +139,23 @@ class Client:
     """Reads the records of the tasks a master hands out. Thread-safe; a context manager.
 
     Give either `addr` ("host:port") or `etcd_endpoints` (the master is looked up at
-    `/master/addr` and followed when it moves; `etcd_options` passes TLS and auth to the etcd
-    client: ca_cert, cert_cert, cert_key, user, password). `prefetch_tasks` tasks are requested
-    ahead of the one being read: few, because each held task's timeout on the master is running.
-    `buffer_size` is kept for compatibility: chunks are read in the trainer's thread when it
-    reaches them, so no records are read ahead.
+    `/master/addr` and followed when it moves). `name`: the trainer's name in the master's
+    status (default host:pid:N, N telling apart the clients of one process). `token`: the
+    master's shared token (default: the CHUNKMASTER_TOKEN variable; a shortcut for
+    `Connection(token=...)`). `on_task_done(task)` is called in the trainer's thread when a
+    task's last record is taken.
 
-    `token` (default: the CHUNKMASTER_TOKEN environment variable) goes with every call;
-    `tls_ca` (a PEM file path) turns TLS on and says which CA signs the master's certificate;
-    `tls_cert` and `tls_key` are the trainer's certificate for a master that asks for one
-    (mutual TLS).
+    The other options come in three groups (client/options.py): `connection=Connection(...)`
+    (TLS, deadlines, retries, etcd), `session=Session(...)` (progress reports, the trainer's
+    rank; `session=False` speaks the unary calls only: no commit(), tasks come back by the
+    master's timeout only) and `reading=Reading(...)` (tasks held ahead, shuffle buffer,
+    object stores, the decompression limit). The flat keyword arguments of before
+    (`report_every=`, `prefetch_tasks=`, ...) still work, each with a DeprecationWarning
+    naming its replacement.
 
-    `storage_options` go to the fsspec filesystem of URL datasets (s3://, gs://: credentials,
-    an endpoint); they stay in this process, never sent to the master; without them each
-    library looks in its usual places (AWS_* variables, ~/.aws, ...). For chunks in an object
-    store, up to `read_ahead` ranged reads (0: none) of the next chunks are in flight, holding
-    at most `read_ahead_bytes` fetched and not yet read (docs/object-stores.md).
-
-    `session` (default): one Session stream to the master (docs/sessions.md), named `name`
-    (default `worker`: host:pid:N, N telling apart the clients of one process), reporting
-    progress every `report_every` records and at least every `report_interval` seconds;
-    commit() needs it. `session=False` speaks the unary calls only (tasks then come back by
-    the master's timeout only).
-
-    `world_size` and `rank`: this trainer is rank `rank` of `world_size` (DDP's ranks); by
-    default from the WORLD_SIZE and RANK variables when both are set (torchrun sets them), else
-    not said; `world_size=0` says nothing. With equal steps the master shares each pass among
-    exactly those ranks, once all are there (docs/equal-steps.md). Declare it on the one
-    client of each rank that reads: a second client of the same rank (one for `status()`, say)
-    should be `session=False`.
-
-    `shuffle_buffer` (records; 0, the default, is off): records() hands the records out in a
-    random order drawn from a buffer of that many, across the tasks this trainer holds
-    (docs/shuffle.md). The draw is seeded by (`shuffle_seed`, pass, `name`); without
-    `shuffle_seed` the master's --shuffle-seed is used (0 if it has none). A buffered record
-    is not consumed: positions, commits and finishes wait until it is handed out.
-
-    `max_inflated_bytes` (default 1 GiB) bounds what one chunk may decompress to: a chunk
-    that would inflate to more (a decompression bomb: a few MB that inflate to many GB) is
-    refused while it is decoded, before it takes the memory, and reported failed like any
-    chunk that cannot be read (`TaskReadError`; docs/failures.md). Raise it for datasets whose
-    chunks are that large (a JSON Lines or TFRecord file compressed whole is one chunk).
+    With a session, declare the rank (`Session(world_size=, rank=)`, or the WORLD_SIZE and
+    RANK variables) on the one client of each rank that reads: a second client of the same
+    rank (one for `status()`, say) should be `session=False`.
     """
 
     def __init__(
@@ -166,81 +163,52 @@ class Client:
         addr: str | None = None,
         *,
         etcd_endpoints: Sequence[str] | str | None = None,
-        etcd_timeout: float = 5.0,
-        etcd_job: str | None = None,
-        etcd_options: Mapping[str, str] | None = None,
-        buffer_size: int = DEFAULT_BUFFER,
-        prefetch_tasks: int = 1,
-        rpc_timeout: float = DEFAULT_TIMEOUT,
-        poll_wait: float = 2.0,
-        retry_timeout: float | None = None,
-        worker: str | None = None,
-        on_task_done: Callable[[Task], None] | None = None,
-        session: bool = True,
-        name: str | None = None,
-        report_every: int = 1000,
-        report_interval: float = 5.0,
         token: str | None = None,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        read_ahead: int = DEFAULT_READ_AHEAD,
-        read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
-        shuffle_buffer: int = 0,
-        shuffle_seed: int | None = None,
-        world_size: int | None = None,
-        rank: int | None = None,
-        max_inflated_bytes: int = DEFAULT_MAX_INFLATED,
+        name: str | None = None,
+        session: bool | Session = True,
+        connection: Connection | None = None,
+        reading: Reading | None = None,
+        on_task_done: Callable[[Task], None] | None = None,
+        **deprecated: Any,
     ) -> None:
-        if (addr is None) == (etcd_endpoints is None):
-            raise ValueError("give exactly one of addr and etcd_endpoints")
-        self.world_size, self.rank = declared_world(world_size, rank)
-        if shuffle_buffer < 0:
-            raise ValueError(f"shuffle_buffer must be 0 (off) or more, not {shuffle_buffer}")
-        if prefetch_tasks < 0:
-            raise ValueError(f"prefetch_tasks must be 0 or more, not {prefetch_tasks}")
-        self.max_inflated_bytes = check_limit(max_inflated_bytes)
-        self.shuffle_buffer = shuffle_buffer
-        self.shuffle_seed = shuffle_seed
-        self.buffer_size = max(1, buffer_size)
-        self.prefetch_tasks = prefetch_tasks
-        self.poll_wait = poll_wait
-        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{next(_worker_ids)}"
-        self.name = name or self.worker
-        self._on_task_done = on_task_done
+        options = resolve(
+            addr=addr,
+            etcd_endpoints=etcd_endpoints,
+            token=token,
+            name=name,
+            session=session,
+            connection=connection,
+            reading=reading,
+            on_task_done=on_task_done,
+            legacy=deprecated,
+        )
+        conn, sess, read = options.connection, options.session_options, options.reading
+        self.world_size, self.rank = declared_world(sess.world_size, sess.rank)
+        self.max_inflated_bytes = read.max_inflated_bytes
+        self.shuffle_buffer = read.shuffle_buffer
+        self.shuffle_seed = read.shuffle_seed
+        self.poll_wait = conn.poll_wait
+        self.name = options.name or f"{socket.gethostname()}:{os.getpid()}:{next(_worker_ids)}"
+        self._on_task_done = options.on_task_done
         self._locator: MasterLocator | None = None
         locator: Locator | None = None
         if etcd_endpoints is not None:
             self._locator = locator = _make_locator(
-                etcd_endpoints, etcd_timeout, etcd_job, etcd_options
+                etcd_endpoints, conn.etcd_timeout, conn.etcd_job, conn.etcd_options
             )
-        security = ChannelSecurity.load(token, tls_ca, tls_cert, tls_key)
+        security = ChannelSecurity.load(conn.token, conn.tls_ca, conn.tls_cert, conn.tls_key)
         self._link = MasterLink(
             addr,
             locator,
-            rpc_timeout=rpc_timeout,
-            retry_timeout=retry_timeout,
+            rpc_timeout=conn.rpc_timeout,
+            retry_timeout=conn.retry_timeout,
             security=security,
         )
-        options = dict(storage_options or {})  # this trainer's own: never sent to the master
-        self._storage: Callable[[str], Storage] = functools.partial(
-            storage_for, storage_options=options
-        )
-        if read_ahead < 0:
-            raise ValueError(f"read_ahead must be 0 (off) or more chunks, not {read_ahead}")
+        held = None if read.prefetch_tasks is None else 1 + read.prefetch_tasks
+        self._pace = Pace(2) if held is None else Pace(held, cap=held)  # tasks held (pace.py)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._readahead = (
-            ReadAhead(
-                self._storage,
-                chunks=read_ahead,
-                budget=read_ahead_bytes,
-                on_ready=self._wake,
-            )
-            if read_ahead
-            else None
-        )
+        self._open_storage(read)  # its read-ahead wakes the trainer's thread (self._cond)
         self._token = CancelToken()  # cancelled by close(): every pass and client-level call
         self._pass: PassBuffer | None = None
         self._it: Iterator[Any] = _EMPTY_ITER
@@ -251,24 +219,43 @@ class Client:
         #: 0 over (the others were quicker to start): that is not asking for a finished pass.
         self._last_ended = -1
         self._feed: PassFeed | None = None  # the pass read by outside readers (client/feed.py)
-        if report_every < 0 or not report_interval > 0:
-            raise ValueError(
-                f"report_every ({report_every}) must be >= 0 and report_interval "
-                f"({report_interval}) > 0"
-            )
-        self.report_every = report_every if session else 0
-        self._progress = Progress(self.report_every, keep_finished=session)
-        self._session: TrainerSession | None = None
+        self.report_every = sess.report_every if options.session else 0
+        self._progress = Progress(self.report_every, keep_finished=options.session)
         self._lost_count = 0  # sessions found lost: a shuffle buffer drops their records
+        self._session: TrainerSession | None = None
         self._reporter: Reporter | None = None
         self._reports: Reports
         self._source: TaskSource
-        if session:
+        self._open_source(sess if options.session else None)
+
+    def _open_storage(self, read: Reading) -> None:
+        """Where chunks are read from: local files held open across chunks (closed at pass
+        end), object stores with this trainer's own `storage_options` (never sent to the
+        master), and the read-ahead of the next chunks (none with `read_ahead=0`)."""
+        self._files = OpenFiles()
+        self._storage: Callable[[str], Storage] = functools.partial(
+            storage_for, storage_options=dict(read.storage_options or {}), local=self._files
+        )
+        self._readahead = (
+            ReadAhead(
+                self._storage,
+                chunks=read.read_ahead,
+                budget=read.read_ahead_bytes,
+                on_ready=self._wake,
+            )
+            if read.read_ahead
+            else None
+        )
+
+    def _open_source(self, sess: Session | None) -> None:
+        """Where tasks come from and finishes go: the session's stream, or (`sess` None) the
+        unary calls and a Reporter thread."""
+        if sess is not None:
             self._session = TrainerSession(
                 self._link,
                 name=self.name,
                 report_every=self.report_every,
-                report_interval=report_interval,
+                report_interval=sess.report_interval,
                 progress=self._report_positions,
                 on_unclaimed=self._adopt,
                 world_size=self.world_size,
@@ -279,9 +266,9 @@ class Client:
             )
             self._reports = self._source = self._session
         else:
-            self._reporter = Reporter(self._link, self.worker)
+            self._reporter = Reporter(self._link, self.name)
             self._reports = self._reporter
-            self._source = UnaryTasks(self._link, self.worker)
+            self._source = UnaryTasks(self._link, self.name)
 
     #: The training loop's wait for data, measured by a reader that knows its batches (the
     #: torch loader); each keep-alive reports it.
@@ -556,15 +543,17 @@ class Client:
                 max_inflated=self.max_inflated_bytes,
                 fence=None if session is None else session.lease_ok,
                 generation=None if session is None else (lambda: session.generation),
+                pace=self._pace,
+                paced_by_take=not isinstance(reports, DeferredFinishes),
             )
             ps.joined = self._last_ended == pass_id - 1
             self._pass = ps
             fetcher = TaskFetcher(
                 self._source,
                 ps,
-                worker=self.worker,
+                worker=self.name,
                 poll_wait=self.poll_wait,
-                prefetch_tasks=self.prefetch_tasks,
+                pace=self._pace,
                 on_unclaimed=None if session is None else self._adopt,
             )
             self._fetchers = [t for t in self._fetchers if t.is_alive()]
@@ -596,7 +585,7 @@ class Client:
                 stock=stock,
                 poll_wait=self.poll_wait,
                 joined=joined,
-                worker=self.worker,
+                worker=self.name,
             )
             self._fetchers = [t for t in self._fetchers if t.is_alive()]
             self._fetchers.append(feed.thread)
@@ -607,6 +596,7 @@ class Client:
         """Cancel a pass's fetcher and drop its buffer; with a session, hand the pass's held
         tasks back at their exact positions now (closing, the Goodbye does). Lock held."""
         ps.abandon(why)
+        self._files.close()
         self._it = _EMPTY_ITER
         self._next = _EMPTY_ITER.__next__
         if self._session is not None and not self._closed:
@@ -649,7 +639,7 @@ class Client:
                     self._notify_done(done)
 
     def _refill(self, timeout: float | None, done: list[Task]) -> Any:
-        """Slow path of next_record, lock held: next list, end of pass, error, or wait."""
+        """Slow path of next_record, lock held: the next run's first record, or EndOfPass."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             ps = self._pass
@@ -657,29 +647,61 @@ class Client:
                 self._check_open()
                 raise RuntimeError("no pass started: call start_get_records(pass_id) first")
             try:
-                return self._next()  # another thread may have installed a list meanwhile
+                return self._next()  # another thread may have installed a run meanwhile
             except StopIteration:
                 pass
+            run = self._next_run(ps, done, deadline, installed=self._it)
+            if run is _NOT_YET:
+                raise TimeoutError(f"no record of pass {ps.pass_id} within {timeout}s")
+            if run is None:
+                raise EndOfPass(ps.pass_id)
+            if not isinstance(run, Run):  # _AGAIN: another thread installed a run;
+                continue  # _REPLACED: a new pass replaced this one
+            self._it = run.records
+            self._next = run.records.__next__
+
+    def _next_run(
+        self,
+        ps: PassBuffer,
+        done: list[Task],
+        deadline: float | None = None,
+        installed: Iterator[Any] | None = None,
+    ) -> Run | _Signal | None:
+        """The next run of records of pass `ps`: the one reading loop of next_record(),
+        records(), batches() and the shuffle buffer (lock held).
+
+        Waits for a run until `deadline` (time.monotonic(); None: as long as the pass lasts),
+        then answers _NOT_YET. None at the end of the pass; _REPLACED once `ps` is no longer
+        the client's pass (a new pass replaced it). Raises the pass's error
+        (AllTaskFailedError, JobStoppedError, ...), a chunk's TaskReadError,
+        ClientClosedError. `installed`: the run next_record() had installed; answers _AGAIN
+        once another thread replaced it.
+        """
+        while True:
+            if self._pass is not ps:
+                self._check_open()
+                return _REPLACED
+            if installed is not None and self._it is not installed:
+                return _AGAIN
             run = ps.next_run(done)
             if run is not None:
-                self._it = run.records
-                self._next = run.records.__next__
-                continue
+                return run
             if ps.end is not None and not ps.fenced:
                 self._check_open()
                 if isinstance(ps.end, EndOfPass):
                     self._ended(ps)
-                    raise EndOfPass(ps.pass_id)
+                    return None
                 raise ps.end
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"no record of pass {ps.pass_id} within {timeout}s")
-            self._cond.wait(remaining)
+                return _NOT_YET
+            ps.wait(remaining)
 
     def _ended(self, ps: PassBuffer) -> None:
-        """The trainer read pass `ps` to its end (lock held)."""
+        """The trainer read pass `ps` to its end (lock held): its files are closed."""
         if not ps.cancel.cancelled:
             self._last_ended = max(self._last_ended, ps.pass_id)
+        self._files.close()
 
     def _notify_done(self, done: list[Task]) -> None:
         if self._on_task_done is not None:
@@ -714,6 +736,7 @@ class Client:
         buf = ShuffleBuffer(
             self.shuffle_buffer, buffer_rng(self._buffer_seed(), pass_id, self.name)
         )
+        # A task is done with once its records are handed out: this loop tells the pace.
         ps = self._start(pass_id, columns, reports=DeferredFinishes(self._reports, buf))
         with self._lock:
             self._progress.clip = buf.oldest
@@ -731,7 +754,7 @@ class Client:
                     batch = []
                     if self._pass is not ps:
                         self._check_open()
-                        log.warning("pass %d was replaced while iterating it", ps.pass_id)
+                        self._replaced(ps)
                         return
                     if lost_seen != self._lost_count:  # those tasks went to other trainers
                         lost_seen = self._lost_count
@@ -750,28 +773,30 @@ class Client:
                             if len(got) == room:
                                 continue
                             reading = key = None
-                        run = ps.next_run([])  # the buffer says when a task is done
-                        if run is not None:
-                            starving = False
-                            reading, index = run.records, run.first
-                            key = (run.task.meta.id, run.task.meta.epoch)
-                            continue
-                        if ps.end is not None and not ps.fenced:
-                            if not isinstance(ps.end, EndOfPass):
-                                raise ps.end
-                            self._ended(ps)
-                            ended = True
-                        elif not buf and not buf.deferred:
-                            self._cond.wait()
-                            continue
+                        if not buf and not buf.deferred:
+                            deadline: float | None = None  # nothing to hand out: wait
                         elif buf and not starving:
-                            starving = not self._cond.wait(FILL_WAIT)
-                            continue
-                        break
+                            deadline = time.monotonic() + FILL_WAIT
+                        else:
+                            deadline = 0.0  # hand out what it holds, without waiting
+                        run = self._next_run(ps, [], deadline)  # the buffer says when done
+                        if run is _REPLACED:
+                            self._replaced(ps)
+                            return
+                        if run is _NOT_YET:
+                            starving = bool(buf)
+                            break
+                        if not isinstance(run, Run):
+                            ended = True
+                            break
+                        starving = False
+                        reading, index = run.records, run.first
+                        key = (run.task.meta.id, run.task.meta.epoch)
                     batch = buf.draw(SHUFFLE_BATCH)
                     if buf.deferred:
                         released = buf.releasable(None if reading is None else key)
                         for task in released:
+                            ps.task_done()
                             self._reports.finished(task)
                 if released:
                     self._notify_done(released)
@@ -812,42 +837,31 @@ class Client:
                 done: list[Task] = []
                 try:
                     with self._lock:
-                        batch = self._take(ps, done)
+                        if self._it is not _EMPTY_ITER:  # left by next_record calls, if any
+                            run: Iterator[Any] | None = self._it
+                            self._it = _EMPTY_ITER
+                            self._next = _EMPTY_ITER.__next__
+                        else:
+                            got = self._next_run(ps, done)
+                            if got is _REPLACED:
+                                self._replaced(ps)
+                            run = got.records if isinstance(got, Run) else None
                 finally:
                     if done:
                         self._notify_done(done)
-                if batch is None:
+                if run is None:
                     finished = True
                     return
-                yield batch
+                yield run
         finally:
             if not finished:
                 with self._lock:
                     if self._pass is ps:
                         self._abandon(ps, "records() left early")
 
-    def _take(self, ps: PassBuffer, done: list[Task]) -> Iterator[Any] | None:
-        """The next run of records for records(): None at the end of the pass. Lock held."""
-        while True:
-            if self._pass is not ps:
-                self._check_open()
-                now = None if self._pass is None else self._pass.pass_id
-                log.warning("pass %d was replaced by pass %s while iterating it", ps.pass_id, now)
-                return None
-            if self._it is not _EMPTY_ITER:  # left over by next_record calls (maybe none)
-                rest = self._it
-                self._it = _EMPTY_ITER
-                self._next = _EMPTY_ITER.__next__
-                return rest
-            run = ps.next_run(done)
-            if run is not None:
-                return run.records
-            if ps.end is not None and not ps.fenced:
-                if isinstance(ps.end, EndOfPass):
-                    self._ended(ps)
-                    return None
-                raise ps.end
-            self._cond.wait()
+    def _replaced(self, ps: PassBuffer) -> None:
+        now = None if self._pass is None else self._pass.pass_id
+        log.warning("pass %d was replaced by pass %s while iterating it", ps.pass_id, now)
 
     # ---- closing -----------------------------------------------------------------------
 
@@ -878,6 +892,8 @@ class Client:
             self._reporter.close(flush_timeout)
         if self._readahead is not None:
             self._readahead.close()
+        with self._lock:
+            self._files.close()
         self._link.close()
         if self._locator is not None:
             self._locator.close()

@@ -1,10 +1,11 @@
 """The fetcher thread of one pass: asks the master for tasks (long-polling) and buffers them.
 
-It holds at most 1 + prefetch_tasks tasks, so the next task is at hand when the trainer ends
-the current one: the trainer never waits on the network between tasks. Over a session it asks
-once half the slots are free, for all of them in one message: one round trip for several small
-tasks. It ends the pass when the master has moved past it [D2], and hands "all tasks failed"
-and "job stopped" (the error budget was exceeded) to the trainer as errors.
+It holds enough tasks to cover a round trip to the master at the trainer's pace (pace.py; at
+least 1 + prefetch_tasks), so the next task is at hand when the trainer ends the current one:
+the trainer never waits on the network between tasks. Over a session it asks once half the
+slots are free, for all of them in one message: one round trip for several small tasks. It
+ends the pass when the master has moved past it [D2], and hands "all tasks failed" and "job
+stopped" (the error budget was exceeded) to the trainer as errors.
 How a task is asked for is a `TaskSource`: a unary GetTask (`UnaryTasks`, below) or a NextTask
 on the trainer's session stream (session.py).
 """
@@ -23,6 +24,7 @@ from chunkmaster.client.buffer import PassBuffer
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
+from chunkmaster.client.pace import Pace
 from chunkmaster.core.errors import (
     AllTaskFailedError,
     JobStoppedError,
@@ -111,13 +113,13 @@ class TaskFetcher:
         *,
         worker: str,
         poll_wait: float,
-        prefetch_tasks: int,
+        pace: Pace,
         on_unclaimed: Callable[[Task], None] | None = None,
     ) -> None:
         self._source = source
         self._buffer = buffer
         self._poll_wait = poll_wait
-        self._prefetch_tasks = prefetch_tasks
+        self._pace = pace
         self._on_unclaimed = on_unclaimed
         self.thread = threading.Thread(
             target=self._loop,
@@ -144,22 +146,20 @@ class TaskFetcher:
         waiting: type[Exception] | None = None
         since = last_log = time.monotonic()
         polls = 0
-        slots = 1 + self._prefetch_tasks
-        # A source that hands out several tasks a message is asked once half the slots are
-        # free: one round trip for several tasks, and as many still at hand meanwhile.
-        batch = min(self._source.max_batch, max(1, slots // 2))
         while True:
-            count = buf.wait_free(slots, batch)
+            # As many slots as cover a round trip at the trainer's pace (pace.py). A source
+            # that hands out several tasks a message is asked once half the slots are free:
+            # one round trip for several tasks, and as many still at hand meanwhile.
+            slots = self._pace.slots()
+            batch = min(self._source.max_batch, max(1, slots // 2))
+            count = min(buf.wait_free(slots, batch), self._source.max_batch)
             # One ID per request, the same for its retries: if an answer is lost (the master
             # failed over, a deadline passed), the retry gets those same tasks back.
             request_id = uuid.uuid4().hex
+            asked_at = time.monotonic()
             try:
                 tasks = self._source.next_tasks(
-                    buf.pass_id,
-                    min(count, self._source.max_batch),
-                    self._poll_wait,
-                    request_id,
-                    buf.cancel,
+                    buf.pass_id, count, self._poll_wait, request_id, buf.cancel
                 )
             except PassBeforeError as exc:
                 buf.finish(pass_end(buf.pass_id, exc, buf.got_task, buf.joined))
@@ -180,15 +180,15 @@ class TaskFetcher:
                     polls += 1
                 continue
             waiting = None
+            self._pace.answered(time.monotonic() - asked_at, count, len(tasks))
             generation = tasks.generation if isinstance(tasks, Dispatched) else None
-            for i, task in enumerate(tasks):
-                try:
-                    buf.add_task(task, generation)
-                except Cancelled:
-                    if self._on_unclaimed is not None:
-                        for unclaimed in tasks[i:]:
-                            self._on_unclaimed(unclaimed)
-                    raise
+            try:
+                buf.add_tasks(tasks, generation)
+            except Cancelled:
+                if self._on_unclaimed is not None:
+                    for unclaimed in tasks:
+                        self._on_unclaimed(unclaimed)
+                raise
 
 
 def pass_end(pass_id: int, exc: PassBeforeError, got_task: bool, joined: bool) -> BaseException:

@@ -30,12 +30,7 @@ from dataclasses import dataclass, field
 
 from chunkmaster.core.model import Chunk, Task
 from chunkmaster.formats.base import Storage
-from chunkmaster.formats.remote import is_url
-
-
-def is_remote(path: str) -> bool:
-    """A URL read through fsspec (file:// URLs are local files, read directly)."""
-    return is_url(path) and not path.startswith("file://")
+from chunkmaster.formats.remote import is_remote
 
 
 def ranged_format(name: str) -> bool:

@@ -73,8 +73,11 @@ DRAIN_WAIT = 1.0
 (it does at once, the call being over)."""
 
 FINISH_FLUSH = 0.1
-"""Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false);
-it goes at once if a task request is in flight already (the next waits for its answer)."""
+"""Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false)."""
+
+FINISH_FLUSH_ASKING = 0.02
+"""... while a task request is in flight (the next one waits for its answer, and it may be a
+long poll): the finishes of this while go together, in one message, not one each."""
 
 #: The master's answers that mean "not now, ask again": a report or commit refused with one
 #: of these is sent again with backoff (the master has not applied it).
@@ -354,11 +357,10 @@ class TrainerSession:
         )
         with self._lock:
             self._finishes.append(pos)
-            if self._asking():  # the next NextTask waits for this one's answer: go now
-                self._arm_flush(0.0)
-            else:
-                self._arm_flush()
-        self._wake.set()
+            # A task request in flight may be a long poll: the finish does not wait for it.
+            sooner = self._arm_flush(FINISH_FLUSH_ASKING if self._asking() else FINISH_FLUSH)
+        if sooner:  # the session's thread sleeps until the time it knew: wake it
+            self._wake.set()
 
     def failed(self, task: Task, reason: str, at: Position | None = None) -> None:
         """Report `task` failed; `at`, the records of it consumed before the failure, goes
@@ -568,14 +570,16 @@ class TrainerSession:
             for p in self._pending.values()
         )
 
-    def _arm_flush(self, after: float = FINISH_FLUSH) -> None:
+    def _arm_flush(self, after: float = FINISH_FLUSH) -> bool:
         """Send the queued finishes alone in `after` s at the latest (not before a retry's
-        backoff is over)."""
+        backoff is over). Whether that is sooner than the time set before."""
         at = time.monotonic() + after
         if self._finish_retry_at is not None:
             at = max(at, self._finish_retry_at)
         if self._flush_at is None or at < self._flush_at:
             self._flush_at = at
+            return True
+        return False
 
     def _flush_finishes(self) -> None:
         if self._finishes:

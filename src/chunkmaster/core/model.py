@@ -66,12 +66,6 @@ class Position:
 
 
 @dataclass(frozen=True, slots=True)
-class SaveModelRequest:
-    trainer_id: str
-    block_dur: float  # seconds
-
-
-@dataclass(frozen=True, slots=True)
 class Failure:
     """One failure of one dispatch: kept so that no failure is silent (defect D11)."""
 

@@ -634,6 +634,8 @@ def _return_tasks(state: MasterState, ev: ReturnTasks) -> int:
         state.todo.appendleft(task_id)
         if state.steps.on:
             steps.handed_back(state, task_id, ev.session)
+    if state.steps.on:
+        _maybe_roll_over(state)  # one read to its end, back when every trainer has its quota
     return len(back)
 
 
@@ -664,9 +666,12 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
     elif pos.task_id < 0:
         return f"task {pos.task_id} does not exist (the dataset has {state.num_tasks} tasks)"
     else:
-        total = state.task_records(pos.task_id, pos.pass_id)
-        if not 0 <= pos.records <= total:
-            return f"task {pos.task_id} has {total} records, not {pos.records}"
+        # A mixture forgets the plans of passes before the commit floor: a commit there is an
+        # old one's echo, taken as nothing (`_commit`), whose records nothing bounds.
+        if state.mix is None or pos.pass_id in state.mix.passes:
+            total = state.task_records(pos.task_id, pos.pass_id)
+            if not 0 <= pos.records <= total:
+                return f"task {pos.task_id} has {total} records, not {pos.records}"
         if pos.epoch > state.epochs[pos.task_id]:
             return f"epoch {pos.epoch} of task {pos.task_id} was never dispatched"
     p = state.pending.get(pos.task_id)
@@ -731,6 +736,8 @@ def _restore(state: MasterState, ev: Restore) -> bool:
         raise InvalidEvent("a data checkpoint restores onto a state with its dataset")
     if restore_repeated(state, ev.key):
         return False
+    if (state.mix is None) != (ev.mixture is None):  # refused before anything changes
+        raise InvalidEvent("a mixture's data checkpoint restores onto a mixture, and only it")
     keep_failed = state.failed if state.failed_policy is FailedPolicy.KEEP else []
     kept = set(keep_failed)
     for task_id, p in state.pending.items():  # their holders' commits must be refused
@@ -753,8 +760,6 @@ def _restore(state: MasterState, ev: Restore) -> bool:
     state.cur_pass = state.commit_floor = ev.floor
     state.restored_from = ev.source
     state.restore_key = ev.key
-    if (state.mix is None) != (ev.mixture is None):
-        raise InvalidEvent("a mixture's data checkpoint restores onto a mixture, and only it")
     if state.mix is not None and ev.mixture is not None:
         _restore_plans(state.mix, ev.floor, ev.mixture.passes, ev.mixture.weights)
     for pass_id, task_id, records in ev.commits:

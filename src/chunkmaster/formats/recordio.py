@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator
-from itertools import chain, islice, repeat
+from itertools import chain, repeat
+from typing import IO
 
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import FileIndex, Storage
@@ -26,7 +27,7 @@ from chunkmaster.recordio.errors import ChecksumError, TruncatedChunkError, Wher
 from chunkmaster.recordio.header import HEADER_SIZE, parse_header
 from chunkmaster.recordio.index import walk_headers
 from chunkmaster.recordio.scanner import read_chunk
-from chunkmaster.recordio.source import Source, open_source, read_exact
+from chunkmaster.recordio.source import Opened, Source, open_source, read_exact
 
 LARGE_RECORD = 4096
 """Average record size from which an uncompressed chunk is read into the reused buffer."""
@@ -61,21 +62,6 @@ class LoadedChunk:
         return (map(bytes, records) if self._copy else records), it
 
 
-def cut_records(data: bytes, ends: list[int], n: int) -> Iterator[bytes]:
-    """Records 0..n-1 of checked chunk data, each cut out when it is asked for.
-
-    Only C-level iterators (no generator): one next() of it is atomic under the GIL, so
-    several threads may share it, and a record is created just before it is consumed.
-    """
-    starts = map(operator.add, chain((0,), ends), repeat(4))
-    return map(data.__getitem__, map(slice, starts, islice(ends, n) if n < len(ends) else ends))
-
-
-def last_record(data: bytes, ends: list[int]) -> bytes:
-    """The last record of checked, non-empty chunk data."""
-    return data[ends[-2] + 4 if len(ends) > 1 else 4 : ends[-1]]
-
-
 class ChunkReader:
     """Loads chunks one after the other for one consumer; owns the reused buffer.
 
@@ -90,17 +76,24 @@ class ChunkReader:
 
     def load(self, source: Source, offset: int, num_records: int) -> LoadedChunk:
         with open_source(source) as src:
-            src.file.seek(src.base + offset)
-            header = read_chunk(src, 0, offset, num_records)
-            where: Where = {"path": src.name, "chunk": 0, "offset": offset}
-            size = header.compressed_size
-            count = header.num_records
-            large = header.compressor == 0 and count and size // count >= LARGE_RECORD
-            if large and callable(getattr(src.file, "readinto", None)):
-                view = self._read_into(src.file, size, where)
-                _check_crc(view, header.checksum, where)
-                return LoadedChunk(view, frame_ends(view, count, where), copy=True)
-            payload = read_exact(src.file, size)
+            return self._load(src, offset, num_records)
+
+    def load_file(self, f: IO[bytes], path: str, offset: int, num_records: int) -> LoadedChunk:
+        """The chunk at `offset` of `f`, an open file of `path` (the name errors give)."""
+        return self._load(Opened(f, path, 0), offset, num_records)
+
+    def _load(self, src: Opened, offset: int, num_records: int) -> LoadedChunk:
+        src.file.seek(src.base + offset)
+        header = read_chunk(src, 0, offset, num_records)
+        where: Where = {"path": src.name, "chunk": 0, "offset": offset}
+        size = header.compressed_size
+        count = header.num_records
+        large = header.compressor == 0 and count and size // count >= LARGE_RECORD
+        if large and callable(getattr(src.file, "readinto", None)):
+            view = self._read_into(src.file, size, where)
+            _check_crc(view, header.checksum, where)
+            return LoadedChunk(view, frame_ends(view, count, where), copy=True)
+        payload = read_exact(src.file, size)
         if len(payload) != size:
             raise _truncated(len(payload), size, where)
         _check_crc(payload, header.checksum, where)
@@ -160,8 +153,10 @@ def _truncated(got: int, size: int, where: Where) -> TruncatedChunkError:
 
 
 class RecordIOLoader:
-    """The trainer's side: local chunks through `ChunkReader.load` (its fast paths), others
-    from their bytes, fetched ahead or read with one ranged read."""
+    """The trainer's side: a chunk from its bytes, fetched ahead or read with one ranged read
+    (for a local file one pread, on the descriptor a trainer keeps open: client/files.py); a
+    local chunk of large records (or of unknown length) from the open file, through
+    `ChunkReader` (large uncompressed records into its reused buffer)."""
 
     __slots__ = ("_reader",)
 
@@ -170,8 +165,10 @@ class RecordIOLoader:
 
     def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> LoadedChunk:
         if data is None:
-            if isinstance(storage, LocalStorage):
-                return self._reader.load(chunk.path, chunk.offset, chunk.num_records)
+            small = 0 < chunk.length < LARGE_RECORD * max(1, chunk.num_records)
+            if isinstance(storage, LocalStorage) and not small:
+                with storage.open(chunk.path) as f:
+                    return self._reader.load_file(f, chunk.path, chunk.offset, chunk.num_records)
             if chunk.length <= 0:
                 with storage.open(chunk.path) as f:
                     return self._reader.load(f, chunk.offset, chunk.num_records)

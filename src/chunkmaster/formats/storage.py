@@ -27,32 +27,39 @@ class LocalStorage:
 
     def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         with self.open(path) as f:
-            fd = f.fileno()
-            out: list[bytes] = []
-            for offset, length in ranges:
-                data = os.pread(fd, length, offset)
-                if len(data) < length:  # pread may return short before the end: go on
-                    parts = [data]
-                    got = len(data)
-                    while got < length:
-                        more = os.pread(fd, length - got, offset + got)
-                        if not more:
-                            break
-                        parts.append(more)
-                        got += len(more)
-                    data = b"".join(parts)
-                out.append(data)
-            return out
+            return pread_ranges(f.fileno(), ranges)
+
+
+def pread_ranges(fd: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    """The bytes of each (offset, length) of the open file `fd`, short at its end."""
+    out: list[bytes] = []
+    for offset, length in ranges:
+        data = os.pread(fd, length, offset)
+        if len(data) < length:  # pread may return short before the end: go on
+            parts = [data]
+            got = len(data)
+            while got < length:
+                more = os.pread(fd, length - got, offset + got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        out.append(data)
+    return out
 
 
 LOCAL = LocalStorage()
 
 
-def storage_for(path: str, storage_options: Mapping[str, Any] | None = None) -> Storage:
-    """The storage that reads `path`: local files, or an fsspec filesystem for a URL
-    (`storage_options` go to it: credentials, endpoint; never logged)."""
+def storage_for(
+    path: str, storage_options: Mapping[str, Any] | None = None, local: Storage = LOCAL
+) -> Storage:
+    """The storage that reads `path`: `local` for local files (a trainer's keeps them open,
+    client/files.py), or an fsspec filesystem for a URL (`storage_options` go to it:
+    credentials, endpoint; never logged)."""
     if not is_remote(path):
-        return LOCAL
+        return local
     from chunkmaster.formats.remote import shared
 
     return shared(storage_options)  # one per options: listings' sizes, connection pools

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -50,7 +49,13 @@ class Lease:
 
 
 class LeaseKeeper:
-    """Renews leases on every message and calls `on_expire(session)` for a silent one."""
+    """Renews leases on every message and calls `on_expire(session)` for a silent one.
+
+    Every lease has the same TTL, so the order of expiry is the order of the last message:
+    the leases are kept in that order (an insertion-ordered dict, a renewal moves its lease to
+    the end), which makes a renewal O(1) and the oldest lease the first one. A keep-alive from
+    each of 10,000 sessions every few seconds is the master's busiest path (docs/limits.md).
+    A lease whose ending failed waits for its retry apart, in `_retrying`."""
 
     def __init__(
         self,
@@ -60,9 +65,9 @@ class LeaseKeeper:
     ) -> None:
         self.ttl = ttl
         self._on_expire = on_expire
-        self._clock = clock
-        self._leases: dict[str, Lease] = {}
-        self._heap: list[tuple[float, str]] = []
+        self._clock = clock  # monotonic: the order of renewals is the order of expiry
+        self._leases: OrderedDict[str, Lease] = OrderedDict()  # oldest renewal first
+        self._retrying: dict[str, Lease] = {}  # their ending failed; retried at .expires
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -76,62 +81,77 @@ class LeaseKeeper:
 
     def renew(self, session: str, consumed: int | None = None) -> None:
         now = self._clock()
-        lease = self._leases.get(session)
+        leases = self._leases
+        lease = leases.get(session)
         if lease is None:
-            lease = self._leases[session] = Lease(now + self.ttl, now)
+            if not leases:
+                self._wake.set()  # the timer sleeps until there is a lease to watch
+            lease = self._retrying.pop(session, None) or Lease(now + self.ttl, now)
+            leases[session] = lease
+        else:
+            # Its expiry moves past every other's: the timer, asleep until the oldest
+            # lease's expiry, wakes then and looks at the new oldest.
+            leases.move_to_end(session)
         lease.heard = now
         lease.expires = now + self.ttl
-        if not self._heap:
-            self._wake.set()  # the timer sleeps until there is a lease to watch
-        # Every lease has the same TTL, so a renewal never moves the earliest expiry closer:
-        # the timer wakes at the superseded entry and looks again.
-        heapq.heappush(self._heap, (lease.expires, session))
         if consumed is not None:
             s = lease.samples
             s.append((now, consumed))
             while len(s) > 2 and now - s[0][0] > RATE_WINDOW:
                 s.popleft()
-        if len(self._heap) > 4 * len(self._leases) + 64:  # drop superseded entries
-            self._heap = [(lease.expires, sid) for sid, lease in self._leases.items()]
-            heapq.heapify(self._heap)
 
     def drop(self, session: str) -> None:
         self._leases.pop(session, None)
+        self._retrying.pop(session, None)
 
     def get(self, session: str) -> Lease | None:
-        return self._leases.get(session)
+        lease = self._leases.get(session)
+        return self._retrying.get(session) if lease is None else lease
 
     def reset(self, sessions: Iterable[str]) -> None:
         """Keep leases only for `sessions` (the state was rebuilt), granting missing ones."""
         keep = set(sessions)
-        for sid in [s for s in self._leases if s not in keep]:
-            del self._leases[sid]
-        self.grant(s for s in keep if s not in self._leases)
+        for held in (self._leases, self._retrying):
+            for sid in [s for s in held if s not in keep]:
+                del held[sid]
+        self.grant(s for s in keep if self.get(s) is None)
         self._wake.set()
+
+    def _next(self) -> tuple[str, Lease] | None:
+        """The lease that expires first: the oldest renewal, or a retry due before it."""
+        first = next(iter(self._leases.items()), None)
+        if self._retrying:
+            retry = min(self._retrying.items(), key=lambda item: item[1].expires)
+            if first is None or retry[1].expires < first[1].expires:
+                return retry
+        return first
 
     async def _run(self) -> None:
         while True:
             self._wake.clear()
-            if not self._heap:
+            due = self._next()
+            if due is None:
                 await self._wake.wait()
                 continue
-            expires, sid = self._heap[0]
-            lease = self._leases.get(sid)
-            if lease is None or lease.expires != expires:
-                heapq.heappop(self._heap)  # renewed since, or ended
-                continue
-            delay = expires - self._clock()
+            sid, lease = due
+            delay = lease.expires - self._clock()
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=delay)
                 continue
-            heapq.heappop(self._heap)
+            # Out of the order while it ends: ending it drops it; a message meanwhile grants
+            # it a fresh lease (and ending it then drops that one).
+            self._leases.pop(sid, None)
+            self._retrying[sid] = lease
             try:
                 await self._on_expire(sid)
             except Exception:  # one failed expiry must not stop every later one
                 log.exception("ending the expired session %s failed; retrying", sid)
-                lease.expires = self._clock() + 1.0
-                heapq.heappush(self._heap, (lease.expires, sid))
+                if self._retrying.get(sid) is lease:
+                    lease.expires = self._clock() + 1.0
+                continue
+            if self._retrying.get(sid) is lease:  # ended without a drop (already gone)
+                del self._retrying[sid]
 
     async def close(self) -> None:
         if self._task is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import gc
 import logging
 import os
 import resource
@@ -173,6 +174,7 @@ async def _serve(
         await store.shutdown()
         return False
     service = await _started_service(store, config)
+    settle_collector()
     metrics, http = await _metrics(service, config, host, leadership.elected)
     server = MasterServer(
         service,
@@ -210,10 +212,25 @@ async def _serve(
     if http is not None:
         await http.stop()
     await service.close()
+    gc.unfreeze()  # this service's objects, frozen at its start, can go now
     if config.ready_file is not None:
         remove_ready_file(config.ready_file)
     log.info("stopped")
     return was_lost and not stop.is_set()
+
+
+# The collector's first threshold while serving: a keep-alive's short-lived objects (thousands
+# a second from 10,000 sessions) no longer set off collections every few hundred allocations,
+# each of which can cascade into a full pass over every session's objects (docs/limits.md).
+SERVING_GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def settle_collector() -> None:
+    """After recovery: freeze what recovery built (the dataset, the state, the modules), so
+    the collector's full passes no longer walk it, and raise its thresholds for serving."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*SERVING_GC_THRESHOLDS)
 
 
 async def _elected(leadership: Leadership, stop: asyncio.Event) -> bool:

@@ -122,10 +122,13 @@ class SessionConversation:
             if kind == "next":
                 self._next(req.next, seq)
             elif kind == "keep_alive":
-                # Not answered, but for positions on tasks the session does not hold.
-                self.service.report_progress(self.session, _positions(req.keep_alive.progress))
-                if req.keep_alive.HasField("data_wait"):
-                    w = req.keep_alive.data_wait
+                # Not answered, but for positions on tasks the session does not hold. A bare
+                # one (the commonest message of all) has renewed the lease above: that is all.
+                ka = req.keep_alive
+                if ka.progress:
+                    self.service.report_progress(self.session, _positions(ka.progress))
+                if ka.HasField("data_wait"):
+                    w = ka.data_wait
                     self.service.report_data_wait(
                         self.session,
                         DataWait(

@@ -26,8 +26,9 @@ from chunkmaster.client.client import Client
 from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.feed import PassFeed
+from chunkmaster.client.options import GROUPED, Options
+from chunkmaster.client.options import resolve as resolve_options
 from chunkmaster.core.model import Task
-from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.torch.batches import Batch, Loose, Merger, ReadFailure, pinned
 from chunkmaster.torch.channel import Dispatcher, LocalEnd, Round, TaskKey
 from chunkmaster.torch.readers import Readers
@@ -43,12 +44,37 @@ def _keep(item: Any) -> Any:
     return item
 
 
+def _client_options(
+    addr: str | None, etcd_endpoints: Sequence[str] | str | None, given: dict[str, Any]
+) -> Options:
+    """The rank's Client options from the Loader's keyword arguments: grouped as the Client
+    takes them, or flat as before (a DeprecationWarning each, at the line that made the
+    Loader). ValueError for what a Loader cannot do."""
+    if "drop_last" in given:
+        raise ValueError(
+            "drop_last is not supported: every record of a pass is delivered once; for "
+            "equal batches on every rank start the master with --equal-steps"
+        )
+    grouped = {k: given.pop(k) for k in GROUPED if k in given}
+    options = resolve_options(
+        addr=addr,
+        etcd_endpoints=etcd_endpoints,
+        legacy=given,  # the flat ones of before, with a warning each
+        stacklevel=3,  # Loader.__init__'s caller
+        **grouped,
+    )
+    if not options.session:
+        raise ValueError("a Loader needs a session (commits, progress, equal steps)")
+    return options
+
+
 class Loader:
     """Batches of a chunkmaster job's records, one pass per iteration (see the module's text).
 
-    The master: `addr` ("host:port") or `etcd_endpoints`; other `Client` options (token,
-    tls_ca, tls_cert, tls_key, name, world_size, rank, storage_options, ...) as keyword
-    arguments. `dataset`: patterns to set on the master (the first trainer's call wins).
+    The master: `addr` ("host:port") or `etcd_endpoints`; the rank's `Client` options as
+    keyword arguments, as the Client takes them (`token`, `name`, `connection=Connection(...)`,
+    `session=Session(world_size=, rank=)`, `reading=Reading(storage_options=...)`, ...;
+    docs/client.md). `dataset`: patterns to set on the master (the first trainer's call wins).
 
     Records become samples through `transform` (in the workers), batches through `collate_fn`
     (default: torch's default_collate) of `batch_size` samples (None: samples one by one).
@@ -82,21 +108,12 @@ class Loader:
         restore_key: str | None = None,
         **client_options: Any,
     ) -> None:
-        if (addr is None) == (etcd_endpoints is None):
-            raise ValueError("give exactly one of addr and etcd_endpoints")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be 1 or more (or None), not {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be 0 or more, not {num_workers}")
-        if client_options.get("session") is False:
-            raise ValueError("a Loader needs a session (commits, progress, equal steps)")
-        if "drop_last" in client_options:
-            raise ValueError(
-                "drop_last is not supported: every record of a pass is delivered once; for "
-                "equal batches on every rank start the master with --equal-steps"
-            )
-        self._client_args: dict[str, Any] = dict(client_options)
-        self._client_args.update(addr=addr, etcd_endpoints=etcd_endpoints)
+        self._options = _client_options(addr, etcd_endpoints, client_options)
+        reading = self._options.reading
         self.dataset = [dataset] if isinstance(dataset, str) else dataset
         self.batch_size = batch_size
         self._collate = collate_fn if collate_fn is not None else default_collate
@@ -116,8 +133,8 @@ class Loader:
             batch_size=batch_size,
             collate=self._collate,
             columns=columns,
-            storage_options=client_options.get("storage_options") or {},
-            max_inflated=client_options.get("max_inflated_bytes", DEFAULT_MAX_INFLATED),
+            storage_options=reading.storage_options or {},
+            max_inflated=reading.max_inflated_bytes,
         )
         self._dispatcher: Dispatcher | None = None
         context = multiprocessing_context
@@ -149,7 +166,7 @@ class Loader:
             blob, self._restore = self._restore, None
             if blob is not None:
                 self._restore_job(blob)
-            self._client = Client(**self._client_args)
+            self._client = Client(**self._options.client_kwargs())
             self._client.wait_meter = self.meter
             if self.dataset is not None:
                 self._client.set_dataset(self.dataset)
@@ -197,10 +214,10 @@ class Loader:
 
     def _restore_job(self, blob: bytes) -> None:
         key = self.restore_key or _restart_key(blob)
-        args = dict(self._client_args, session=False)
-        for name in ("world_size", "rank", "name", "shuffle_buffer", "prefetch_tasks"):
-            args.pop(name, None)
-        with Client(**args) as plain:
+        opts = self._options  # a plain client: no session, no rank, nothing read
+        with Client(
+            opts.addr, etcd_endpoints=opts.etcd_endpoints, connection=opts.connection, session=False
+        ) as plain:
             applied = plain.restore(blob, key)
         log.info(
             "the job %s its data checkpoint (restart %s)",

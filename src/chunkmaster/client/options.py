@@ -1,0 +1,262 @@
+"""A Client's options, in three groups, the way httpx groups its own (`Timeout`, `Limits`):
+
+- `Connection`: how the trainer reaches its master and proves who it is (token, TLS, deadlines,
+  retries, etcd discovery);
+- `Session`: its session with the master (progress reports, its rank in a world);
+- `Reading`: how it reads its tasks' records (tasks in hand, shuffle buffer, object stores,
+  decompression limit).
+
+The simple cases stay simple: `Client(addr)`, `Client(addr, token=..., name=...)`, and
+`session=False`. Each group checks its values when it is made, naming the field.
+
+The flat keyword arguments the Client took before (`report_every=`, `prefetch_tasks=`, ...) are
+still accepted, each with a DeprecationWarning naming its replacement (`legacy`); `buffer_size`
+and `worker` did nothing of their own and are deprecated the same way.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from chunkmaster.client.connection import DEFAULT_TIMEOUT
+from chunkmaster.client.readahead import DEFAULT_BUDGET as DEFAULT_READ_AHEAD_BYTES
+from chunkmaster.client.readahead import DEFAULT_CHUNKS as DEFAULT_READ_AHEAD
+from chunkmaster.core.model import Task
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How the trainer reaches its master, and proves who it is.
+
+    `token`: the master's shared token, sent with every call (default: the CHUNKMASTER_TOKEN
+    variable). `tls_ca` (a PEM file) turns TLS on and names the CA that signs the master's
+    certificate; `tls_cert` and `tls_key` are the trainer's own, for mutual TLS.
+    `rpc_timeout`: seconds each call may take (a long poll adds `poll_wait`, the seconds the
+    master may hold a task request open). `retry_timeout`: give up (TransportError) once the
+    master has been unreachable this long (default: wait for it for ever, logging why).
+    With `etcd_endpoints` on the Client: `etcd_timeout` per etcd call, `etcd_job` the job whose
+    key names the master, `etcd_options` TLS and auth for etcd (ca_cert, cert_cert, cert_key,
+    user, password).
+    """
+
+    token: str | None = field(default=None, repr=False)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    rpc_timeout: float = DEFAULT_TIMEOUT
+    poll_wait: float = 2.0
+    retry_timeout: float | None = None
+    etcd_timeout: float = 5.0
+    etcd_job: str | None = None
+    etcd_options: Mapping[str, str] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("rpc_timeout", "poll_wait", "etcd_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"Connection({name}={value!r}): must be more than 0 seconds")
+        if self.retry_timeout is not None and not self.retry_timeout > 0:
+            raise ValueError(
+                f"Connection(retry_timeout={self.retry_timeout!r}): must be more than 0 seconds "
+                "(None: retry for ever)"
+            )
+
+
+@dataclass(frozen=True)
+class Session:
+    """The trainer's session with the master (docs/sessions.md); `session=False` on the
+    Client speaks the unary calls only (no commit(), tasks come back by the master's timeout).
+
+    `report_every`: records between two progress reports (0: only with the keep-alive, every
+    `report_interval` seconds at most). `world_size` and `rank`: this trainer is rank `rank` of
+    `world_size` (DDP's ranks); by default from the WORLD_SIZE and RANK variables when both are
+    set (torchrun sets them); `world_size=0` says nothing (docs/equal-steps.md).
+    """
+
+    report_every: int = 1000
+    report_interval: float = 5.0
+    world_size: int | None = None
+    rank: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.report_every < 0 or not self.report_interval > 0:
+            raise ValueError(
+                f"Session(report_every={self.report_every}, report_interval="
+                f"{self.report_interval}): report_every must be >= 0 and report_interval > 0"
+            )
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How the trainer reads its tasks' records.
+
+    `prefetch_tasks`: tasks held ahead of the one being read. By default (None) as many as
+    cover a round trip to the master at the pace the trainer reads them: one for slow tasks,
+    up to 127 for thousands of tiny tasks a second (client/pace.py). A number fixes it (the
+    master's task timeout runs for every task held).
+    `shuffle_buffer` (records; 0: off): records() hands records out in a random order drawn
+    from a buffer of that many, seeded by (`shuffle_seed`, pass, name); without `shuffle_seed`
+    the master's --shuffle-seed (docs/shuffle.md). `storage_options`: of the fsspec filesystem
+    of URL datasets (credentials, an endpoint; never sent to the master); `read_ahead` ranged
+    reads of the next chunks in flight (0: none), holding at most `read_ahead_bytes`
+    (docs/object-stores.md). `max_inflated_bytes`: the most one chunk may decompress to
+    (docs/failures.md).
+    """
+
+    prefetch_tasks: int | None = None
+    shuffle_buffer: int = 0
+    shuffle_seed: int | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
+    read_ahead: int = DEFAULT_READ_AHEAD
+    read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES
+    max_inflated_bytes: int = DEFAULT_MAX_INFLATED
+
+    def __post_init__(self) -> None:
+        if self.prefetch_tasks is not None and self.prefetch_tasks < 0:
+            raise ValueError(f"prefetch_tasks must be 0 or more, not {self.prefetch_tasks}")
+        if self.shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be 0 (off) or more, not {self.shuffle_buffer}")
+        if self.read_ahead < 0:
+            raise ValueError(f"read_ahead must be 0 (off) or more chunks, not {self.read_ahead}")
+        if self.read_ahead and self.read_ahead_bytes < 1:
+            raise ValueError(f"read_ahead_bytes must be 1 or more, not {self.read_ahead_bytes}")
+        check_limit(self.max_inflated_bytes)
+
+
+#: The flat keyword arguments of the Client before its options were grouped: old name ->
+#: (group, field); None: it did nothing, and goes.
+LEGACY: dict[str, tuple[str, str] | None] = {
+    **{f.name: ("connection", f.name) for f in fields(Connection) if f.name != "token"},
+    **{f.name: ("session", f.name) for f in fields(Session)},
+    **{f.name: ("reading", f.name) for f in fields(Reading)},
+    "buffer_size": None,
+    "worker": ("", "name"),
+}
+
+#: The Client's own keyword arguments besides the address (what `resolve` takes by name).
+GROUPED = ("token", "name", "session", "connection", "reading", "on_task_done")
+
+_GROUP_NAMES = {"connection": "Connection", "session": "Session", "reading": "Reading"}
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything a Client is made with, its groups resolved (`resolve`)."""
+
+    addr: str | None
+    etcd_endpoints: Sequence[str] | str | None
+    name: str | None
+    session: bool
+    connection: Connection
+    session_options: Session
+    reading: Reading
+    on_task_done: Callable[[Task], None] | None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments that make a Client of these options (no legacy ones)."""
+        return {
+            "addr": self.addr,
+            "etcd_endpoints": self.etcd_endpoints,
+            "name": self.name,
+            "session": self.session_options if self.session else False,
+            "connection": self.connection,
+            "reading": self.reading,
+            "on_task_done": self.on_task_done,
+        }
+
+
+def resolve(
+    *,
+    addr: str | None = None,
+    etcd_endpoints: Sequence[str] | str | None = None,
+    token: str | None = None,
+    name: str | None = None,
+    session: bool | Session = True,
+    connection: Connection | None = None,
+    reading: Reading | None = None,
+    on_task_done: Callable[[Task], None] | None = None,
+    legacy: Mapping[str, Any] | None = None,
+    stacklevel: int = 2,
+) -> Options:
+    """The Client's options from its keyword arguments. `legacy`: old flat ones, each moved
+    into its group with a DeprecationWarning naming the replacement, pointed at the code
+    `stacklevel` frames up from the caller of this function (2: whoever called the caller).
+    TypeError for an unknown one or one given two ways; ValueError for a bad value or
+    address."""
+    if (addr is None) == (etcd_endpoints is None):
+        raise ValueError("give exactly one of addr and etcd_endpoints")
+    if not isinstance(session, bool | Session):
+        raise TypeError(f"session must be True, False or a chunkmaster.Session, not {session!r}")
+    groups: dict[str, Any] = {
+        "connection": connection or Connection(),
+        "session": session if isinstance(session, Session) else Session(),
+        "reading": reading or Reading(),
+    }
+    given = {"connection": connection, "session": session, "reading": reading}
+    moved, name = _move_legacy(legacy or {}, given, name, stacklevel + 2)
+    for group, values in moved.items():
+        if values:
+            groups[group] = replace(groups[group], **values)
+    conn: Connection = groups["connection"]
+    if token is not None:
+        if conn.token is not None:
+            raise TypeError("Client() got both token= and Connection(token=...)")
+        conn = replace(conn, token=token)
+    return Options(
+        addr=addr,
+        etcd_endpoints=etcd_endpoints,
+        name=name,
+        session=session is not False,
+        connection=conn,
+        session_options=groups["session"],
+        reading=groups["reading"],
+        on_task_done=on_task_done,
+    )
+
+
+def _move_legacy(
+    legacy: Mapping[str, Any], given: Mapping[str, object], name: str | None, stacklevel: int
+) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The flat options of before, moved into their groups ({group: {field: value}}), and the
+    trainer's name (`worker=`, once); a DeprecationWarning each, `stacklevel` frames up."""
+    moved: dict[str, dict[str, Any]] = {g: {} for g in given}
+    for old, value in legacy.items():
+        if old not in LEGACY:
+            raise TypeError(f"Client() got an unexpected keyword argument {old!r}")
+        target = LEGACY[old]
+        if target is None:
+            warnings.warn(
+                f"Client({old}=...) does nothing and is deprecated: remove it (no records "
+                "are read ahead; tasks are, as many as the trainer's pace needs, or "
+                "Reading(prefetch_tasks=...))",
+                DeprecationWarning,
+                stacklevel=stacklevel,
+            )
+            continue
+        group, attr = target
+        if not group:  # worker: the trainer's name
+            warnings.warn(
+                f"Client({old}=...) is deprecated: use Client(name=...)",
+                DeprecationWarning,
+                stacklevel=stacklevel,
+            )
+            if name is not None:
+                raise TypeError(f"Client() got both {old}= and name=")
+            name = value
+            continue
+        if isinstance(given[group], Connection | Session | Reading):
+            raise TypeError(
+                f"Client() got both {old}= and {group}=: give {attr} in {_GROUP_NAMES[group]}(...)"
+            )
+        warnings.warn(
+            f"Client({old}=...) is deprecated: use Client({group}="
+            f"chunkmaster.{_GROUP_NAMES[group]}({attr}=...))",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
+        moved[group][attr] = value
+    return moved, name
