@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) bench/formats_more_bench.py
 	$(PY) bench/objstore_bench.py
 	$(PY) bench/shuffle_bench.py
+	$(PY) bench/mixture_bench.py
 
 # Side by side with DLRover and tf.data service; each peer's virtualenv is made on first use.
 peers: $(STAMP)

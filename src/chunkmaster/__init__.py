@@ -11,6 +11,7 @@ the stores are imported on first use (`chunkmaster.Service`), for a master in th
 from typing import TYPE_CHECKING, Any
 
 from chunkmaster.client.client import Client, EndOfPass, TaskReadError
+from chunkmaster.client.mixture import Source, WeightChange
 from chunkmaster.client.options import Connection, Reading, Session
 from chunkmaster.core.errors import (
     AllTaskFailedError,
@@ -59,11 +60,13 @@ __all__ = [
     "Reading",
     "Service",
     "Session",
+    "Source",
     "SqliteStore",
     "Task",
     "TaskMeta",
     "TaskReadError",
     "UnavailableError",
+    "WeightChange",
     "__version__",
 ]
 

@@ -304,8 +304,8 @@ def test_foreign_files_are_refused(tmp_path: Path) -> None:
 
 def test_a_future_version_is_refused_naming_the_version_read() -> None:
     head, sections = parts(encode(checkpoint()))
-    msg = refused(seal(head, sections, version=3), "version 3 is not supported")
-    assert f"reads versions {VERSION} and {VERSION_SHUFFLED}" in msg
+    msg = refused(seal(head, sections, version=4), "version 4 is not supported")
+    assert f"reads versions {VERSION}, {VERSION_SHUFFLED} and 3" in msg
     msg = refused(seal(head, sections, version=VERSION_SHUFFLED), "shuffle seed disagree")
     assert decode(seal(head, sections)) == checkpoint()  # `seal` follows the documented layout
 

@@ -140,3 +140,50 @@ def test_no_metrics_port_by_default() -> None:
         assert info is not None and "metrics_addr" not in info
     finally:
         m.kill()
+
+
+def test_a_mixture_shows_every_source_in_metrics_status_and_the_dashboard(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    """Per source: records handed out, consumed, committed, its epoch, its weight in force and
+    its share of the records consumed (docs/mixtures.md, "Status, metrics, dashboard")."""
+    addr = metrics_addr(master)
+    a = numbered_records(tmp_path / "a.recordio", 6)
+    b = numbered_records(tmp_path / "b.recordio", 2)
+    with grpc.insecure_channel(master.addr or "") as channel:
+        stub = pb_grpc.MasterStub(channel)
+        sources = [
+            pb.Source(name="big", globs=[a], weight=3.0),
+            pb.Source(name="small", globs=[b], weight=1.0),
+        ]
+        stub.SetDataset(pb.SetDatasetRequest(sources=sources), timeout=30)
+        got = []
+        for _ in range(4):  # one record a task: 3 of "big" and 1 of "small"
+            task = stub.GetTask(pb.GetTaskRequest(pass_id=0, worker="w1"), timeout=10).task
+            got.append(task.source)
+            stub.TaskFinished(
+                pb.TaskFinishedRequest(task_id=task.meta.id, epoch=task.meta.epoch, pass_id=0),
+                timeout=10,
+            )
+    assert sorted(got) == ["big", "big", "big", "small"]
+    s = scrape(addr)
+    assert value(s, "chunkmaster_dataset_tasks") == 8
+    for name, n in (("big", 3), ("small", 1)):
+        for stage in ("handed_out", "consumed"):
+            assert value(s, "chunkmaster_source_records", source=name, stage=stage) == n
+        # Commits are a session's (docs/sessions.md); these finishes were unary.
+        assert value(s, "chunkmaster_source_records", source=name, stage="committed") == 0
+        assert value(s, "chunkmaster_source_share", source=name) == n / 4
+    assert value(s, "chunkmaster_source_weight", source="big") == 0.75
+    assert value(s, "chunkmaster_source_weight", source="small") == 0.25
+    assert value(s, "chunkmaster_source_epoch", source="big") == 0
+    with urllib.request.urlopen(f"http://{addr}/status.json", timeout=10) as r:
+        mix = json.loads(r.read())["mixture"]
+    assert mix["units"] == 8
+    assert [(x["name"], x["tasks"], x["consumed"]) for x in mix["sources"]] == [
+        ("big", 6, 3),
+        ("small", 2, 1),
+    ]
+    with urllib.request.urlopen(f"http://{addr}/", timeout=10) as r:
+        page = r.read()
+    assert b'id="sources"' in page and b"s.mixture" in page

@@ -5,7 +5,8 @@ of plain dispatch. This machine drives all of them (core/events.py): sessions op
 without ranks and ended for every reason, dispatch, finishes and failures right and stale,
 timeouts on a clock, progress with and without deadlines, commits, returns, restores at the
 start and on a running job, new limits, error budgets, equal steps, resumes, save approvals, a
-dataset with or without a shuffle seed. After every step it checks what must always hold
+dataset with or without a shuffle seed, or a mixture of two sources (docs/mixtures.md) with
+weight changes mid-pass. After every step it checks what must always hold
 (`invariant`s below), and that the state comes back the same, field by field
 (helpers/state_dump.py), three ways: from a snapshot of it (core/codec.py), from a replay of
 the whole journal onto a fresh state, and from an earlier snapshot plus the journal after it,
@@ -53,12 +54,15 @@ from chunkmaster.core.events import (
     Event,
     Fail,
     Finish,
+    MixturePosition,
     OpenSession,
     Progress,
     Restore,
     ReturnTasks,
     SetDataset,
+    SetWeights,
 )
+from chunkmaster.core.mixture import Breakpoint, MixtureError, Weights
 from chunkmaster.core.model import (
     RETURNED_REASON,
     TIMEOUT_REASON,
@@ -80,6 +84,8 @@ from chunkmaster.core.state import (
     check_get_task,
     commit_refused,
     committed_position,
+    mixture_position,
+    replan_point,
     save_allowed,
     task_deadline,
 )
@@ -112,6 +118,45 @@ def make_dataset(records: list[int], cpt: int, two_files: bool, seed: int | None
     return Dataset.build(["/d/*.rio"], files, indexes, cpt).with_shuffle(seed)
 
 
+def make_mixture(
+    records: list[int], cpt: int, weights: tuple[float, float], seed: int | None
+) -> Dataset:
+    """Two sources, "a" and "b", of the records' halves (both the records when there is one)."""
+    cut = len(records) // 2 or len(records)
+    halves = [records[:cut], records[cut:] or records]
+    parts = [
+        (
+            name,
+            Dataset.build(
+                [f"/{name}/*.rio"],
+                [f"/{name}/0.rio"],
+                [(list(range(0, 100 * len(h), 100)), h)],
+                cpt,
+            ),
+            w,
+        )
+        for name, h, w in zip("ab", halves, weights, strict=True)
+    ]
+    return Dataset.mix(parts).with_shuffle(seed)
+
+
+WEIGHT = st.sampled_from([0.0, 0.5, 1.0, 3.0])
+
+
+def weights_strategy() -> st.SearchStrategy[Weights]:
+    """A schedule for two sources: one or two points (by records planned), step or linear."""
+    pair = st.tuples(WEIGHT, WEIGHT).filter(lambda w: sum(w) > 0)
+    return st.builds(
+        lambda first, later, at, mode: Weights(
+            (Breakpoint(0, first), *(() if later is None else (Breakpoint(at, later),))), mode
+        ),
+        pair,
+        st.none() | pair,
+        st.integers(1, 40),
+        st.sampled_from(["step", "linear"]),
+    )
+
+
 def position_strategy(ds: Dataset) -> st.SearchStrategy[Checkpoint]:
     """A data checkpoint's position for `ds`: a floor, and records committed from it on."""
 
@@ -142,6 +187,7 @@ class EveryEvent(RuleBasedStateMachine):
         self.progressed: dict[str, float] = {}  # session -> when its position last moved
         self.taken: dict[str, list[Work]] = {}  # live session -> dispatches taken from it
         self.checkpoints: list[Checkpoint] = []
+        self.positions: list[MixturePosition | None] = []  # a mixture's, beside each checkpoint
         self.keys: list[str] = []
         self.restored: dict[int, int] = {}  # pass -> records committed by restores
         self.unequal: set[tuple[int, int]] = set()  # (restore, pass): equal steps not promised
@@ -227,6 +273,7 @@ class EveryEvent(RuleBasedStateMachine):
         two_files=st.booleans(),
         seed=st.none() | st.integers(0, 2**64 - 1),
         restore=st.booleans(),
+        mixture=st.none() | st.tuples(WEIGHT, WEIGHT).filter(lambda w: sum(w) > 0),
     )
     def start(
         self,
@@ -236,16 +283,25 @@ class EveryEvent(RuleBasedStateMachine):
         two_files: bool,
         seed: int | None,
         restore: bool,
+        mixture: tuple[float, float] | None,
     ) -> None:
-        """A master starts with its flags (journaled when not the defaults), sets the dataset,
-        and maybe restores a data checkpoint onto it, as `chunkmaster master --restore` does."""
+        """A master starts with its flags (journaled when not the defaults), sets the dataset
+        (or a mixture: `--failed-policy keep` is refused for one), and maybe restores a data
+        checkpoint onto it, as `chunkmaster master --restore` does (one dataset: a mixture's
+        checkpoint holds its plans, which `restore_running` takes from the job)."""
         assert check_get_task(self.state, 0) is Availability.NOT_READY
-        for ev in reconcile(self.state, data.draw(limit_strategy(seed))):
+        limits = data.draw(limit_strategy(seed))
+        if mixture is not None and limits.failed_policy is FailedPolicy.KEEP:
+            limits = dataclasses.replace(limits, failed_policy=FailedPolicy.RETRY)
+        for ev in reconcile(self.state, limits):
             self.submit(ev)
-        ds = make_dataset(records, cpt, two_files, seed)
+        if mixture is None:
+            ds = make_dataset(records, cpt, two_files, seed)
+        else:
+            ds = make_mixture(records, cpt, mixture, seed)
         assert self.submit(SetDataset(ds)) is True
-        self.max_epochs = [0] * ds.num_tasks
-        if restore:
+        self.max_epochs = [0] * self.state.num_tasks
+        if restore and mixture is None:
             floor, commits = data.draw(position_strategy(ds))
             assert self.submit(Restore(floor, commits, "/ckpt/start")) is True
             self.note_restore(floor, commits)
@@ -486,7 +542,12 @@ class EveryEvent(RuleBasedStateMachine):
         chosen = data.draw(st.lists(st.sampled_from(mine), min_size=1, max_size=4, unique=True))
         positions = []
         for w in chosen:
-            top = s.task_records(w.unit, w.pass_id) if w.unit < s.num_tasks else self.piece_end(w)
+            if w.unit >= s.num_tasks:
+                top = self.piece_end(w)
+            elif s.mix is not None and w.pass_id not in s.mix.passes:
+                top = 5  # a mixture's pass before the floor: its plan is gone, any echo goes
+            else:
+                top = s.task_records(w.unit, w.pass_id)
             positions.append(Position(w.unit, w.epoch, w.pass_id, data.draw(st.integers(0, top))))
         taken = self.taken.get(sid, [])
         if with_taken and taken:
@@ -532,6 +593,7 @@ class EveryEvent(RuleBasedStateMachine):
     def data_checkpoint(self) -> None:
         """The position a data checkpoint holds now (to restore later)."""
         self.checkpoints.append(committed_position(self.state))
+        self.positions.append(mixture_position(self.state))
 
     @precondition(lambda self: any(self.work.values()))  # a restore before any read: `start`
     @rule(data=st.data(), again=st.booleans())
@@ -544,14 +606,18 @@ class EveryEvent(RuleBasedStateMachine):
             assert self.submit(Restore(0, (), "/ckpt/again", self.keys[-1])) is False
             assert dump(s) == before
             return
-        if self.checkpoints and data.draw(st.booleans()):
-            floor, commits = data.draw(st.sampled_from(self.checkpoints))
-        else:
+        position: MixturePosition | None = None
+        if self.checkpoints and (s.mix is not None or data.draw(st.booleans())):
+            i = data.draw(st.integers(0, len(self.checkpoints) - 1))
+            (floor, commits), position = self.checkpoints[i], self.positions[i]
+        elif s.mix is None:
             assert s.dataset is not None
             floor, commits = data.draw(position_strategy(s.dataset))
+        else:
+            return  # a mixture's position comes from its own checkpoints: none yet
         key = f"k{next(self.ids)}"
         self.keys.append(key)
-        assert self.submit(Restore(floor, commits, f"/ckpt/{key}", key)) is True
+        assert self.submit(Restore(floor, commits, f"/ckpt/{key}", key, position)) is True
         self.note_restore(floor, commits)
         assert not s.sessions and not s.pending and s.cur_pass >= floor
 
@@ -582,6 +648,10 @@ class EveryEvent(RuleBasedStateMachine):
         s = self.state
         assert s.dataset is not None
         limits = data.draw(limit_strategy(s.dataset.shuffle_seed))
+        if s.mix is not None and limits.failed_policy is FailedPolicy.KEEP:
+            with pytest.raises(MixtureError, match="keep does not apply to a mixture"):
+                reconcile(s, limits)
+            limits = dataclasses.replace(limits, failed_policy=FailedPolicy.RETRY)
         if data.draw(st.booleans()):
             other = 1 if s.dataset.shuffle_seed is None else None
             with pytest.raises(ShuffleSeedError, match="a seed cannot change"):
@@ -609,6 +679,24 @@ class EveryEvent(RuleBasedStateMachine):
         assert save_allowed(s, trainer, self.now) is allowed
         if allowed:
             assert self.submit(ApproveSave(trainer, self.now + dur)) is True
+
+    @precondition(lambda self: self.state.mix is not None)
+    @rule(weights=weights_strategy())
+    def set_weights(self, weights: Weights) -> None:
+        """New weights for a mixture: the units of the pass from the first nobody had are
+        planned again; those before it, handed out, committed or split, stay as they were."""
+        s = self.state
+        assert s.mix is not None
+        last = max(s.mix.passes)
+        at = replan_point(s) if last == s.cur_pass else None
+        before = list(s.mix.plan(last))
+        effect = self.submit(SetWeights(weights))
+        assert isinstance(effect, int) and effect >= 0
+        after = list(s.mix.plan(last))
+        assert len(after) == len(before) == s.num_tasks
+        if at is not None:
+            assert after[:at] == before[:at]
+            event("weights changed mid-pass" if 0 < at < s.num_tasks else "weights changed")
 
     @rule()
     def take_snapshot(self) -> None:

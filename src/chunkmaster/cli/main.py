@@ -8,7 +8,14 @@ import sys
 from collections.abc import Sequence
 
 from chunkmaster import __version__
-from chunkmaster.cli import checkpoint_cmd, master_cmd, read_cmd, recordio_cmd, status_cmd
+from chunkmaster.cli import (
+    checkpoint_cmd,
+    master_cmd,
+    read_cmd,
+    recordio_cmd,
+    status_cmd,
+    weights_cmd,
+)
 from chunkmaster.cli.common import CliError
 
 
@@ -19,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"chunkmaster {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (recordio_cmd, master_cmd, status_cmd, read_cmd, checkpoint_cmd):
+    for module in (recordio_cmd, master_cmd, status_cmd, read_cmd, checkpoint_cmd, weights_cmd):
         module.register(sub)
     return parser
 

@@ -23,6 +23,7 @@ from typing import Any
 from chunkmaster.cli.common import CliError
 from chunkmaster.core.checkpoint import CheckpointError
 from chunkmaster.core.errors import MasterError
+from chunkmaster.core.mixture import MixtureError
 from chunkmaster.core.shuffle import ShuffleSeedError
 from chunkmaster.master.config import ConfigError, MasterConfig
 from chunkmaster.store.base import StoreError
@@ -505,6 +506,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except ShuffleSeedError as exc:  # the store's job has another seed
         raise CliError(f"--shuffle-seed: {exc}", USAGE_EXIT) from None
+    except MixtureError as exc:  # the store's job is a mixture: no --failed-policy keep
+        raise CliError(f"--failed-policy: {exc}", USAGE_EXIT) from None
     except (CheckpointError, MasterError) as exc:  # --restore refused: the text says why
         raise CliError(f"--restore {config.restore}: {exc}") from None
 

@@ -1,7 +1,8 @@
 """`chunkmaster read`: a reference trainer that reads passes and prints what it got.
 
 Per pass it prints the record count and the order-independent digest (chunkmaster.digest), so
-the outputs of several trainers can be added up and compared with the dataset's own digest.
+the outputs of several trainers can be added up and compared with the dataset's own digest; for
+a mixture (`--source`, docs/mixtures.md) the same per source, from the tasks' sources.
 With --task-lines it also prints each task it completed (its last record taken), which is what
 counts for a trainer that may be killed: its completed tasks are not handed out again.
 A chunk that cannot be read stops it (exit 1), unless --continue-on-read-error: then the error
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -26,7 +28,7 @@ from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.logs import plural
 
 if TYPE_CHECKING:
-    from chunkmaster.client import Client, TaskReadError
+    from chunkmaster.client import Client, Source, TaskReadError
     from chunkmaster.core.model import Task
     from chunkmaster.digest import Digest
 
@@ -62,6 +64,15 @@ def register(sub: Any) -> None:
         nargs="+",
         metavar="GLOB",
         help="dataset file patterns to set (omit when another trainer sets them)",
+    )
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="NAME=PATTERN@WEIGHT",
+        help="instead of --dataset, a mixture: one source's pattern and weight (@WEIGHT may "
+        "be left out: 1); repeat it for every source, or for more patterns of one. With "
+        "--json each pass line also has each source's records and digest (docs/mixtures.md)",
     )
     p.add_argument("--passes", type=int, required=True, help="number of passes to read")
     p.add_argument("--first-pass", type=int, default=0, help="pass number to start at")
@@ -195,6 +206,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--prefetch-tasks must be 0 or more, not {args.prefetch_tasks}")
     if args.shuffle_buffer and args.task_lines:
         raise CliError("--task-lines and --shuffle-buffer do not go together (tasks get mixed)")
+    if args.source and args.dataset:
+        raise CliError("--dataset and --source do not go together: one list, or a mixture")
+    sources = parse_sources(args.source)
     if args.buffer_size is not None:
         log.warning("--buffer-size does nothing and is deprecated: remove it")
     out = sys.stdout
@@ -204,10 +218,16 @@ def run(args: argparse.Namespace) -> int:
             if args.dataset:
                 _say_relative(args.dataset)
                 client.set_dataset(args.dataset)
+            elif sources:
+                _say_relative([g for src in sources.values() for g in src.globs])
+                client.set_dataset(sources)
             for p in range(args.first_pass, args.first_pass + args.passes):
                 errors: list[TaskReadError] = []
-                total = _read_pass(client, p, args, done, out, errors)
+                digests = _read_pass(client, p, args, done, out, errors)
+                total = digests.total
                 line: dict[str, Any] = {"pass": p, "records": total.count, "digest": total.hex()}
+                if args.json and digests.sources:
+                    line["sources"] = digests.by_source()
                 if args.continue_on_read_error:
                     line["read_errors"] = len(errors)
                     line["quarantined"] = _quarantined(client, p)
@@ -229,6 +249,33 @@ def run(args: argparse.Namespace) -> int:
         except MasterError as exc:
             raise CliError(f"{type(exc).__name__}: {exc}") from None
     return 0
+
+
+def parse_sources(flags: list[str]) -> dict[str, Source]:
+    """`--source NAME=PATTERN@WEIGHT` flags as a mixture (a name repeated adds a pattern; its
+    weights must agree); CliError naming the flag that is wrong."""
+    from chunkmaster.client import Source
+
+    patterns: dict[str, list[str]] = {}
+    weights: dict[str, float] = {}
+    for flag in flags:
+        name, eq, rest = flag.partition("=")
+        pattern, at, weight_text = rest.rpartition("@")
+        if not at:
+            pattern, weight_text = rest, "1"
+        try:
+            weight = float(weight_text)
+        except ValueError:
+            weight = math.nan
+        if not eq or not name or not pattern or not math.isfinite(weight) or weight < 0:
+            raise CliError(
+                f"--source {flag!r}: expected NAME=PATTERN@WEIGHT (a weight >= 0; @WEIGHT may "
+                "be left out)"
+            )
+        if weights.setdefault(name, weight) != weight:
+            raise CliError(f"--source {flag!r}: source {name!r} has weight {weights[name]:g}")
+        patterns.setdefault(name, []).append(pattern)
+    return {name: Source(globs, weights[name]) for name, globs in patterns.items()}
 
 
 def _make_client(args: argparse.Namespace, done: list[Task]) -> Client:
@@ -307,6 +354,68 @@ def _records_past_errors(client: Client, p: int, errors: list[TaskReadError]) ->
             print(f"read error (reported to the master): {exc}", file=sys.stderr, flush=True)
 
 
+class PassDigests:
+    """A pass's digests: all its records, the task being read, and (for a mixture) each
+    source's, from the tasks' sources. Records of a task come in order, one task after the
+    other (no shuffle buffer), so the records since the last task completed are the next
+    task's; a task that ended in a read error gives its source the records read of it. Each
+    record is hashed once: per task, added to the whole at each task's end."""
+
+    def __init__(self, per_task: bool) -> None:
+        from chunkmaster.digest import Digest
+
+        self.whole = Digest()
+        self.task = Digest()
+        self.per_task = per_task
+        self.count = 0
+        self.sources: dict[str, Digest] = {}
+
+    @property
+    def total(self) -> Digest:
+        """Every record of the pass read so far."""
+        from chunkmaster.digest import Digest
+
+        out = Digest(self.whole.value, self.whole.count)
+        out.merge(self.task)
+        return out
+
+    def add(self, record: Any) -> None:
+        self.count += 1
+        (self.task if self.per_task else self.whole).add(record)
+
+    def read_error(self, exc: TaskReadError) -> None:
+        """The task being read ended in a read error: its records so far are its source's."""
+        self._close(exc.task.source, self.task)
+
+    def tasks_done(self, done: list[Task], out: IO[str] | None) -> None:
+        """Tasks completed by the last take: the records since the last one are the first's
+        with records (printed with --task-lines, to `out`)."""
+        from chunkmaster.digest import Digest
+
+        for task in done:
+            d = self.task if task.num_records else Digest()
+            if out is not None:
+                _emit_task(task, d, out)
+            if task.num_records or d.count:
+                self._close(task.source, d)
+        if out is not None:
+            out.flush()
+
+    def _close(self, source: str, d: Digest) -> None:
+        """The records of a task end: they join the whole, and their source's."""
+        from chunkmaster.digest import Digest
+
+        if not self.per_task:
+            return
+        self.whole.merge(d)
+        if source:
+            self.sources.setdefault(source, Digest()).merge(d)
+        self.task = Digest()
+
+    def by_source(self) -> dict[str, dict[str, Any]]:
+        return {n: {"records": d.count, "digest": d.hex()} for n, d in sorted(self.sources.items())}
+
+
 def _read_pass(
     client: Client,
     p: int,
@@ -314,18 +423,15 @@ def _read_pass(
     done: list[Task],
     out: IO[str],
     errors: list[TaskReadError],
-) -> Digest:
+) -> PassDigests:
     """Read pass `p` to its end; with --task-lines print each task as it completes.
 
     `done` is filled by the client's on_task_done callback, during the call that returns the
     task's last record, so after adding that record the task digest is exactly the task's.
     """
-    from chunkmaster.digest import Digest
-
-    total = Digest()
-    task_digest = Digest()
     step = args.step_time
     tasks = bool(args.json and args.task_lines)
+    digests = PassDigests(per_task=tasks or (args.json and not args.shuffle_buffer))
     bar = PassBar(client, p) if _show_bar(args) else None
     done.clear()
     seen = 0
@@ -337,27 +443,26 @@ def _read_pass(
     try:
         for record in records:
             if len(errors) != seen:  # a task ended in a read error: its digest starts over
-                task_digest = Digest()
+                digests.read_error(errors[-1])
                 seen = _emit_errors(errors, seen, p, args.json, out)
-            total.add(record)
-            if tasks:
-                task_digest.add(record)
+            digests.add(record)
             if done:
-                if tasks:
-                    task_digest = _emit_tasks(done, task_digest, out)
+                digests.tasks_done(done, out if tasks else None)
                 done.clear()
             if bar is not None:
-                bar.tick(total.count)
+                bar.tick(digests.count)
             if step:
                 time.sleep(step)
+        if len(errors) != seen:
+            digests.read_error(errors[-1])
         _emit_errors(errors, seen, p, args.json, out)
-        if done and tasks:  # tasks without records, finished at the very end
-            _emit_tasks(done, Digest(), out)
+        if done:  # tasks without records, finished at the very end
+            digests.tasks_done(done, out if tasks else None)
         done.clear()
     finally:
         if bar is not None:
             bar.close()
-    return total
+    return digests
 
 
 def _show_bar(args: argparse.Namespace) -> bool:
@@ -429,22 +534,16 @@ def _emit_errors(errors: list[TaskReadError], seen: int, p: int, js: bool, out: 
     return len(errors)
 
 
-def _emit_tasks(done: list[Task], task_digest: Digest, out: IO[str]) -> Digest:
-    """Print the tasks completed by the last take; returns the digest for the next task."""
-    from chunkmaster.digest import Digest
-
-    for task in done:
-        d = task_digest if task.num_records else Digest()
-        line = {
-            "task": task.meta.id,
-            "epoch": task.meta.epoch,
-            "pass": task.pass_id,
-            "start": task.start,  # records before it were consumed by an earlier holder
-            "records": d.count,
-            "digest": d.hex(),
-        }
-        out.write(json.dumps(line) + "\n")
-        if task.num_records:
-            task_digest = Digest()
-    out.flush()
-    return task_digest
+def _emit_task(task: Task, d: Digest, out: IO[str]) -> None:
+    """A --task-lines line: the task completed and the digest of the records read of it."""
+    line: dict[str, Any] = {
+        "task": task.meta.id,
+        "epoch": task.meta.epoch,
+        "pass": task.pass_id,
+        "start": task.start,  # records before it were consumed by an earlier holder
+        "records": d.count,
+        "digest": d.hex(),
+    }
+    if task.source:
+        line["source"] = task.source
+    out.write(json.dumps(line) + "\n")

@@ -65,6 +65,7 @@ def render(st: dict[str, Any]) -> str:
             + (f"; dropped {led['dropped']}" if led.get("dropped") else "")
             + (f"; padded {led['padded']}" if led.get("padded") else "")
         )
+    lines.extend(_mixture(st))
     lines.extend(_steps(st))
     lines.extend(_trainers(st))
     lines.extend(_quarantine(st))
@@ -96,6 +97,31 @@ def _dataset_line(st: dict[str, Any]) -> str:
         + f", {plural(ds['records'], 'record')}, {plural(st['num_tasks'], 'task')} of up to "
         f"{plural(ds['chunks_per_task'], 'chunk')}"
     )
+
+
+def _mixture(st: dict[str, Any]) -> list[str]:
+    """A mixture: its weights in force and each source's share, records and epoch."""
+    mix = st.get("mixture")
+    if not mix:
+        return []
+    schedule = mix["schedule"]
+    shown = "; ".join(
+        f"from record {p['records']:,}: " + ", ".join(f"{n}={w:g}" for n, w in p["weights"].items())
+        for p in schedule
+    )
+    lines = [
+        f"mixture  {plural(len(mix['sources']), 'source')}, {plural(mix['units'], 'unit')} a pass, "
+        f"{mix['records_planned']:,} records planned; weights ({mix['mode']}) {shown}"
+    ]
+    for s in mix["sources"]:
+        share = "-" if s["share"] is None else f"{100 * s['share']:.1f}%"
+        lines.append(
+            f"  {s['name']}: weight {100 * s['target']:.1f}%, consumed {share}; "
+            f"{s['handed_out']:,} handed out, {s['consumed']:,} consumed, "
+            f"{s['committed']:,} committed; epoch {s['epoch']} ({plural(s['tasks'], 'task')}, "
+            f"{plural(s['records'], 'record')}, {s['format']})"
+        )
+    return lines
 
 
 def _steps(st: dict[str, Any]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from chunkmaster.client.client import Client, ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.connection import MasterConnection, TransportError
+from chunkmaster.client.mixture import Source, WeightChange
 from chunkmaster.client.options import Connection, Reading, Session
 
 __all__ = [
@@ -12,6 +13,8 @@ __all__ = [
     "MasterConnection",
     "Reading",
     "Session",
+    "Source",
     "TaskReadError",
     "TransportError",
+    "WeightChange",
 ]

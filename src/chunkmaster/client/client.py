@@ -59,6 +59,13 @@ from chunkmaster.client.feed import PassFeed
 from chunkmaster.client.fetcher import TaskFetcher, TaskSource, UnaryTasks
 from chunkmaster.client.files import OpenFiles
 from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
+from chunkmaster.client.mixture import (
+    Schedule,
+    Sources,
+    WeightChange,
+    schedule_to_pb,
+    sources_to_pb,
+)
 from chunkmaster.client.options import Connection, Reading, Session, resolve
 from chunkmaster.client.pace import Pace
 from chunkmaster.client.progress import Progress
@@ -292,15 +299,21 @@ class Client:
         """The master address in use (for etcd discovery: the latest one seen)."""
         return self._link.address
 
-    def set_dataset(self, globs: Sequence[str] | str, timeout: float = DATASET_TIMEOUT) -> None:
+    def set_dataset(
+        self, globs: Sequence[str] | str | Sources, timeout: float = DATASET_TIMEOUT
+    ) -> None:
         """Tell the master the dataset (the first trainer's call wins); errors are raised.
 
-        Relative paths are this trainer's: they are sent absolute, resolved in its working
-        directory. A master that serves another dataset refuses the call with
-        DatasetMismatchError naming both. Waits until the master has indexed the files,
-        retrying an unreachable master, for at most `timeout` seconds; then raises
-        TimeoutError (the master goes on indexing).
+        One list of patterns, or a mixture: a mapping of source names to a `Source`
+        (patterns, weight, format) or to patterns (docs/mixtures.md). Relative paths are this
+        trainer's: they are sent absolute, resolved in its working directory. A master that
+        serves another dataset refuses the call with DatasetMismatchError naming both. Waits
+        until the master has indexed the files, retrying an unreachable master, for at most
+        `timeout` seconds; then raises TimeoutError (the master goes on indexing).
         """
+        if isinstance(globs, Mapping):
+            self._set_sources(globs, timeout)
+            return
         given = [globs] if isinstance(globs, str) else list(globs)
         paths = [
             os.path.abspath(p) if isinstance(p, str) and p and "://" not in p else p for p in given
@@ -325,6 +338,31 @@ class Client:
             raise TimeoutError(
                 f"set_dataset({paths}): the master did not answer within {timeout}s ({exc})"
             ) from None
+
+    def _set_sources(self, sources: Sources, timeout: float) -> None:
+        wire = sources_to_pb(sources)
+        deadline = time.monotonic() + timeout
+
+        def call(conn: MasterConnection) -> None:
+            conn.set_dataset([], max(deadline - time.monotonic(), _MIN_DEADLINE), wire)
+
+        try:
+            self._call("set_dataset", call, deadline)
+        except TransportError as exc:
+            if time.monotonic() < deadline:
+                raise
+            raise TimeoutError(
+                f"set_dataset({list(sources)}): the master did not answer within {timeout}s ({exc})"
+            ) from None
+
+    def set_weights(self, weights: Schedule, mode: str = "step") -> WeightChange:
+        """A mixture's weights from now on, by source name (every source named; 0 retires
+        one), or a schedule of (records planned over the whole job, weights) breakpoints held
+        ("step") or interpolated ("linear") between them. The units of the pass never handed
+        out are planned again: nothing handed out is lost or repeated (docs/mixtures.md).
+        Returns where they took effect."""
+        points = schedule_to_pb(weights)
+        return WeightChange(*self._call("set_weights", lambda c: c.set_weights(points, mode)))
 
     def request_save_model(self, trainer_id: str, block_dur: float) -> bool:
         """True if this trainer should save the model now (nobody else may for block_dur s)."""

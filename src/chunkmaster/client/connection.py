@@ -201,8 +201,23 @@ class MasterConnection:
         except ValueError:  # "Cannot invoke RPC on closed channel!": another thread closed it
             raise _closed_channel(self.addr) from None
 
-    def set_dataset(self, globs: Sequence[str], timeout: float = DATASET_TIMEOUT) -> None:
-        self._call("SetDataset", pb.SetDatasetRequest(globs=list(globs)), timeout)
+    def set_dataset(
+        self,
+        globs: Sequence[str],
+        timeout: float = DATASET_TIMEOUT,
+        sources: Sequence[pb.Source] = (),
+    ) -> None:
+        request = pb.SetDatasetRequest(globs=list(globs), sources=list(sources))
+        self._call("SetDataset", request, timeout)
+
+    def set_weights(
+        self, points: Sequence[pb.WeightPoint], mode: str = "step"
+    ) -> tuple[int, int, int]:
+        """A mixture's weights from now on: (pass, unit, records planned) where they took
+        effect."""
+        request = pb.SetWeightsRequest(points=list(points), mode=mode)
+        reply = self._call("SetWeights", request, self.timeout)
+        return int(reply.pass_id), int(reply.unit), int(reply.records)
 
     def get_task(
         self, pass_id: int, *, wait: float = 0.0, worker: str = "", request_id: str = ""

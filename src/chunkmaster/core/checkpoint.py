@@ -6,7 +6,8 @@ committed tasks of a pass are a bitmap (1 bit a task, zlib), so a million tasks 
 No pickle: reading a checkpoint must not mean running code. Layout (little-endian):
 
     header   magic  8s  b"\\x89CMCKP\\r\\n"   (the \\r\\n pair shows text-mode damage)
-             version u32 (VERSION, or VERSION_SHUFFLED for a job with a shuffle seed),
+             version u32 (VERSION, or VERSION_SHUFFLED for a job with a shuffle seed, or
+               VERSION_MIXTURE for a mixture, with or without one),
              body length u64
     body     JSON length u32, JSON (ASCII): job, created, num_tasks, floor,
                dataset {globs, cpt, files: [[path, size, chunks, records, index digest hex]],
@@ -14,7 +15,14 @@ No pickle: reading a checkpoint must not mean running code. Layout (little-endia
                  chunks at, for the formats it cuts; absent: the files' own chunks, or a
                  checkpoint older than the setting: LEGACY_CHUNK_SIZE)},
                shuffle_seed (VERSION_SHUFFLED only: with it, task t covers other chunks
-               every pass, so the commits mean something under this seed only),
+               every pass, so the commits mean something under this seed only; in a
+               mixture it orders the sources' epochs),
+               mixture (VERSION_MIXTURE only: the dataset's files are its sources', in
+                 order; num_tasks is the units of a pass, and the commits name units):
+                 sources [[name, globs, number of files, format, chunk_size, weight]],
+                 weights (the schedule in force: [mode, [[records, weight, ...], ...]]),
+                 passes [[pass_id, [cursors, weights, re-plans]]] from the floor to the
+                   last pass with commits: how each was planned (core/mixture.py)
                passes [[pass_id, full count, bitmap bytes, partial count]], ascending
              then per pass, in order: bitmap (zlib of ceil(num_tasks/8) bytes, task t is bit
                t % 8 of byte t // 8, padding bits 0), partial task ids u32[n] ascending,
@@ -47,6 +55,16 @@ from itertools import compress, pairwise
 from typing import Any
 
 from chunkmaster.core.dataset import Dataset, count_tasks, size_text
+from chunkmaster.core.mixture import (
+    MixtureError,
+    MixtureState,
+    PassPlan,
+    Weights,
+    plan_from_json,
+    plan_json,
+    weights_from_json,
+    weights_json,
+)
 from chunkmaster.core.shuffle import MAX_SEED
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
@@ -55,6 +73,8 @@ if sys.byteorder != "little":  # pragma: no cover - every platform we ship for i
 MAGIC = b"\x89CMCKP\r\n"
 VERSION = 1
 VERSION_SHUFFLED = 2
+VERSION_MIXTURE = 3
+VERSIONS = (VERSION, VERSION_SHUFFLED, VERSION_MIXTURE)
 _HEADER = struct.Struct("<8sIQ")
 _JSON_LEN = struct.Struct("<I")
 _DIGEST_SIZE = 16
@@ -67,7 +87,9 @@ _MAX_TEXT = 4096  # characters of a path or a glob
 _MAX_NAME = 255  # characters of a job name
 _FORMAT_NAME = re.compile(r"[a-z0-9_-]{1,32}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_HEAD_DEPTH = 4  # {dataset: {files: [[...]]}}: a deeper header is no checkpoint's
+#: {mixture: {passes: [[p, [cursors, [mode, [[at, w]]], [[at, [mode, [[at, w]]]]]]]]}}: a
+#: deeper header is no checkpoint's.
+_HEAD_DEPTH = 10
 #: The JSON header's limit in bytes: about 400,000 files of 100-character paths.
 MAX_HEAD_SIZE = 64 << 20
 #: The bytes `check_prefix` needs: the fixed header and the JSON header's length.
@@ -116,6 +138,41 @@ class PassCommits:
 
 
 @dataclass(frozen=True)
+class SourcePart:
+    """One source of a mixture's checkpoint: its name, patterns, how many of the checkpoint's
+    files are its own (in order, after the sources before it), their format and chunk bound,
+    and the weight it was set with."""
+
+    name: str
+    globs: tuple[str, ...]
+    num_files: int
+    format: str = "recordio"
+    chunk_size: int | None = None
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class MixtureCheckpoint:
+    """A mixture's position beside its commits: its sources, the weights in force, and how
+    each pass from the floor to the last with commits was planned."""
+
+    sources: tuple[SourcePart, ...]
+    weights: Weights
+    passes: tuple[tuple[int, PassPlan], ...]
+
+    def source_fingerprints(self, ds: DatasetFingerprint) -> list[DatasetFingerprint]:
+        """Each source's own fingerprint, cut from the checkpoint's dataset's."""
+        out, first = [], 0
+        for s in self.sources:
+            files = ds.files[first : first + s.num_files]
+            out.append(
+                DatasetFingerprint(s.globs, ds.chunks_per_task, files, s.format, s.chunk_size)
+            )
+            first += s.num_files
+        return out
+
+
+@dataclass(frozen=True)
 class DataCheckpoint:
     job: str
     created: float  # wall-clock seconds (informational only)
@@ -124,6 +181,7 @@ class DataCheckpoint:
     floor: int  # the first pass not wholly committed; passes before it are done
     passes: tuple[PassCommits, ...]  # passes >= floor that have commits, ascending
     shuffle_seed: int | None = None  # the job's seed: the pass layouts the commits are in
+    mixture: MixtureCheckpoint | None = None  # a mixture's sources and plans
 
 
 # --- fingerprint -------------------------------------------------------------------------------
@@ -163,6 +221,14 @@ def fingerprint(ds: Dataset, sizes: Sequence[int] | None = None) -> DatasetFinge
     )
 
 
+def mixture_parts(ds: Dataset) -> tuple[SourcePart, ...]:
+    """A mixture dataset's sources as its data checkpoint holds them."""
+    return tuple(
+        SourcePart(s.name, s.globs, s.num_files, s.format, s.chunk_size, s.weight)
+        for s in ds.sources
+    )
+
+
 def with_paths(cp: DataCheckpoint, resolve: Callable[[str], str]) -> DataCheckpoint:
     """`cp` with its dataset's patterns and file paths passed through `resolve`: a master
     reads relative ones (in checkpoints written before patterns were kept absolute) in its
@@ -170,7 +236,11 @@ def with_paths(cp: DataCheckpoint, resolve: Callable[[str], str]) -> DataCheckpo
     ds = cp.dataset
     files = tuple(replace(f, path=resolve(f.path)) for f in ds.files)
     globs = tuple(resolve(g) for g in ds.globs)
-    return replace(cp, dataset=replace(ds, globs=globs, files=files))
+    mix = cp.mixture
+    if mix is not None:
+        sources = tuple(replace(s, globs=tuple(map(resolve, s.globs))) for s in mix.sources)
+        mix = replace(mix, sources=sources)
+    return replace(cp, dataset=replace(ds, globs=globs, files=files), mixture=mix)
 
 
 def chunk_size_refusal(expected: DatasetFingerprint, chunk_size: int | None) -> str | None:
@@ -309,7 +379,14 @@ def _check(cp: DataCheckpoint) -> None:
         _ranged(f.num_records, f"file {i} records", 0, _MAX_RECORDS, "2**64-1")
         if len(f.index_digest) != _DIGEST_SIZE:
             raise CheckpointError(f"file {i} index digest is not {_DIGEST_SIZE} bytes")
-    expected_tasks = count_tasks(ds.num_chunks, ds.chunks_per_task)
+    if cp.mixture is not None:
+        _check_mixture(cp, cp.mixture)
+        expected_tasks = sum(
+            count_tasks(s.num_chunks, ds.chunks_per_task)
+            for s in cp.mixture.source_fingerprints(ds)
+        )
+    else:
+        expected_tasks = count_tasks(ds.num_chunks, ds.chunks_per_task)
     if cp.num_tasks != expected_tasks:
         raise CheckpointError(
             f"num_tasks {cp.num_tasks} does not match the dataset's {ds.num_chunks} chunks "
@@ -350,8 +427,114 @@ def _check(cp: DataCheckpoint) -> None:
                 )
 
 
-def check_restorable(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None = None) -> None:
-    """Refuse restoring `cp` onto `ds` unless it is the dataset the checkpoint was taken on."""
+def _check_mixture(cp: DataCheckpoint, mix: MixtureCheckpoint) -> None:
+    """A mixture's sources, weights and plans: in range and consistent with its commits."""
+    names = [s.name for s in mix.sources]
+    if not names:
+        raise CheckpointError("a mixture has no source")
+    if len(set(names)) != len(names):
+        raise CheckpointError("a mixture names a source twice")
+    if sum(s.num_files for s in mix.sources) != len(cp.dataset.files):
+        raise CheckpointError(
+            f"the mixture's sources hold {sum(s.num_files for s in mix.sources)} files, the "
+            f"dataset {len(cp.dataset.files)}"
+        )
+    for i, s in enumerate(mix.sources):
+        _text(s.name, f"source {i} name", _MAX_NAME)
+        if not s.name or _CONTROL.search(s.name):
+            raise CheckpointError(f"source {i} name is empty or holds control characters")
+        for g in s.globs:
+            _text(g, f"source {s.name!r} glob")
+        _ranged(s.num_files, f"source {s.name!r} file count", 1, _MAX_I64, "2**63-1")
+        if not _FORMAT_NAME.fullmatch(s.format):
+            raise CheckpointError(
+                f"source {s.name!r} format {_shown(s.format)} is not a format name"
+            )
+        if s.chunk_size is not None:
+            _ranged(s.chunk_size, f"source {s.name!r} chunk size", 1, _MAX_I64, "2**63-1")
+        if not math.isfinite(s.weight) or s.weight < 0:
+            raise CheckpointError(f"source {s.name!r} weight {_shown(s.weight)} is not >= 0")
+    tasks = [
+        count_tasks(f.num_chunks, cp.dataset.chunks_per_task)
+        for f in mix.source_fingerprints(cp.dataset)
+    ]
+    if 0 in tasks:
+        raise CheckpointError(f"source {names[tasks.index(0)]!r} has no chunk")
+    try:
+        mix.weights.check(len(names))
+        for p, plan in mix.passes:
+            _check_plan(p, plan, tasks, cp.num_tasks)
+    except MixtureError as exc:
+        raise CheckpointError(f"mixture: {exc}") from None
+    planned = [p for p, _ in mix.passes]
+    if planned != list(range(cp.floor, cp.floor + len(planned))) or not planned:
+        raise CheckpointError(
+            f"the mixture's plans are of passes {planned[:5]}, not the floor {cp.floor} on"
+        )
+    for c in cp.passes:
+        if c.pass_id > planned[-1]:
+            raise CheckpointError(f"pass {c.pass_id} has commits and no plan")
+
+
+def _check_plan(pass_id: int, plan: PassPlan, tasks: list[int], units: int) -> None:
+    _ranged(pass_id, "pass", 0, _MAX_PASS, "2**62")
+    if len(plan.start) != len(tasks):
+        raise MixtureError(f"pass {pass_id}: {len(plan.start)} cursors for {len(tasks)} sources")
+    for c, n in zip(plan.start, tasks, strict=True):
+        if not (0 <= c.epoch <= _MAX_PASS and 0 <= c.next < n and 0 <= c.planned <= _MAX_I64):
+            raise MixtureError(f"pass {pass_id}: a cursor out of range")
+        if not math.isfinite(c.ahead):
+            raise MixtureError(f"pass {pass_id}: a cursor's lead is not finite")
+    plan.weights.check(len(tasks))
+    last = -1
+    for r in plan.replans:
+        if not last < r.at < units:
+            raise MixtureError(f"pass {pass_id}: re-plans out of order or past its {units} units")
+        last = r.at
+        r.weights.check(len(tasks))
+
+
+def unit_records(cp: DataCheckpoint, ds: Dataset) -> dict[int, list[int]]:
+    """Records per unit of each pass a mixture's checkpoint planned, planned again on `ds`
+    (its sources: `check_restorable` first), up to the pass's last unit with a commit: the
+    units a commit names (planning costs microseconds a unit; a pass may be a million)."""
+    assert cp.mixture is not None
+    mix = MixtureState.of(ds)
+    records = ds.task_records
+    last = {p.pass_id: max([*p.full, *p.partial], default=-1) for p in cp.passes}
+    return {
+        p: [records[t] for t in mix.compute(plan, last.get(p, -1) + 1)[0]]
+        for p, plan in cp.mixture.passes
+    }
+
+
+def _check_sources(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None) -> list[str]:
+    """What differs between a mixture checkpoint's sources and `ds`'s, one line each."""
+    assert cp.mixture is not None
+    mine = [s.name for s in cp.mixture.sources]
+    theirs = [s.name for s in ds.sources]
+    if not ds.sources:
+        return [f"the data checkpoint is of a mixture of {mine}, this master's dataset is not one"]
+    if mine != theirs:
+        return [f"sources changed: {mine} -> {theirs} (the same names, in the same order)"]
+    now = MixtureCheckpoint(mixture_parts(ds), cp.mixture.weights, ())
+    lines = []
+    pairs = zip(
+        cp.mixture.source_fingerprints(cp.dataset),
+        now.source_fingerprints(fingerprint(ds, sizes)),
+        strict=True,
+    )
+    for name, (old, new) in zip(mine, pairs, strict=True):
+        lines += [f"source {name!r}: {line}" for line in differences(old, new)]
+    return lines
+
+
+def check_restorable(
+    cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None = None
+) -> dict[int, list[int]]:
+    """Refuse restoring `cp` onto `ds` unless it is the dataset the checkpoint was taken on.
+    Returns a mixture's `unit_records` (computed here: its commits are checked against them;
+    empty for one dataset)."""
     if cp.shuffle_seed != ds.shuffle_seed:
         raise CheckpointError(
             f"the data checkpoint was taken with shuffle seed {_seed_text(cp.shuffle_seed)} and "
@@ -363,21 +546,31 @@ def check_restorable(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | Non
                 else f"--shuffle-seed {cp.shuffle_seed}"
             )
         )
-    changes = differences(cp.dataset, fingerprint(ds, sizes))
+    if cp.mixture is None and ds.sources:
+        raise CheckpointError(
+            "the data checkpoint is of one dataset, this master's is a mixture of sources "
+            f"{[s.name for s in ds.sources]}"
+        )
+    if cp.mixture is not None:
+        changes = _check_sources(cp, ds, sizes)
+    else:
+        changes = differences(cp.dataset, fingerprint(ds, sizes))
     if changes:
         raise CheckpointError(
             "the dataset changed since the data checkpoint was taken: "
             + "; ".join(changes)
             + ". Restore onto the same files, or start the job without --restore"
         )
+    units = unit_records(cp, ds) if cp.mixture is not None else {}
     for p in cp.passes:
-        totals = ds.task_records_for(p.pass_id)
+        totals = units.get(p.pass_id) or ds.task_records_for(p.pass_id)
         for task, records in p.partial.items():
             if records >= totals[task]:
                 raise CheckpointError(
                     f"pass {p.pass_id}: task {task} has {totals[task]} records, so {records} "
                     f"committed is not a partial commit"
                 )
+    return units
 
 
 def _seed_text(seed: int | None) -> str:
@@ -446,6 +639,7 @@ def encode(cp: DataCheckpoint) -> bytes:
             },
             "passes": passes,
             **({} if cp.shuffle_seed is None else {"shuffle_seed": cp.shuffle_seed}),
+            **({} if cp.mixture is None else {"mixture": _mixture_json(cp.mixture)}),
         }
     )
     if len(head) > MAX_HEAD_SIZE:
@@ -454,9 +648,57 @@ def encode(cp: DataCheckpoint) -> bytes:
             f"{len(head) >> 20} MiB, over the format's {MAX_HEAD_SIZE >> 20} MiB"
         )
     body = b"".join([_JSON_LEN.pack(len(head)), head, *sections])
-    version = VERSION if cp.shuffle_seed is None else VERSION_SHUFFLED
+    version = (
+        VERSION_MIXTURE
+        if cp.mixture is not None
+        else VERSION
+        if cp.shuffle_seed is None
+        else VERSION_SHUFFLED
+    )
     out = _HEADER.pack(MAGIC, version, len(body)) + body
     return out + hashlib.blake2b(out, digest_size=_DIGEST_SIZE).digest()
+
+
+def _mixture_json(mix: MixtureCheckpoint) -> dict[str, Any]:
+    return {
+        "sources": [
+            [s.name, list(s.globs), s.num_files, s.format, s.chunk_size, s.weight]
+            for s in mix.sources
+        ],
+        "weights": weights_json(mix.weights),
+        "passes": [[p, plan_json(plan)] for p, plan in mix.passes],
+    }
+
+
+def _mixture_from(v: Any) -> MixtureCheckpoint:
+    """A header's mixture, type-checked (`_check` checks its meaning)."""
+    if type(v) is not dict:
+        raise CheckpointError("mixture is not a JSON object")
+    try:
+        sources = []
+        for i, s in enumerate(_list(v["sources"], "mixture sources")):
+            name, globs, files, fmt, size, weight = _list(s, f"source {i}", 6)
+            if type(weight) not in (int, float):
+                raise CheckpointError(f"source {i} weight is not a number")
+            sources.append(
+                SourcePart(
+                    _str(name, f"source {i} name"),
+                    tuple(_str(g, f"source {i} glob") for g in _list(globs, f"source {i} globs")),
+                    _int(files, f"source {i} file count"),
+                    _str(fmt, f"source {i} format"),
+                    None if size is None else _int(size, f"source {i} chunk size"),
+                    float(weight),
+                )
+            )
+        passes = tuple(
+            (_int(p, "a planned pass"), plan_from_json(plan))
+            for p, plan in (_list(e, "a pass's plan", 2) for e in _list(v["passes"], "plans"))
+        )
+        return MixtureCheckpoint(tuple(sources), weights_from_json(v["weights"]), passes)
+    except MixtureError as exc:
+        raise CheckpointError(f"mixture: {exc}") from None
+    except KeyError as exc:
+        raise CheckpointError(f"mixture lacks the field {exc}") from None
 
 
 def _foreign(data: memoryview, n: int) -> CheckpointError:
@@ -483,11 +725,11 @@ def _frame(view: memoryview, n: int) -> int:
     if n < _HEADER.size or bytes(view[:8]) != MAGIC:
         raise _foreign(view, n)
     _, version, body_len = _HEADER.unpack_from(view)
-    if version not in (VERSION, VERSION_SHUFFLED):
+    if version not in VERSIONS:
         raise CheckpointError(
             f"data checkpoint format version {version} is not supported: this build reads "
-            f"versions {VERSION} and {VERSION_SHUFFLED}; restore it with the chunkmaster "
-            f"version that wrote it"
+            f"versions {VERSION}, {VERSION_SHUFFLED} and {VERSION_MIXTURE}; restore it with the "
+            f"chunkmaster version that wrote it"
         )
     total = _HEADER.size + body_len + _DIGEST_SIZE
     if n < total:
@@ -547,7 +789,11 @@ def decode(data: bytes | bytearray | memoryview) -> DataCheckpoint:
         )
     try:
         cp = _parse(view[_HEADER.size : total - _DIGEST_SIZE])
-        if (version == VERSION_SHUFFLED) != (cp.shuffle_seed is not None):
+        if (version == VERSION_MIXTURE) != (cp.mixture is not None):
+            raise CheckpointError(f"format version {version} and the mixture disagree")
+        if version != VERSION_MIXTURE and (version == VERSION_SHUFFLED) != (
+            cp.shuffle_seed is not None
+        ):
             raise CheckpointError(f"format version {version} and the shuffle seed disagree")
         _check(cp)
     except CheckpointError as exc:
@@ -647,6 +893,7 @@ def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, in
             )
             entries.append((pass_id, full, bitmap_len, partial))
         seed = head.get("shuffle_seed")
+        mixture = None if head.get("mixture") is None else _mixture_from(head["mixture"])
         cp = DataCheckpoint(
             _str(head["job"], "job"),
             float(created),
@@ -655,6 +902,7 @@ def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, in
             _int(head["floor"], "floor"),
             (),
             None if seed is None else _int(seed, "shuffle seed"),
+            mixture,
         )
     except KeyError as exc:
         raise CheckpointError(f"header lacks the field {exc}") from None

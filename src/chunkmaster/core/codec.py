@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from chunkmaster.core.budget import ErrorBudget, JobStop
-from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.dataset import Dataset, Source
 from chunkmaster.core.events import (
     ApproveSave,
     Commit,
@@ -27,6 +27,7 @@ from chunkmaster.core.events import (
     Event,
     Fail,
     Finish,
+    MixturePosition,
     OpenSession,
     Progress,
     Restore,
@@ -34,6 +35,16 @@ from chunkmaster.core.events import (
     ReturnTasks,
     SetDataset,
     SetErrorBudget,
+    SetWeights,
+)
+from chunkmaster.core.mixture import (
+    MixtureState,
+    cursor_from_json,
+    cursor_json,
+    plan_from_json,
+    plan_json,
+    weights_from_json,
+    weights_json,
 )
 from chunkmaster.core.model import FailedPolicy, Failure, PassLedger, Position
 from chunkmaster.core.state import (
@@ -60,7 +71,11 @@ CONTAINER_MAGIC = b"CMB1"
 #: deadline (a version 2 to 5 snapshot reads with none: its tasks keep their dispatch's).
 SNAPSHOT_VERSION = 6
 SNAPSHOT_VERSION_SHUFFLED = SNAPSHOT_VERSION
-READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION)
+#: 7: a mixture job (its sources, plans, weights and per-source counts), which an older build
+#: must refuse rather than read as one dataset; a job that is not a mixture is still written
+#: as version 6.
+SNAPSHOT_VERSION_MIXTURE = 7
+READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION, SNAPSHOT_VERSION_MIXTURE)
 #: A dataset's `chunk_size` (the bound its chunks were cut at) is an optional key, read as None
 #: when absent, and needs no new version: an older build that drops it hands out the same
 #: tasks; only the data checkpoints it writes lack the size (and read as cut at 4 MiB).
@@ -117,6 +132,11 @@ def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
         header["seed"] = ds.shuffle_seed
     if ds.chunk_size is not None:
         header["chunk_size"] = ds.chunk_size
+    if ds.sources:
+        header["sources"] = [
+            [s.name, list(s.globs), s.num_files, s.num_chunks, s.format, s.chunk_size, s.weight]
+            for s in ds.sources
+        ]
     blobs = {"cf": ds.chunk_file, "co": ds.chunk_offset, "cr": ds.chunk_records}
     if ds.file_sizes is not None:
         blobs["fs"] = ds.file_sizes
@@ -138,6 +158,18 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
         str(header.get("format", "recordio")),
         None if header.get("seed") is None else int(header["seed"]),
         None if header.get("chunk_size") is None else int(header["chunk_size"]),
+        tuple(
+            Source(
+                str(name),
+                tuple(map(str, globs)),
+                int(files),
+                int(chunks),
+                str(fmt),
+                None if size is None else int(size),
+                float(weight),
+            )
+            for name, globs, files, chunks, fmt, size, weight in header.get("sources", ())
+        ),
     )
 
 
@@ -207,23 +239,34 @@ def encode_event(ev: Event) -> bytes:
             return b"G" + _dumps([d, _positions(ps)]) if d else b"P" + _dumps(_positions(ps))
         case Commit(positions=ps):
             return b"K" + _dumps(_positions(ps))
-        case Restore(floor=f, commits=cs, source=src, key=key):
+        case Restore(floor=f, commits=cs, source=src, key=key, mixture=mix):
+            if mix is not None:  # a tag of its own: an older build refuses it
+                plans = [[p, plan_json(plan)] for p, plan in mix.passes]
+                return b"A" + _dumps(
+                    [f, [list(c) for c in cs], src, key, weights_json(mix.weights), plans]
+                )
             return b"B" + _dumps([f, [list(c) for c in cs], src, *([key] if key else [])])
+        case SetWeights(weights=w):
+            return b"W" + _dumps(weights_json(w))
         case SetErrorBudget(budget=b):
             return b"Q" + _dumps(_budget(b))
         case SetDataset(dataset=ds):
             header, blobs = _dataset_parts(ds)
-            # A seeded dataset has a tag of its own: an older build refuses it.
-            return (b"T" if ds.shuffle_seed is None else b"H") + pack(header, blobs)
+            # A seeded dataset, and a mixture, have tags of their own: an older build refuses
+            # them.
+            tag = b"M" if ds.sources else b"T" if ds.shuffle_seed is None else b"H"
+            return tag + pack(header, blobs)
     raise CodecError(f"cannot encode {ev!r}")
 
 
 def decode_event(data: bytes) -> Event:
     tag, body = data[:1], data[1:]
     try:
-        if tag in (b"T", b"H"):
+        if tag in (b"T", b"H", b"M"):
             ds = _dataset_from(*unpack(body))
-            if (tag == b"H") != (ds.shuffle_seed is not None):
+            if (tag == b"M") != bool(ds.sources):
+                raise CodecError("a dataset entry's tag and its sources disagree")
+            if tag != b"M" and (tag == b"H") != (ds.shuffle_seed is not None):
                 raise CodecError("a dataset entry's tag and shuffle seed disagree")
             return SetDataset(ds)
         v = json.loads(body)
@@ -263,6 +306,19 @@ def decode_event(data: bytes) -> Event:
                 str(v[2]),
                 str(v[3]) if len(v) > 3 else "",
             )
+        if tag == b"A":
+            return Restore(
+                int(v[0]),
+                tuple((int(p), int(t), int(r)) for p, t, r in v[1]),
+                str(v[2]),
+                str(v[3]),
+                MixturePosition(
+                    tuple((int(p), plan_from_json(plan)) for p, plan in v[5]),
+                    weights_from_json(v[4]),
+                ),
+            )
+        if tag == b"W":
+            return SetWeights(weights_from_json(v))
         if tag == b"F":
             return Finish(int(v[0]), int(v[1]), int(v[2]))
         if tag == b"X":
@@ -284,7 +340,7 @@ def decode_event(data: bytes) -> Event:
 
 def encode_snapshot(state: MasterState) -> bytes:
     header: dict[str, Any] = {
-        "version": SNAPSHOT_VERSION,
+        "version": SNAPSHOT_VERSION if state.mix is None else SNAPSHOT_VERSION_MIXTURE,
         "cur_pass": state.cur_pass,
         "failure_max": state.failure_max,
         "failed_policy": state.failed_policy.value,
@@ -336,7 +392,47 @@ def encode_snapshot(state: MasterState) -> bytes:
         ds_header, ds_blobs = _dataset_parts(state.dataset)
         header["dataset"] = ds_header
         blobs.update(ds_blobs)
+    if state.mix is not None:
+        header["mixture"] = _mixture_header(state.mix)
+        for p, plan in state.mix.passes.items():
+            if plan.units is not None:
+                blobs[f"plan{p}"] = plan.units
     return pack(header, blobs)
+
+
+def _mixture_header(mix: MixtureState) -> dict[str, Any]:
+    return {
+        "units": mix.units,
+        "weights": weights_json(mix.weights),
+        "cursors": [cursor_json(c) for c in mix.cursors],
+        "passes": [[p, plan_json(plan)] for p, plan in mix.passes.items()],
+        "high": mix.high,
+        "handed": mix.handed,
+        "consumed": mix.consumed,
+        "committed": mix.committed,
+    }
+
+
+def _mixture_from(
+    h: dict[str, Any], blobs: dict[str, array[int]], ds: Dataset | None, cur_pass: int
+) -> MixtureState:
+    if ds is None or not ds.sources:
+        raise CodecError("a snapshot's mixture has no sources in its dataset")
+    mix = MixtureState.of(ds)
+    mix.units = int(h["units"])
+    mix.weights = weights_from_json(h["weights"])
+    mix.cursors = [cursor_from_json(c) for c in h["cursors"]]
+    for p, plan in h["passes"]:
+        mix.passes[int(p)] = record = plan_from_json(plan)
+        record.units = blobs.get(f"plan{int(p)}")
+    mix.handed = [int(n) for n in h["handed"]]
+    mix.consumed = [int(n) for n in h["consumed"]]
+    mix.committed = [int(n) for n in h["committed"]]
+    high = int(h["high"])
+    if high:
+        mix.reach(cur_pass, high - 1)
+    mix.records = mix.records_of(mix.plan(cur_pass))
+    return mix
 
 
 def _session_row(sid: str, s: Session) -> list[Any]:
@@ -375,10 +471,14 @@ def decode_snapshot(data: bytes) -> MasterState:
         st = MasterState()
         if header["dataset"] is not None:
             st.dataset = _dataset_from(header["dataset"], blobs)
+        if (header["version"] == SNAPSHOT_VERSION_MIXTURE) != ("mixture" in header):
+            raise CodecError("a snapshot's version and its mixture disagree")
         seeded = st.dataset is not None and st.dataset.shuffle_seed is not None
         if header["version"] < 5 and seeded != (header["version"] == 4):
             raise CodecError("a snapshot's version and its dataset's shuffle seed disagree")
         st.cur_pass = int(header["cur_pass"])
+        if "mixture" in header:
+            st.mix = _mixture_from(header["mixture"], blobs, st.dataset, st.cur_pass)
         st.failure_max = int(header["failure_max"])
         st.failed_policy = FailedPolicy(header["failed_policy"])
         st.todo = deque(blobs["todo"])
@@ -404,8 +504,7 @@ def decode_snapshot(data: bytes) -> MasterState:
         for p, commits in header["commits"]:
             c = st.commits[int(p)] = {int(t): int(r) for t, r in commits}
             if st.dataset is not None:
-                totals = st.dataset.task_records_for(int(p))
-                full = sum(1 for t, r in c.items() if r == totals[t])
+                full = sum(1 for t, r in c.items() if r == st.task_records(t, int(p)))
                 if full:
                     st.full_commits[int(p)] = full
         st.commit_floor = int(header["commit_floor"])

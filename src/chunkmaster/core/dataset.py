@@ -5,15 +5,23 @@ consecutive groups of `chunks_per_task` chunks, so task k is a range of chunk nu
 needs no storage of its own; task IDs are 0..num_tasks-1, stable for the life of the job.
 With a shuffle seed, task k of pass p is the same positions k*cpt.. of the pass's keyed
 permutation of the chunks instead (core/shuffle.py): recomputed, never stored.
+
+A mixture (docs/mixtures.md) is a dataset of named `sources`, each its own patterns, format and
+chunk bound: their files and chunks follow one another in the flat arrays, and each source's
+chunks are cut into tasks of their own (a task never spans two sources), so the global task IDs
+are the sources' tasks, source after source. A mixture's tasks always cover the same chunks: a
+shuffle seed orders each source's epochs instead (core/mixture.py).
 """
 
 from __future__ import annotations
 
 import re
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import pairwise
 
 from chunkmaster.core.model import Chunk
 from chunkmaster.core.shuffle import PassChunks, PassTaskRecords
@@ -59,6 +67,21 @@ def count_tasks(num_chunks: int, chunks_per_task: int) -> int:
     return (num_chunks + cpt - 1) // cpt
 
 
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One named source of a mixture: its patterns, its files' format and chunk bound, how
+    many of the dataset's files and chunks are its own (in order, after the sources before
+    it), and the weight it was set with (the weights in force are the state's)."""
+
+    name: str
+    globs: tuple[str, ...]
+    num_files: int
+    num_chunks: int
+    format: str = "recordio"
+    chunk_size: int | None = None
+    weight: float = 1.0
+
+
 @dataclass(frozen=True, eq=False)
 class Dataset:
     globs: tuple[str, ...]
@@ -75,6 +98,8 @@ class Dataset:
     #: formats it cuts; None for the files' own chunks (RecordIO, Parquet), or not recorded
     #: (a dataset set before chunk sizes were).
     chunk_size: int | None = None
+    #: A mixture's sources, in order (empty: one plain dataset, every task of every pass).
+    sources: tuple[Source, ...] = ()
     _layouts: dict[int, tuple[PassChunks, PassTaskRecords]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -127,13 +152,88 @@ class Dataset:
             chunk_size=chunk_size,
         )
 
+    @classmethod
+    def mix(cls, parts: Sequence[tuple[str, Dataset, float]]) -> Dataset:
+        """A mixture of named datasets (name, dataset, weight), in this order: their files,
+        chunks and tasks one after the other. They were cut at the same chunks per task."""
+        if not parts:
+            raise ValueError("a mixture needs a source")
+        cpts = {d.chunks_per_task for _, d, _ in parts}
+        if len(cpts) != 1:
+            raise ValueError(f"the sources of a mixture were cut at {sorted(cpts)} chunks a task")
+        chunk_file: array[int] = array("I")
+        chunk_offset: array[int] = array("Q")
+        chunk_records: array[int] = array("I")
+        sizes: array[int] | None = array("Q")
+        lengths: array[int] | None = array("Q")
+        with_lengths = any(d.chunk_length is not None for _, d, _ in parts)
+        files: list[str] = []
+        globs: list[str] = []
+        sources = []
+        for name, d, weight in parts:
+            if d.sources:
+                raise ValueError(f"source {name!r} is a mixture itself")
+            base = len(files)
+            chunk_file.extend(base + f for f in d.chunk_file)
+            chunk_offset.extend(d.chunk_offset)
+            chunk_records.extend(d.chunk_records)
+            if sizes is not None and d.file_sizes is not None:
+                sizes.extend(d.file_sizes)
+            else:
+                sizes = None
+            if lengths is not None and with_lengths:  # 0: not known
+                lengths.extend(d.chunk_length or array("Q", bytes(8 * d.num_chunks)))
+            files.extend(d.files)
+            globs.extend(d.globs)
+            sources.append(
+                Source(name, d.globs, len(d.files), d.num_chunks, d.format, d.chunk_size, weight)
+            )
+        formats = {d.format for _, d, _ in parts}
+        return cls(
+            tuple(globs),
+            tuple(files),
+            chunk_file,
+            chunk_offset,
+            chunk_records,
+            cpts.pop(),
+            sizes,
+            lengths if with_lengths else None,
+            formats.pop() if len(formats) == 1 else "mixed",
+            sources=tuple(sources),
+        )
+
     @property
     def num_chunks(self) -> int:
         return len(self.chunk_offset)
 
     @property
     def num_tasks(self) -> int:
+        if self.sources:
+            return self.source_bounds[1][-1]
         return count_tasks(self.num_chunks, self.chunks_per_task)
+
+    @cached_property
+    def source_bounds(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Each source's first chunk and first task, and one past the last source's."""
+        chunks, tasks = [0], [0]
+        for s in self.sources:
+            chunks.append(chunks[-1] + s.num_chunks)
+            tasks.append(tasks[-1] + count_tasks(s.num_chunks, self.chunks_per_task))
+        return tuple(chunks), tuple(tasks)
+
+    def source_of(self, task_id: int) -> int:
+        """The source (its index) a task of a mixture belongs to."""
+        return bisect_right(self.source_bounds[1], task_id) - 1
+
+    def source_tasks(self, source: int) -> range:
+        tasks = self.source_bounds[1]
+        return range(tasks[source], tasks[source + 1])
+
+    def task_format(self, task_id: int) -> str:
+        """The format of the files a task covers."""
+        if self.sources:
+            return self.sources[self.source_of(task_id)].format
+        return self.format
 
     @property
     def num_records(self) -> int:
@@ -142,9 +242,15 @@ class Dataset:
     @cached_property
     def task_records(self) -> array[int]:
         """Records per task (8 bytes a task, computed once)."""
-        cr, n = self.chunk_records, self.num_chunks
+        cr = self.chunk_records
         cpt = effective_chunks_per_task(self.chunks_per_task)
-        return array("Q", (sum(cr[i : min(i + cpt, n)]) for i in range(0, n, cpt)))
+        if cpt == 1:  # a task a chunk (a source's tasks end where its chunks do)
+            return array("Q", cr)
+        chunks = self.source_bounds[0] if self.sources else (0, self.num_chunks)
+        out: array[int] = array("Q")
+        for first, end in pairwise(chunks):
+            out.extend(sum(cr[i : min(i + cpt, end)]) for i in range(first, end, cpt))
+        return out
 
     def with_shuffle(self, seed: int | None) -> Dataset:
         """This dataset with its tasks cut and ordered by `seed` (None: in file order)."""
@@ -164,20 +270,25 @@ class Dataset:
         return got
 
     def task_records_for(self, pass_id: int) -> Sequence[int]:
-        """Records per task in `pass_id` (the same every pass without a seed)."""
-        if self.shuffle_seed is None:
+        """Records per task in `pass_id` (the same every pass without a seed, and in a
+        mixture)."""
+        if self.shuffle_seed is None or self.sources:
             return self.task_records
         return self._layout(pass_id)[1]
 
     def chunk_ids(self, task_id: int, pass_id: int = 0) -> Sequence[int]:
         """The chunk numbers task `task_id` covers in pass `pass_id`, in reading order."""
-        if self.shuffle_seed is None:
+        if self.shuffle_seed is None or self.sources:
             return self.chunk_range(task_id)
         return self._layout(pass_id)[0].chunks(task_id)
 
     def chunk_range(self, task_id: int) -> range:
         if not 0 <= task_id < self.num_tasks:
             raise KeyError(task_id)
+        if self.sources:
+            (chunks, tasks), s = self.source_bounds, self.source_of(task_id)
+            start = chunks[s] + (task_id - tasks[s]) * self.chunks_per_task
+            return range(start, min(start + self.chunks_per_task, chunks[s + 1]))
         start = task_id * self.chunks_per_task
         return range(start, min(start + self.chunks_per_task, self.num_chunks))
 

@@ -61,6 +61,13 @@ class DatasetMismatchError(MasterError):
     message = "the dataset differs from the master's"
 
 
+class NotAMixtureError(MasterError):
+    """Weights were given for a job whose dataset is one list of patterns, not a mixture of
+    named sources (docs/mixtures.md)."""
+
+    message = "the job's dataset is not a mixture: weights apply to a mixture of sources"
+
+
 class TrainerIdEmptyError(MasterError):
     message = "trainer id is empty"
 

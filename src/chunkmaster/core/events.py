@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.mixture import PassPlan, Weights
 from chunkmaster.core.model import FailedPolicy, Position
 
 
@@ -155,6 +156,26 @@ class Commit:
 
 
 @dataclass(frozen=True, slots=True)
+class SetWeights:
+    """A mixture's weight schedule from now on (one weight a source, in the dataset's order).
+    The units of the current pass never handed out are planned again under it; after a
+    restore that recorded later passes, the last of them from its last committed unit on
+    (docs/mixtures.md)."""
+
+    weights: Weights
+
+
+@dataclass(frozen=True, slots=True)
+class MixturePosition:
+    """What a mixture's data checkpoint holds beside its commits: the plan of each pass from
+    the floor to the last with commits (the sources' cursors at its start, its weights and
+    re-plans), and the weight schedule in force."""
+
+    passes: tuple[tuple[int, PassPlan], ...]
+    weights: Weights
+
+
+@dataclass(frozen=True, slots=True)
 class Restore:
     """Go to a data checkpoint's position: pass `floor` with `commits` ((pass, task, records
     committed), pass >= floor) already made. On a running job every session ends and the
@@ -165,6 +186,7 @@ class Restore:
     commits: tuple[tuple[int, int, int], ...]
     source: str = ""  # the checkpoint's identity: restoring the same one again is a no-op
     key: str = ""  # the restart that asked for it: one restore per key (every rank may ask)
+    mixture: MixturePosition | None = None  # a mixture's plans (None: not a mixture)
 
 
 Event = (
@@ -183,4 +205,5 @@ Event = (
     | Commit
     | Restore
     | SetErrorBudget
+    | SetWeights
 )

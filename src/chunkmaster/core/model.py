@@ -46,6 +46,7 @@ class Task:
     #: reads such a task, and this one's before it reads on, so that if it dies meanwhile the
     #: master charges the right task (docs/failures.md).
     failures: int = 0
+    source: str = ""  # a mixture's source the task is of ("": not a mixture)
 
     @property
     def num_records(self) -> int:

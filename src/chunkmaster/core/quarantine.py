@@ -61,6 +61,7 @@ class Records(Protocol):
     @property
     def failure_log(self) -> Mapping[int, Sequence[Failure]]: ...
     def task_records(self, task_id: int, pass_id: int | None = None) -> int: ...
+    def task_chunks(self, unit: int, pass_id: int | None = None) -> tuple[Chunk, ...]: ...
     def pass_ledger(self, pass_id: int | None = None) -> PassLedger: ...
 
 
@@ -96,7 +97,7 @@ def describe(state: Records, task_id: int) -> QuarantinedTask:
     log = state.failure_log.get(task_id, ())
     # With a shuffle seed a task covers other chunks every pass: name those it failed on.
     failed_in = log[-1].pass_id if log else state.cur_pass
-    return QuarantinedTask(task_id, state.dataset.task_chunks(task_id, failed_in), tuple(log))
+    return QuarantinedTask(task_id, state.task_chunks(task_id, failed_in), tuple(log))
 
 
 def budget_limit(state: Records) -> int | None:

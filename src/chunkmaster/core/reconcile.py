@@ -3,7 +3,8 @@
 The state holds the limits it runs by (`Configure`, `SetErrorBudget`, `EqualSteps`), so a
 replay gives the acknowledged state whatever flags the replaying master has. A master started
 with other flags journals the change once, here; a shuffle seed cannot change mid-job and is
-refused. Pure: the shell passes the time a Resume is due and journals what comes back.
+refused, and so is `--failed-policy keep` on a mixture. Pure: the shell passes the time a
+Resume is due and journals what comes back.
 """
 
 from __future__ import annotations
@@ -12,10 +13,17 @@ from dataclasses import dataclass, field
 
 from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.events import Configure, EqualSteps, Event, Resume, SetErrorBudget
+from chunkmaster.core.mixture import MixtureError
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.shuffle import ShuffleSeedError
 from chunkmaster.core.state import MasterState
 from chunkmaster.core.steps import StepsMode
+
+KEEP_REFUSED = (
+    "--failed-policy keep does not apply to a mixture: its passes are other tasks every time "
+    "(a task set aside comes back with its source's next epoch); start the master with "
+    "--failed-policy retry"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +41,10 @@ def reconcile(state: MasterState, limits: Limits, resume_at: float | None = None
     """The events that bring `state` to `limits`, in order; with `resume_at` (wall-clock
     seconds: now plus a task timeout) and tasks pending, a `Resume`: the time no master was
     serving does not count against the trainers holding them. Raises ShuffleSeedError when
-    the job was started with another seed."""
+    the job was started with another seed, MixtureError for `keep` on a mixture."""
     _check_seed(state, limits.shuffle_seed)
+    if state.mix is not None and limits.failed_policy is FailedPolicy.KEEP:
+        raise MixtureError(KEEP_REFUSED)
     events: list[Event] = []
     if (state.failure_max, state.failed_policy) != (limits.failure_max, limits.failed_policy):
         events.append(Configure(limits.failure_max, limits.failed_policy))

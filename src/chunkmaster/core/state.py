@@ -5,6 +5,11 @@ sessions, how far each held task is consumed, and how far each task is committed
 it names, except a pass rollover, which moves each task once per pass (O(1) amortised per
 task), and the end of a session, which scans the pending tasks for those it held.
 
+In a mixture (core/mixture.py, docs/mixtures.md) a pass is a number of *units*, each a task of
+one source as the pass's plan says: the queues hold units, and a unit's chunks and records are
+its task's in that pass (`task_chunks`, `task_records`), as a shuffled pass's tasks cover the
+chunks of that pass. A pass is planned once, when it begins (O(log sources) a unit).
+
 With equal steps (core/steps.py) a pass also holds *pieces*: record ranges of tasks, with IDs
 beyond the dataset's tasks, queued, dispatched, finished and failed like tasks. Fixing a pass's
 trainers (its first dispatch) scans Todo once; every other dispatch costs O(trainers) more.
@@ -32,6 +37,7 @@ from chunkmaster.core.events import (
     Event,
     Fail,
     Finish,
+    MixturePosition,
     OpenSession,
     Progress,
     Restore,
@@ -39,11 +45,14 @@ from chunkmaster.core.events import (
     ReturnTasks,
     SetDataset,
     SetErrorBudget,
+    SetWeights,
 )
+from chunkmaster.core.mixture import MixtureState, PassPlan, Weights, copy_cursors
 from chunkmaster.core.model import (
     RETURNED_REASON,
     TIMEOUT_REASON,
     TRAINER_LOST_REASON,
+    Chunk,
     FailedPolicy,
     Failure,
     PassLedger,
@@ -157,6 +166,8 @@ class MasterState:
     taken: dict[tuple[int, int], int] = field(default_factory=dict)
     #: Passes not yet wholly committed (COMMIT_PASSES at most) -> who finished what in them.
     finishers: dict[int, Finishers] = field(default_factory=dict)
+    #: A mixture's plans and per-source counts (None: one plain dataset).
+    mix: MixtureState | None = None
 
     @property
     def ready(self) -> bool:
@@ -167,51 +178,81 @@ class MasterState:
         return len(self.epochs)  # one epoch a task, set with the dataset; cheaper to ask
 
     def task(self, task_id: int) -> Task:
-        assert self.dataset is not None
+        ds = self.dataset
+        assert ds is not None
         p = self.pending.get(task_id)
         start = 0 if p is None else p.start
         if task_id >= len(self.epochs):  # a piece: its task's chunks up to its end
             piece = self.steps.pieces[task_id]
+            unit, end, epoch = piece.task, piece.end, piece.epoch
+        else:
+            unit, end, epoch = task_id, 0, self.epochs[task_id]
+        task = self.unit_task(unit)
+        whole = ds.task_chunks(task, self.cur_pass)
+        if task_id >= len(self.epochs):
             chunks = []
             first = 0
-            for c in self.dataset.task_chunks(piece.task, self.cur_pass):
-                if first >= piece.end:
+            for c in whole:
+                if first >= end:
                     break
                 chunks.append(c)
                 first += c.num_records
-            meta = TaskMeta(task_id, piece.epoch)
-            return Task(
-                meta,
-                tuple(chunks),
-                self.cur_pass,
-                start,
-                piece.end,
-                self.dataset.format,
-                self.num_failures.get(task_id, 0),
-            )
+            whole = tuple(chunks)
+        source, fmt = "", ds.format
+        if self.mix is not None:  # the task's source, looked up once
+            s = self.mix.source_of_task(task)
+            source, fmt = self.mix.names[s], ds.sources[s].format
         return Task(
-            TaskMeta(task_id, self.epochs[task_id]),
-            self.dataset.task_chunks(task_id, self.cur_pass),
+            TaskMeta(task_id, epoch),
+            whole,
             self.cur_pass,
             start,
-            0,
-            self.dataset.format,
+            end,
+            fmt,
             self.num_failures.get(task_id, 0),
+            source,
         )
+
+    def unit_task(self, unit: int, pass_id: int | None = None) -> int:
+        """The dataset's task behind `unit` of a pass (default: this one): the unit itself,
+        or in a mixture the task the pass's plan put there."""
+        if self.mix is None:
+            return unit
+        return self.mix.plan(self.cur_pass if pass_id is None else pass_id)[unit]
+
+    def task_chunks(self, unit: int, pass_id: int | None = None) -> tuple[Chunk, ...]:
+        """The chunks `unit` covers in a pass (default: this one; in a mixture, a pass whose
+        plan is no longer kept reads as this one)."""
+        assert self.dataset is not None
+        p = self.cur_pass if pass_id is None else pass_id
+        if self.mix is not None and p not in self.mix.passes:
+            p = self.cur_pass
+        return self.dataset.task_chunks(self.unit_task(unit, p), p)
+
+    def unit_source(self, task_id: int, pass_id: int | None = None) -> int:
+        """A mixture's source of a unit (or piece) of a pass (default: this one)."""
+        assert self.mix is not None
+        unit = task_id if task_id < len(self.epochs) else self.steps.pieces[task_id].task
+        return self.mix.source_of_task(self.unit_task(unit, pass_id))
 
     def task_records(self, task_id: int, pass_id: int | None = None) -> int:
         """Where a task (or a piece of one) ends, counted from the task's first record, in
         `pass_id` (default: this pass); with a shuffle seed a task covers other chunks every
-        pass."""
+        pass, and in a mixture a unit is another task every pass."""
         if task_id < len(self.epochs):
             assert self.dataset is not None
             p = self.cur_pass if pass_id is None else pass_id
+            if self.mix is not None:
+                return self.dataset.task_records[self.mix.plan(p)[task_id]]
             return self.dataset.task_records_for(p)[task_id]
         return self.steps.pieces[task_id].end
 
     def pass_queue(self, tasks: Iterable[int] | None = None) -> deque[int]:
-        """`tasks` (default: all) in the order this pass hands them out."""
+        """`tasks` (default: all) in the order this pass hands them out; a mixture's pass
+        hands out all its units in the plan's order."""
         assert self.dataset is not None
+        if self.mix is not None:
+            return deque(range(self.mix.units))
         return pass_queue(self.dataset.shuffle_seed, self.cur_pass, self.num_tasks, tasks)
 
     def pass_ledger(self, pass_id: int | None = None) -> PassLedger:
@@ -298,7 +339,12 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             if state.dataset is not None:
                 return False
             state.dataset = ds
-            state.epochs = array("Q", bytes(8 * ds.num_tasks))
+            units = ds.num_tasks
+            if ds.sources:
+                state.mix = MixtureState.of(ds)
+                state.mix.begin(state.cur_pass)
+                units = state.mix.units
+            state.epochs = array("Q", bytes(8 * units))
             state.todo = state.pass_queue()
             return True
         case Configure(failure_max=fm, failed_policy=fp):
@@ -336,6 +382,8 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             applied = sum(_commit(state, pos) for pos in positions)
             _close_committed_passes(state)
             return applied
+        case SetWeights(weights=weights):
+            return _set_weights(state, weights)
         case Restore():
             return _restore(state, event)
         case SetErrorBudget(budget=budget):
@@ -374,7 +422,12 @@ def _dispatch(state: MasterState, ev: Dispatch) -> Task | None:
     )
     if ev.request:
         state.requests[ev.request] = task_id
-    state.pass_ledger().dispatched += state.task_records(task_id) - start
+    handed = state.task_records(task_id) - start
+    state.pass_ledger().dispatched += handed
+    if state.mix is not None:
+        unit = task_id if task_id < len(state.epochs) else state.steps.pieces[task_id].task
+        state.mix.reach(state.cur_pass, unit)
+        state.mix.handed[state.unit_source(task_id)] += handed
     return state.task(task_id)
 
 
@@ -491,6 +544,8 @@ def _consumed(state: MasterState, task_id: int, records: int) -> int:
     state.progress[task_id] = records
     gained = records - old
     state.pass_ledger().consumed += gained
+    if state.mix is not None:
+        state.mix.consumed[state.unit_source(task_id)] += gained
     session = state.sessions.get(p.session) if p.session else None
     if session is not None:
         session.consumed += gained
@@ -611,9 +666,12 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
     elif pos.task_id < 0:
         return f"task {pos.task_id} does not exist (the dataset has {state.num_tasks} tasks)"
     else:
-        total = state.task_records(pos.task_id, pos.pass_id)
-        if not 0 <= pos.records <= total:
-            return f"task {pos.task_id} has {total} records, not {pos.records}"
+        # A mixture forgets the plans of passes before the commit floor: a commit there is an
+        # old one's echo, taken as nothing (`_commit`), whose records nothing bounds.
+        if state.mix is None or pos.pass_id in state.mix.passes:
+            total = state.task_records(pos.task_id, pos.pass_id)
+            if not 0 <= pos.records <= total:
+                return f"task {pos.task_id} has {total} records, not {pos.records}"
         if pos.epoch > state.epochs[pos.task_id]:
             return f"epoch {pos.epoch} of task {pos.task_id} was never dispatched"
     p = state.pending.get(pos.task_id)
@@ -628,6 +686,18 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
 def _commit(state: MasterState, pos: Position) -> int:
     if pos.pass_id < state.commit_floor or commit_refused(state, pos) is not None:
         return 0
+    if state.mix is None:
+        return _commit_records(state, pos)
+    led = state.ledger.get(pos.pass_id)
+    before = 0 if led is None else led.committed
+    applied = _commit_records(state, pos)
+    gained = state.pass_ledger(pos.pass_id).committed - before if applied else 0
+    if gained:
+        state.mix.committed[state.unit_source(pos.task_id, pos.pass_id)] += gained
+    return applied
+
+
+def _commit_records(state: MasterState, pos: Position) -> int:
     if pos.task_id >= state.num_tasks:
         return steps.commit_piece(state, pos.task_id, pos.pass_id, pos.records)
     old = state.commits.get(pos.pass_id, {}).get(pos.task_id, 0)
@@ -649,6 +719,8 @@ def _close_committed_passes(state: MasterState) -> None:
         state.pass_done.pop(f, None)
         state.finishers.pop(f, None)
         state.commit_floor = f + 1
+        if state.mix is not None:
+            state.mix.forget(state.commit_floor, state.cur_pass - COMMIT_PASSES)
 
 
 def restore_repeated(state: MasterState, key: str) -> bool:
@@ -664,6 +736,8 @@ def _restore(state: MasterState, ev: Restore) -> bool:
         raise InvalidEvent("a data checkpoint restores onto a state with its dataset")
     if restore_repeated(state, ev.key):
         return False
+    if (state.mix is None) != (ev.mixture is None):  # refused before anything changes
+        raise InvalidEvent("a mixture's data checkpoint restores onto a mixture, and only it")
     keep_failed = state.failed if state.failed_policy is FailedPolicy.KEEP else []
     kept = set(keep_failed)
     for task_id, p in state.pending.items():  # their holders' commits must be refused
@@ -686,6 +760,8 @@ def _restore(state: MasterState, ev: Restore) -> bool:
     state.cur_pass = state.commit_floor = ev.floor
     state.restored_from = ev.source
     state.restore_key = ev.key
+    if state.mix is not None and ev.mixture is not None:
+        _restore_plans(state.mix, ev.floor, ev.mixture.passes, ev.mixture.weights)
     for pass_id, task_id, records in ev.commits:
         state.commits.setdefault(pass_id, {})[task_id] = records
         if records == state.task_records(task_id, pass_id):
@@ -697,6 +773,27 @@ def _restore(state: MasterState, ev: Restore) -> bool:
     _start_pass(state)
     _maybe_roll_over(state)
     return True
+
+
+def _restore_plans(
+    mix: MixtureState, floor: int, passes: tuple[tuple[int, PassPlan], ...], weights: Weights
+) -> None:
+    """A mixture's plans as its data checkpoint recorded them, from the floor pass on. The
+    floor pass is planned again, unless it is the last pass this state planned, from the same
+    start, weights and re-plans: the plan is the same, and so are the cursors after it."""
+    old = mix.passes.get(floor)
+    same = old is not None and old.units is not None and floor == max(mix.passes)
+    mix.passes = {
+        p: PassPlan(tuple(copy_cursors(plan.start)), plan.weights, plan.replans)
+        for p, plan in passes
+    }
+    new = mix.passes.get(floor)
+    if new is None:
+        raise InvalidEvent(f"a mixture's restore lacks the plan of its floor pass {floor}")
+    mix.weights = weights
+    if same and old is not None:
+        same = (old.start, old.weights, old.replans) == (new.start, new.weights, new.replans)
+    mix.begin(floor, old.units if same and old is not None else None)
 
 
 def _start_pass(state: MasterState) -> None:
@@ -715,6 +812,8 @@ def _start_pass(state: MasterState) -> None:
             state.progress[task_id] = c
         todo.append(task_id)
     state.todo = todo
+    if state.mix is not None:  # a weight change plans again only after the commits
+        state.mix.reach(state.cur_pass, max(commits))
 
 
 def _maybe_roll_over(state: MasterState) -> None:
@@ -725,11 +824,15 @@ def _maybe_roll_over(state: MasterState) -> None:
         state.progress = {}
         next_todo: deque[int] = deque(state.done)
         state.done = []
-        if state.failed_policy is FailedPolicy.RETRY:
+        # A mixture's units are other tasks every pass: a task set aside comes back with
+        # its source's next epoch, whatever the policy (the shell refuses `keep`).
+        if state.failed_policy is FailedPolicy.RETRY or state.mix is not None:
             for task_id in state.failed:
                 state.num_failures.pop(task_id, None)
             next_todo.extend(state.failed)
             state.failed = []
+        if state.mix is not None:
+            state.mix.begin(state.cur_pass)
         state.todo = state.pass_queue(next_todo)
         quarantine.note_pass_started(state)
         for old in [p for p in state.ledger if p <= state.cur_pass - LEDGER_PASSES]:
@@ -747,8 +850,75 @@ def _forget_old_holders(state: MasterState) -> None:
     horizon = state.cur_pass - COMMIT_PASSES
     for old in [p for p in state.finishers if p <= horizon]:
         del state.finishers[old]
+    if state.mix is not None:
+        state.mix.forget(state.commit_floor, horizon)
     if state.taken and min(state.taken.values()) <= horizon:
         state.taken = {k: p for k, p in state.taken.items() if p > horizon}
+
+
+def replan_point(state: MasterState) -> int:
+    """The first unit of the current pass from which on no unit was handed out, committed,
+    split or dropped: a weight change plans those again, and nothing else."""
+    assert state.mix is not None
+    cur = state.cur_pass
+    at = max(
+        state.mix.high,
+        1 + max(state.commits.get(cur, {}), default=-1),
+        1 + max(state.done, default=-1),  # equal steps drop units without handing them out
+    )
+    for piece in state.steps.pieces.values():
+        if piece.pass_id == cur:
+            at = max(at, piece.task + 1)
+    return at
+
+
+def _set_weights(state: MasterState, weights: Weights) -> int:
+    """New weights: the units of the current pass nobody had are planned again under them (or,
+    after a restore that recorded later passes, the last of those from after its last commit).
+    Returns the records planned before the first unit planned again: where they take effect,
+    counted over the whole job."""
+    mix = state.mix
+    if mix is None:
+        raise InvalidEvent("weights for a job that is not a mixture")
+    if len(weights.points[0].weights) != len(mix.names):
+        raise InvalidEvent(f"{len(weights.points[0].weights)} weights for {len(mix.names)} sources")
+    last = max(mix.passes)
+    current = last == state.cur_pass
+    if current:
+        at = replan_point(state)
+        before = _records_from(state, at) if state.steps.on else 0
+    else:
+        at = 1 + max(state.commits.get(last, {}), default=-1)
+    effect = mix.replan(last, at, weights, current)
+    if current and state.steps.on:
+        steps.replanned(state, _records_from(state, at) - before)
+    return effect
+
+
+def _records_from(state: MasterState, at: int) -> int:
+    """Records of the current pass's units from `at` on."""
+    records = state.dataset.task_records if state.dataset is not None else ()
+    assert state.mix is not None
+    plan = state.mix.plan(state.cur_pass)
+    return sum(records[plan[u]] for u in range(at, len(plan)))
+
+
+def mixture_position(state: MasterState) -> MixturePosition | None:
+    """What a mixture's data checkpoint holds beside `committed_position`: the plans of the
+    passes from the floor to the last with commits, and the weights in force (None: the job
+    is not a mixture)."""
+    if state.mix is None:
+        return None
+    floor, commits = committed_position(state)
+    last = max([floor, *(p for p, _, _ in commits)])
+    plans = state.mix.passes
+    return MixturePosition(
+        tuple(
+            (p, PassPlan(plans[p].start, plans[p].weights, plans[p].replans))
+            for p in range(floor, last + 1)
+        ),
+        state.mix.weights,
+    )
 
 
 def committed_position(state: MasterState) -> tuple[int, tuple[tuple[int, int, int], ...]]:

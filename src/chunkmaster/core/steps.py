@@ -436,6 +436,15 @@ def _piece_closed(state: Pass, piece: Piece) -> None:
         state.done.append(piece.task)
 
 
+def replanned(state: Pass, delta: int) -> None:
+    """A mixture's units not handed out yet were planned again (new weights): Todo holds
+    `delta` records more (or fewer), which the pass's trainers share again."""
+    st = state.steps
+    if st.fixed:
+        st.unassigned += delta
+        _rebalance(state)
+
+
 def restart(state: Pass) -> None:
     """A restore: the pass starts again, fixed at its first dispatch; pieces are forgotten
     (their IDs are never used again) and so are commits waiting for the pieces before them."""

@@ -16,13 +16,18 @@ from collections.abc import Awaitable, Callable, Iterable
 from chunkmaster.core import checkpoint
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import CheckpointRefusedError
-from chunkmaster.core.events import Commit, Event, Restore, SetDataset
-from chunkmaster.core.model import Position
-from chunkmaster.core.reconcile import reconcile
-from chunkmaster.core.state import commit_refused, committed_position, restore_repeated
+from chunkmaster.core.events import Commit, Event, MixturePosition, Restore, SetDataset
+from chunkmaster.core.model import FailedPolicy, Position
+from chunkmaster.core.reconcile import KEEP_REFUSED, reconcile
+from chunkmaster.core.state import (
+    commit_refused,
+    committed_position,
+    mixture_position,
+    restore_repeated,
+)
 from chunkmaster.master.checks import check_position, deny
 from chunkmaster.master.datasets import absolute_path, chunk_size_for
-from chunkmaster.master.job_dataset import JobDataset
+from chunkmaster.master.job_dataset import JobDataset, SourceSpec
 from chunkmaster.master.ledger import Ledger, after
 from chunkmaster.master.owners import commit_position_refused
 from chunkmaster.master.sessions import Sessions
@@ -84,6 +89,7 @@ class Checkpoints:
         if ds is None:
             raise CheckpointRefusedError("no dataset is set yet: there is no position to save")
         floor, commits = committed_position(st)
+        mix = mixture_position(st)
         by_pass: dict[int, tuple[set[int], dict[int, int]]] = {}
         for pass_id, task_id, records in commits:
             full, partial = by_pass.setdefault(pass_id, (set(), {}))
@@ -95,13 +101,18 @@ class Checkpoints:
             job=self._settings.job,
             created=self._clock(),
             dataset=checkpoint.fingerprint(ds, ds.file_sizes),
-            num_tasks=ds.num_tasks,
+            num_tasks=st.num_tasks,
             floor=floor,
             passes=tuple(
                 checkpoint.PassCommits(p, frozenset(full), partial)
                 for p, (full, partial) in sorted(by_pass.items())
             ),
             shuffle_seed=ds.shuffle_seed,
+            mixture=None
+            if mix is None
+            else checkpoint.MixtureCheckpoint(
+                checkpoint.mixture_parts(ds), mix.weights, mix.passes
+            ),
         )
         return checkpoint.encode(cp)
 
@@ -145,18 +156,14 @@ class Checkpoints:
                 f"{list(st.dataset.globs)}): a data checkpoint is restored onto an empty "
                 "store only; start with --restore-replace to replace the state it holds"
             )
+        if cp.mixture is not None and self._settings.failed_policy is FailedPolicy.KEEP:
+            raise checkpoint.CheckpointError(KEEP_REFUSED)
         cp = checkpoint.with_paths(cp, absolute_path)
-        bound = chunk_size_for(cp.dataset.format, self._settings.chunk_size)
-        why = checkpoint.chunk_size_refusal(cp.dataset, bound)
-        if why is not None:
-            raise checkpoint.CheckpointError(why)
-        dataset = await self._dataset.index(
-            cp.dataset.globs, cp.dataset.chunks_per_task, cp.dataset.format
-        )
-        checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
+        dataset = await self._index(cp)
+        units = checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
         events: list[Event] = [
             SetDataset(dataset),
-            Restore(cp.floor, _commits_of(cp, dataset), source),
+            Restore(cp.floor, _commits_of(cp, dataset, units), source, "", _plans_of(cp)),
         ]
         if st.dataset is None:
             for ev in events:
@@ -175,6 +182,24 @@ class Checkpoints:
         )
         return True
 
+    async def _index(self, cp: checkpoint.DataCheckpoint) -> Dataset:
+        """The checkpoint's dataset (or each source of its mixture) indexed again, cut as it
+        was; a chunk size that would cut other chunks is refused before any file is read."""
+        fingerprints = (
+            [cp.dataset] if cp.mixture is None else cp.mixture.source_fingerprints(cp.dataset)
+        )
+        for fp in fingerprints:
+            bound = chunk_size_for(fp.format, self._settings.chunk_size)
+            why = checkpoint.chunk_size_refusal(fp, bound)
+            if why is not None:
+                raise checkpoint.CheckpointError(why)
+        if cp.mixture is None:
+            return await self._dataset.index(
+                cp.dataset.globs, cp.dataset.chunks_per_task, cp.dataset.format
+            )
+        sources = [SourceSpec(s.name, s.globs, s.weight, s.format) for s in cp.mixture.sources]
+        return await self._dataset.index_mixture(sources, cp.dataset.chunks_per_task)
+
     async def _restore_running(self, cp: checkpoint.DataCheckpoint, source: str, key: str) -> bool:
         st = self._ledger.state
         if restore_repeated(st, key):
@@ -192,11 +217,13 @@ class Checkpoints:
                 f"{self._settings.job!r}: a running job goes back only to a checkpoint of its own"
             )
         cp = checkpoint.with_paths(cp, absolute_path)
-        checkpoint.check_restorable(cp, ds, ds.file_sizes)
+        units = checkpoint.check_restorable(cp, ds, ds.file_sizes)
         ended = len(st.sessions)
         if not self._ledger.available:
             raise self._ledger.unavailable()
-        await self._ledger.commit(Restore(cp.floor, _commits_of(cp, ds), source, key))
+        await self._ledger.commit(
+            Restore(cp.floor, _commits_of(cp, ds, units), source, key, _plans_of(cp))
+        )
         st = self._ledger.state
         self._sessions.reset()
         self._timeouts.rearm()
@@ -214,12 +241,21 @@ class Checkpoints:
 
 
 def _commits_of(
-    cp: checkpoint.DataCheckpoint, dataset: Dataset
+    cp: checkpoint.DataCheckpoint, dataset: Dataset, units: dict[int, list[int]]
 ) -> tuple[tuple[int, int, int], ...]:
-    """(pass, task, records committed) of a checkpoint, in the order Restore applies them."""
+    """(pass, task, records committed) of a checkpoint, in the order Restore applies them (a
+    mixture's units have the records of the tasks its plans put there: `units`, from
+    `check_restorable`)."""
     return tuple(
         (p.pass_id, t, r)
         for p in cp.passes
-        for totals in (dataset.task_records_for(p.pass_id),)
+        for totals in (units.get(p.pass_id) or dataset.task_records_for(p.pass_id),)
         for t, r in sorted([(t, totals[t]) for t in p.full] + list(p.partial.items()))
     )
+
+
+def _plans_of(cp: checkpoint.DataCheckpoint) -> MixturePosition | None:
+    """A mixture checkpoint's plans and weights, as Restore takes them."""
+    if cp.mixture is None:
+        return None
+    return MixturePosition(cp.mixture.passes, cp.mixture.weights)

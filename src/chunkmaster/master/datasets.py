@@ -219,6 +219,11 @@ def _file_key(path: str) -> str:
     return absolute_pattern(path) if is_url(path) else os.path.realpath(path)
 
 
+def file_keys(paths: Iterable[str]) -> set[str]:
+    """One text per file however each was reached (symlinks and relative paths resolved)."""
+    return {_file_key(p) for p in paths}
+
+
 def _patterns_text(globs: Sequence[str]) -> str:
     shown = [absolute_pattern(g) for g in globs[:4]]
     more = f" and {len(globs) - 4} more" if len(globs) > 4 else ""

@@ -3,19 +3,40 @@ naming the same dataset (the same patterns however spelled, or patterns matching
 files) succeeds and changes nothing; one naming another is refused naming both
 (`DatasetMismatchError`). Every pattern is held to the data roots first (docs/security.md).
 The indexing itself is master/datasets.py's, on daemon threads.
+
+A dataset may be a mixture of named sources (docs/mixtures.md), each indexed as a dataset of
+its own; the same mixture is the same source names with the same patterns (their weights are
+the first call's: later weights come with `set_weights`, which this part also handles).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from chunkmaster.core.dataset import Dataset
-from chunkmaster.core.errors import DatasetMismatchError, MasterError, NoDatasetError
-from chunkmaster.core.events import SetDataset
+from chunkmaster.core.errors import (
+    DatasetError,
+    DatasetMismatchError,
+    InvalidArgumentError,
+    MasterError,
+    NoDatasetError,
+    NotAMixtureError,
+    NotReadyError,
+)
+from chunkmaster.core.events import SetDataset, SetWeights
+from chunkmaster.core.mixture import Breakpoint, MixtureError, Weights
+from chunkmaster.core.model import FailedPolicy
+from chunkmaster.core.reconcile import KEEP_REFUSED
 from chunkmaster.master.datasets import (
+    absolute_pattern,
     dataset_mismatch,
+    expand_globs,
+    file_keys,
     in_daemon_thread,
     load_dataset,
     same_patterns,
@@ -27,6 +48,58 @@ from chunkmaster.master.status import TaskShare
 
 log = logging.getLogger("chunkmaster.service")
 
+MAX_SOURCES = 10_000
+_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,255}")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source of a mixture as a trainer names it: its patterns, its weight when the dataset
+    is set, and its files' format (None: by their names, or the master's --format)."""
+
+    name: str
+    globs: tuple[str, ...]
+    weight: float = 1.0
+    format: str | None = None
+
+
+@dataclass(frozen=True)
+class Reweighted:
+    """Where new weights took effect: units `unit`.. of pass `pass_id` were planned again,
+    after `records` planned over the whole job (`unit` equal to the pass's units: from the
+    next pass on)."""
+
+    pass_id: int
+    unit: int
+    records: int
+
+
+def check_sources(sources: Sequence[SourceSpec]) -> None:
+    """Refuse a mixture that cannot be one, naming the source and what is wrong."""
+    if len(sources) > MAX_SOURCES:
+        raise DatasetError(
+            f"no valid dataset specified: {len(sources)} sources, over {MAX_SOURCES}"
+        )
+    seen: set[str] = set()
+    for s in sources:
+        if not _NAME.fullmatch(s.name):
+            raise DatasetError(
+                f"no valid dataset specified: source name {s.name[:40]!r} must be 1 to 255 "
+                "characters, without control characters"
+            )
+        if s.name in seen:
+            raise DatasetError(f"no valid dataset specified: source {s.name!r} is named twice")
+        seen.add(s.name)
+        if not s.globs:
+            raise DatasetError(f"no valid dataset specified: source {s.name!r} has no pattern")
+        if not (math.isfinite(s.weight) and s.weight >= 0):
+            raise DatasetError(
+                f"no valid dataset specified: source {s.name!r} has weight {s.weight}, not a "
+                "finite number >= 0"
+            )
+    if not sum(s.weight for s in sources) > 0:
+        raise DatasetError("no valid dataset specified: every source has weight 0")
+
 
 class JobDataset:
     def __init__(
@@ -37,15 +110,22 @@ class JobDataset:
         self.roots = roots
         self._share = share
         self._loading: asyncio.Task[None] | None = None
-        self._loading_globs: list[str] = []
+        self._loading_key: object = None
 
     async def index(
         self, globs: Sequence[str], chunks_per_task: int, dataset_format: str | None
     ) -> Dataset:
         """Index the files of `globs` with this master's settings (its storage options, chunk
         size, inflation bound and data roots), seeded with its shuffle seed."""
+        return (await self._index(globs, chunks_per_task, dataset_format)).with_shuffle(
+            self._settings.shuffle_seed
+        )
+
+    async def _index(
+        self, globs: Sequence[str], chunks_per_task: int, dataset_format: str | None
+    ) -> Dataset:
         s = self._settings
-        dataset = await in_daemon_thread(
+        return await in_daemon_thread(
             load_dataset,
             list(globs),
             chunks_per_task,
@@ -56,28 +136,62 @@ class JobDataset:
             s.max_inflated,
             self.roots,
         )
-        return dataset.with_shuffle(s.shuffle_seed)
 
-    async def set(self, globs: Sequence[str]) -> None:
+    async def index_mixture(self, sources: Sequence[SourceSpec], chunks_per_task: int) -> Dataset:
+        """Index each source as a dataset of its own (`chunks_per_task` a task within each),
+        and blend them, seeded with this master's shuffle seed."""
+        parts = []
+        for s in sources:
+            fmt = s.format or self._settings.dataset_format
+            try:
+                part = await self._index(s.globs, chunks_per_task, fmt)
+            except DatasetError as exc:
+                raise type(exc)(f"source {s.name!r}: {exc}") from None
+            parts.append((s.name, part, s.weight))
+        return Dataset.mix(parts).with_shuffle(self._settings.shuffle_seed)
+
+    async def set(self, globs: Sequence[str], sources: Sequence[SourceSpec] = ()) -> None:
         """The first dataset wins (see the module's text); a restored data checkpoint's
         dataset is the master's like any other."""
-        globs = list(globs)
-        if not globs:  # checked before "already set", as the original does
+        globs, sources = list(globs), list(sources)
+        if globs and sources:
+            raise InvalidArgumentError(
+                "invalid argument: a dataset is one list of patterns or a mixture of named "
+                "sources, not both"
+            )
+        if not globs and not sources:  # checked before "already set", as the original does
             raise NoDatasetError()
-        await in_daemon_thread(self.roots.check_all, globs)  # realpath may touch the disk
+        if sources:
+            check_sources(sources)
+            if self._settings.failed_policy is FailedPolicy.KEEP:
+                raise DatasetError(f"no valid dataset specified: {KEEP_REFUSED}")
+        patterns = globs or [g for s in sources for g in s.globs]
+        await in_daemon_thread(self.roots.check_all, patterns)  # realpath may touch the disk
+        key = _key(globs, sources)
         while self._ledger.state.dataset is None:
             loading = self._loading
             if loading is None or loading.done():
-                self._loading_globs = globs
-                loading = self._loading = asyncio.create_task(self._load(globs), name="set-dataset")
+                self._loading_key = key
+                loading = self._loading = asyncio.create_task(
+                    self._load(globs, sources), name="set-dataset"
+                )
             try:
                 await asyncio.shield(loading)
             except MasterError:
-                if same_patterns(globs, self._loading_globs):
+                if key == self._loading_key:
                     raise
                 # Another trainer's dataset could not be set: this one may be.
         ds = self._ledger.state.dataset
         assert ds is not None
+        if sources:
+            await self._same_mixture(ds, sources)
+            return
+        if ds.sources:
+            raise DatasetMismatchError(
+                f"the dataset differs from the master's: this trainer's {globs[:4]} is one "
+                f"list of patterns, the master's a mixture of sources {_names(ds)}. A master "
+                "serves one dataset: name the master's sources, or run another job"
+            )
         if same_patterns(ds.globs, globs):
             return
         why = await in_daemon_thread(
@@ -88,13 +202,125 @@ class JobDataset:
             raise DatasetMismatchError(why)
         log.info("set_dataset(%s): other patterns for the same files as the dataset's", globs)
 
-    async def _load(self, globs: list[str]) -> None:
+    async def _same_mixture(self, ds: Dataset, sources: Sequence[SourceSpec]) -> None:
+        """Refuse a mixture that is not the master's: other names, or a source's patterns that
+        match other files. Its weights are not compared: the job's are set_weights's."""
+        mine = {s.name: s for s in ds.sources}
+        theirs = [s.name for s in sources]
+        if not ds.sources or set(theirs) != set(mine):
+            what = f"the mixture of sources {_names(ds)}" if ds.sources else f"{list(ds.globs)[:4]}"
+            raise DatasetMismatchError(
+                f"the dataset differs from the master's: this trainer's mixture of sources "
+                f"{theirs} is not the master's {what}. A master serves one dataset: name the "
+                "master's sources, or run another job"
+            )
+        first = 0
+        files: dict[str, set[str]] = {}
+        for s in ds.sources:
+            files[s.name] = file_keys(ds.files[first : first + s.num_files])
+            first += s.num_files
+        for spec in sources:
+            if same_patterns(mine[spec.name].globs, spec.globs):
+                continue
+            listed = await in_daemon_thread(
+                _listed, [absolute_pattern(g) for g in spec.globs], self._settings, self.roots
+            )
+            if listed != files[spec.name]:
+                raise DatasetMismatchError(
+                    f"the dataset differs from the master's: source {spec.name!r} is "
+                    f"{list(spec.globs)[:4]} here and {list(mine[spec.name].globs)[:4]} on the "
+                    "master, which match other files. A master serves one dataset: give this "
+                    "trainer the master's patterns, or run another job"
+                )
+
+    async def _load(self, globs: list[str], sources: list[SourceSpec]) -> None:
         s = self._settings
-        dataset = await self.index(globs, s.chunks_per_task, s.dataset_format)
+        if sources:
+            dataset = await self.index_mixture(sources, s.chunks_per_task)
+        else:
+            dataset = await self.index(globs, s.chunks_per_task, s.dataset_format)
         if self._ledger.state.dataset is None:
             await self._ledger.commit(SetDataset(dataset))
             self._share.check()
 
+    async def set_weights(
+        self, points: Sequence[tuple[int, Mapping[str, float]]], mode: str = "step"
+    ) -> Reweighted:
+        """A mixture's weights from now on: a schedule of (records planned, weight by source
+        name), every source named. The units of the pass nobody had are planned again."""
+        st = self._ledger.state
+        if st.dataset is None:
+            raise NotReadyError()
+        if st.mix is None:
+            raise NotAMixtureError()
+        weights = weights_of(st.mix.names, points, mode)
+        records = await self._ledger.commit(SetWeights(weights))
+        assert isinstance(records, int)
+        st = self._ledger.state
+        assert st.mix is not None
+        last = max(st.mix.passes)
+        replans = st.mix.passes[last].replans
+        unit = replans[-1].at if replans and replans[-1].weights is weights else st.mix.units
+        log.info(
+            "weights %s from pass %d unit %d on (%d records planned before it)",
+            _weights_text(st.mix.names, weights),
+            last,
+            unit,
+            records,
+        )
+        return Reweighted(last, unit, records)
+
     def close(self) -> None:
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
+
+
+def weights_of(
+    names: Sequence[str], points: Sequence[tuple[int, Mapping[str, float]]], mode: str
+) -> Weights:
+    """A schedule from weights by source name; InvalidArgumentError naming what is wrong."""
+    out = []
+    for at, by_name in points:
+        unknown = sorted(set(by_name) - set(names))
+        missing = [n for n in names if n not in by_name]
+        if unknown or missing:
+            raise InvalidArgumentError(
+                "invalid argument: weights name every source of the mixture "
+                f"({', '.join(names)}; 0 retires one)"
+                + (f": {', '.join(unknown)} is none of them" if unknown else "")
+                + (f": {', '.join(missing)} has none" if missing else "")
+            )
+        out.append(Breakpoint(at, tuple(float(by_name[n]) for n in names)))
+    try:
+        return Weights(tuple(out), mode or "step").check(len(names))
+    except MixtureError as exc:
+        raise InvalidArgumentError(f"invalid argument: {exc}") from None
+
+
+def _weights_text(names: Sequence[str], w: Weights) -> str:
+    return "; ".join(
+        f"from record {p.at}: "
+        + ", ".join(f"{n}={x:g}" for n, x in zip(names, p.weights, strict=True))
+        for p in w.points
+    ) + ("" if w.mode == "step" else f" ({w.mode})")
+
+
+def _names(ds: Dataset) -> list[str]:
+    return [s.name for s in ds.sources]
+
+
+def _key(globs: Sequence[str], sources: Sequence[SourceSpec]) -> object:
+    """What makes two set_dataset calls the same request (to share one indexing)."""
+    if not sources:
+        return frozenset(absolute_pattern(g) for g in globs)
+    return frozenset((s.name, frozenset(map(absolute_pattern, s.globs))) for s in sources)
+
+
+def _listed(globs: list[str], settings: Settings, roots: DataRoots) -> set[str]:
+    """The files `globs` match, one text per file however reached (none: nothing matches)."""
+    from chunkmaster.formats.remote import shared
+
+    try:
+        return file_keys(expand_globs(globs, shared(settings.storage_options), roots))
+    except DatasetError:
+        return set()

@@ -34,7 +34,7 @@ from chunkmaster.core.events import Dispatch, Event, Fail, Finish
 from chunkmaster.core.model import TIMEOUT_REASON, Task
 from chunkmaster.core.state import READ_FAILURE
 from chunkmaster.master.service import Service
-from chunkmaster.master.status import PassRecords, StoreView, Trainer
+from chunkmaster.master.status import MixtureView, PassRecords, StoreView, Trainer
 
 log = logging.getLogger("chunkmaster.metrics")
 
@@ -95,6 +95,45 @@ class StateCollector(Collector):
             "chunkmaster_commit_floor", "The first pass not wholly committed.", st.commit_floor
         )
         yield from _store_metrics(st.store)
+        if st.mixture is not None:
+            yield from _source_metrics(st.mixture)
+
+
+def _source_metrics(mixture: MixtureView) -> Iterator[Metric]:
+    records = GaugeMetricFamily(
+        "chunkmaster_source_records",
+        "Records of each source of a mixture, the whole job, by stage: handed out, "
+        "reported consumed, committed.",
+        labels=["source", "stage"],
+    )
+    target = GaugeMetricFamily(
+        "chunkmaster_source_weight",
+        "Each source's weight in force (normalised: the share of records it is planned).",
+        labels=["source"],
+    )
+    share = GaugeMetricFamily(
+        "chunkmaster_source_share",
+        "Each source's share of the records consumed so far (0 to 1).",
+        labels=["source"],
+    )
+    epoch = GaugeMetricFamily(
+        "chunkmaster_source_epoch", "The epoch of each source's next task.", labels=["source"]
+    )
+    for s in mixture.sources:
+        for stage, n in (
+            ("handed_out", s.handed_out),
+            ("consumed", s.consumed),
+            ("committed", s.committed),
+        ):
+            records.add_metric([s.name, stage], n)
+        target.add_metric([s.name], s.target)
+        if s.share is not None:
+            share.add_metric([s.name], s.share)
+        epoch.add_metric([s.name], s.epoch)
+    yield records
+    yield target
+    yield share
+    yield epoch
 
 
 def _trainer_metrics(trainers: Sequence[Trainer]) -> Iterator[Metric]:

@@ -15,6 +15,7 @@ from chunkmaster.core.checkpoint import CheckpointError
 from chunkmaster.core.errors import CheckpointRefusedError, InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.auth import TokenInterceptor, peer_identity
+from chunkmaster.master.job_dataset import SourceSpec
 from chunkmaster.master.service import Service
 from chunkmaster.master.stream import Malformed, SessionConversation
 from chunkmaster.rpc import master_pb2 as pb
@@ -83,6 +84,7 @@ _METHODS: dict[str, tuple[Any, Any]] = {
     "Status": (pb.StatusRequest, pb.StatusResponse),
     "DataCheckpoint": (pb.DataCheckpointRequest, pb.DataCheckpointResponse),
     "Restore": (pb.RestoreRequest, pb.RestoreResponse),
+    "SetWeights": (pb.SetWeightsRequest, pb.SetWeightsResponse),
 }
 
 
@@ -111,8 +113,16 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def SetDataset(self, request: Any, context: Any) -> Any:
         globs = list(request.globs)
-        await _answer(context, lambda: self.service.set_dataset(globs))
+        sources = [
+            SourceSpec(s.name, tuple(s.globs), s.weight, s.format or None) for s in request.sources
+        ]
+        await _answer(context, lambda: self.service.set_dataset(globs, sources))
         return pb.SetDatasetResponse()
+
+    async def SetWeights(self, request: Any, context: Any) -> Any:
+        points = [(p.records, {w.name: w.weight for w in p.weights}) for p in request.points]
+        done = await _answer(context, lambda: self.service.set_weights(points, request.mode))
+        return pb.SetWeightsResponse(pass_id=done.pass_id, unit=done.unit, records=done.records)
 
     async def GetTask(self, request: Any, context: Any) -> Any:
         worker = request.worker or context.peer()

@@ -1,7 +1,7 @@
 """The master: its parts wired together, its life cycle, and its operations (what a gRPC call,
 a session message or a test invokes), each handed to the part whose job it is:
 
-    job_dataset.py  set_dataset: the job's one dataset
+    job_dataset.py  set_dataset: the job's one dataset (or mixture), and its weights
     dispatch.py     get_task(s): handing out tasks, and waiting for one
     reports.py      finishes, failures, progress, tasks handed back
     timeouts.py     task deadlines: Fail("timeout") when one passes
@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from chunkmaster.core.dataset import size_text
@@ -30,7 +30,7 @@ from chunkmaster.core.reconcile import reconcile
 from chunkmaster.logs import about
 from chunkmaster.master.checkpoints import Checkpoints
 from chunkmaster.master.dispatch import Dispatcher
-from chunkmaster.master.job_dataset import JobDataset
+from chunkmaster.master.job_dataset import JobDataset, Reweighted, SourceSpec
 from chunkmaster.master.leases import DataWait, LeaseKeeper
 from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.reports import Reports
@@ -123,8 +123,12 @@ class Service:
         chunks = "" if ds.chunk_size is None else f" of up to {size_text(ds.chunk_size)}"
         seed = "" if ds.shuffle_seed is None else f", shuffle seed {ds.shuffle_seed}"
         stopped = "" if st.stopped is None else f"; stopped in pass {st.stopped.pass_id}"
+        what = f"dataset {list(ds.globs)}"
+        if ds.sources:
+            what = f"mixture of {len(ds.sources)} sources {[s.name for s in ds.sources][:8]}"
+            seed += f", {st.num_tasks} units a pass"
         return (
-            f"recovered {where}: dataset {list(ds.globs)} ({len(ds.files)} {ds.format} "
+            f"recovered {where}: {what} ({len(ds.files)} {ds.format} "
             f"files, {ds.num_chunks} chunks{chunks}, {ds.num_records} records, "
             f"{ds.num_tasks} tasks of up to {ds.chunks_per_task} chunks{seed}); pass "
             f"{st.cur_pass}: {len(st.todo)} todo, {len(st.pending)} pending, {len(st.done)} "
@@ -146,10 +150,18 @@ class Service:
 
     # ---- the job's dataset, tasks and reports ---------------------------------------------
 
-    async def set_dataset(self, globs: Sequence[str]) -> None:
-        """The first dataset wins (master/job_dataset.py)."""
+    async def set_dataset(self, globs: Sequence[str], sources: Sequence[SourceSpec] = ()) -> None:
+        """The first dataset wins (master/job_dataset.py): one list of patterns, or a mixture
+        of named `sources`."""
         self._check_started()
-        await self._dataset.set(globs)
+        await self._dataset.set(globs, sources)
+
+    async def set_weights(
+        self, points: Sequence[tuple[int, Mapping[str, float]]], mode: str = "step"
+    ) -> Reweighted:
+        """A mixture's weights from now on (master/job_dataset.py; docs/mixtures.md)."""
+        self._check_started()
+        return await self._dataset.set_weights(points, mode)
 
     async def get_task(
         self,

@@ -131,6 +131,39 @@ class DatasetView:
 
 
 @dataclass(frozen=True)
+class SourceView:
+    """One source of a mixture: what it is, its weight in force (`target`, normalised) and
+    its share of the records consumed so far (`share`, None before any), its records handed
+    out, consumed and committed over the whole job, and the epoch of its next task."""
+
+    name: str
+    globs: list[str]
+    format: str
+    files: int
+    tasks: int
+    records: int
+    target: float
+    share: float | None
+    handed_out: int
+    consumed: int
+    committed: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class MixtureView:
+    """A mixture: units a pass, the weight schedule (its mode and breakpoints by records
+    planned, weights by source name), the records planned before the pass's next unit never
+    handed out (where a weight change would take effect), and each source."""
+
+    units: int
+    mode: str
+    schedule: list[dict[str, Any]]
+    records_planned: int
+    sources: list[SourceView]
+
+
+@dataclass(frozen=True)
 class BudgetView:
     max_failed_records: str
     limit: int | None
@@ -223,6 +256,7 @@ class Status:
     equal_steps: StepsView
     ledger: list[PassRecords]
     store: StoreView
+    mixture: MixtureView | None
 
     def to_json(self) -> dict[str, Any]:
         out = to_json(self)
@@ -266,6 +300,7 @@ def build_status(
         equal_steps=_steps(st),
         ledger=_ledger(st),
         store=_store(ledger, describe_store),
+        mixture=_mixture(st),
     )
 
 
@@ -275,13 +310,47 @@ def _progress(st: MasterState, leases: LeaseKeeper) -> ProgressView:
     total = None
     done = 0
     if st.dataset is not None:
-        total = st.dataset.num_records
+        total = st.dataset.num_records if st.mix is None else st.mix.records
         if led is not None:
             total += led.padded - led.dropped - led.quarantined
             done = min(led.consumed, total)
     rate = round(sum(rates), 1) if rates else None
     left = None if total is None or not rate else round((total - done) / rate, 1)
     return ProgressView(st.cur_pass, done, total, rate, left)
+
+
+def _mixture(st: MasterState) -> MixtureView | None:
+    mix, ds = st.mix, st.dataset
+    if mix is None or ds is None:
+        return None
+    planned = mix.planned_now(st.cur_pass)
+    target = mix.weights.at(planned)
+    consumed = sum(mix.consumed)
+    records = ds.task_records
+    sources = []
+    for i, src in enumerate(ds.sources[:STATUS_LIST_LIMIT]):
+        tasks = ds.source_tasks(i)
+        sources.append(
+            SourceView(
+                src.name,
+                list(src.globs),
+                src.format,
+                src.num_files,
+                len(tasks),
+                sum(records[tasks.start : tasks.stop]),
+                round(target[i], 6),
+                round(mix.consumed[i] / consumed, 6) if consumed else None,
+                mix.handed[i],
+                mix.consumed[i],
+                mix.committed[i],
+                mix.epoch(st.cur_pass, i),
+            )
+        )
+    schedule = [
+        {"records": p.at, "weights": dict(zip(mix.names, p.weights, strict=True))}
+        for p in mix.weights.points[:STATUS_LIST_LIMIT]
+    ]
+    return MixtureView(mix.units, mix.weights.mode, schedule, planned, sources)
 
 
 def _reasons(failures: Sequence[Failure]) -> list[FailureView]:
@@ -443,14 +512,14 @@ def few_tasks(st: MasterState) -> str | None:
     nothing to read), naming what makes more tasks; None otherwise."""
     ds = st.dataset
     trainers = len(st.sessions)
-    if ds is None or trainers <= ds.num_tasks:
+    if ds is None or trainers <= st.num_tasks:
         return None
     more = [chunk_size_hint(ds.format, ds.chunk_size)]
     if ds.chunks_per_task > 1:
         more.insert(0, f"a smaller --chunk-per-task (now {ds.chunks_per_task})")
     return (
-        f"pass {st.cur_pass} has {plural(ds.num_tasks, 'task')} for {trainers} trainers "
-        f"(sessions): {trainers - ds.num_tasks} of them get nothing to read; for more tasks "
+        f"pass {st.cur_pass} has {plural(st.num_tasks, 'task')} for {trainers} trainers "
+        f"(sessions): {trainers - st.num_tasks} of them get nothing to read; for more tasks "
         "give the "
         f"master {' or '.join(more)}"
     )

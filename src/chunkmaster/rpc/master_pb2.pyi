@@ -27,7 +27,7 @@ class TaskMeta(_message.Message):
     def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("meta", "chunks", "pass_id", "start", "end", "format", "failures")
+    __slots__ = ("meta", "chunks", "pass_id", "start", "end", "format", "failures", "source")
     META_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class Task(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     meta: TaskMeta
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     pass_id: int
@@ -42,13 +43,28 @@ class Task(_message.Message):
     end: int
     format: str
     failures: int
-    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., format: _Optional[str] = ..., failures: _Optional[int] = ...) -> None: ...
+    source: str
+    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., format: _Optional[str] = ..., failures: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class SetDatasetRequest(_message.Message):
-    __slots__ = ("globs",)
+    __slots__ = ("globs", "sources")
     GLOBS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     globs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, globs: _Optional[_Iterable[str]] = ...) -> None: ...
+    sources: _containers.RepeatedCompositeFieldContainer[Source]
+    def __init__(self, globs: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[_Union[Source, _Mapping]]] = ...) -> None: ...
+
+class Source(_message.Message):
+    __slots__ = ("name", "globs", "weight", "format")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GLOBS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    globs: _containers.RepeatedScalarFieldContainer[str]
+    weight: float
+    format: str
+    def __init__(self, name: _Optional[str] = ..., globs: _Optional[_Iterable[str]] = ..., weight: _Optional[float] = ..., format: _Optional[str] = ...) -> None: ...
 
 class SetDatasetResponse(_message.Message):
     __slots__ = ()
@@ -289,6 +305,40 @@ class RestoreResponse(_message.Message):
     applied: bool
     pass_id: int
     def __init__(self, applied: _Optional[bool] = ..., pass_id: _Optional[int] = ...) -> None: ...
+
+class WeightPoint(_message.Message):
+    __slots__ = ("records", "weights")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    records: int
+    weights: _containers.RepeatedCompositeFieldContainer[SourceWeight]
+    def __init__(self, records: _Optional[int] = ..., weights: _Optional[_Iterable[_Union[SourceWeight, _Mapping]]] = ...) -> None: ...
+
+class SourceWeight(_message.Message):
+    __slots__ = ("name", "weight")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weight: float
+    def __init__(self, name: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class SetWeightsRequest(_message.Message):
+    __slots__ = ("points", "mode")
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    points: _containers.RepeatedCompositeFieldContainer[WeightPoint]
+    mode: str
+    def __init__(self, points: _Optional[_Iterable[_Union[WeightPoint, _Mapping]]] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class SetWeightsResponse(_message.Message):
+    __slots__ = ("pass_id", "unit", "records")
+    PASS_ID_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    pass_id: int
+    unit: int
+    records: int
+    def __init__(self, pass_id: _Optional[int] = ..., unit: _Optional[int] = ..., records: _Optional[int] = ...) -> None: ...
 
 class DataCheckpointRequest(_message.Message):
     __slots__ = ()

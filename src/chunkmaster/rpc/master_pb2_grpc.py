@@ -79,6 +79,11 @@ class MasterStub:
                 request_serializer=chunkmaster_dot_rpc_dot_master__pb2.RestoreRequest.SerializeToString,
                 response_deserializer=chunkmaster_dot_rpc_dot_master__pb2.RestoreResponse.FromString,
                 _registered_method=True)
+        self.SetWeights = channel.unary_unary(
+                '/chunkmaster.v1.Master/SetWeights',
+                request_serializer=chunkmaster_dot_rpc_dot_master__pb2.SetWeightsRequest.SerializeToString,
+                response_deserializer=chunkmaster_dot_rpc_dot_master__pb2.SetWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -149,6 +154,15 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWeights(self, request, context):
+        """A mixture's weights from now on (a schedule by records planned): the units of the pass
+        never handed out are planned again under them (docs/mixtures.md). FAILED_PRECONDITION
+        for a job that is not a mixture; INVALID_ARGUMENT for weights that do not fit its sources.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +210,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Restore,
                     request_deserializer=chunkmaster_dot_rpc_dot_master__pb2.RestoreRequest.FromString,
                     response_serializer=chunkmaster_dot_rpc_dot_master__pb2.RestoreResponse.SerializeToString,
+            ),
+            'SetWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWeights,
+                    request_deserializer=chunkmaster_dot_rpc_dot_master__pb2.SetWeightsRequest.FromString,
+                    response_serializer=chunkmaster_dot_rpc_dot_master__pb2.SetWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -441,6 +460,33 @@ class Master:
             '/chunkmaster.v1.Master/Restore',
             chunkmaster_dot_rpc_dot_master__pb2.RestoreRequest.SerializeToString,
             chunkmaster_dot_rpc_dot_master__pb2.RestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/chunkmaster.v1.Master/SetWeights',
+            chunkmaster_dot_rpc_dot_master__pb2.SetWeightsRequest.SerializeToString,
+            chunkmaster_dot_rpc_dot_master__pb2.SetWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

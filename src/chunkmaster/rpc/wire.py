@@ -30,6 +30,7 @@ _CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.NoDatasetError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.DatasetError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.DatasetMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.NotAMixtureError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.TrainerIdEmptyError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
     errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
@@ -145,6 +146,7 @@ def task_to_pb(task: Task) -> pb.Task:
         end=task.end,
         format="" if task.format == "recordio" else task.format,
         failures=task.failures,
+        source=task.source,
     )
 
 
@@ -157,4 +159,5 @@ def task_from_pb(msg: pb.Task) -> Task:
         msg.end,
         msg.format or "recordio",
         msg.failures,
+        msg.source,
     )

@@ -1,0 +1,302 @@
+"""A mixture job in the core state machine (core/state.py with core/mixture.py): each pass is
+planned units, consumed records follow the weights, each source epoch is delivered exactly once,
+through weight changes, failures, lost trainers and a restore from a data checkpoint."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import hypothesis.strategies as st
+import pytest
+from helpers.mixtures import check_source_epochs, windows
+from hypothesis import given, settings
+
+from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.events import (
+    Commit,
+    Dispatch,
+    EndSession,
+    Event,
+    Fail,
+    Finish,
+    OpenSession,
+    Restore,
+    SetDataset,
+    SetWeights,
+)
+from chunkmaster.core.mixture import Breakpoint, Weights
+from chunkmaster.core.model import Position
+from chunkmaster.core.state import (
+    Availability,
+    MasterState,
+    apply,
+    check_get_task,
+    committed_position,
+    mixture_position,
+)
+
+
+def source(name: str, sizes: list[int]) -> Dataset:
+    return Dataset.build([f"/{name}/*"], [f"/{name}/f"], [(list(range(len(sizes))), sizes)], 1)
+
+
+def mixture(parts: list[tuple[str, list[int], float]], seed: int | None = None) -> Dataset:
+    return Dataset.mix([(n, source(n, sizes), w) for n, sizes, w in parts]).with_shuffle(seed)
+
+
+def three(seed: int | None = 5) -> Dataset:
+    """Sources of very different sizes: a large web source of small tasks, a middling code
+    source, a small books source of large tasks that repeats its epochs."""
+    return mixture(
+        [
+            ("web", [10 + t % 41 for t in range(2000)], 0.7),
+            ("code", [20 + t % 21 for t in range(150)], 0.2),
+            ("books", [100] * 7, 0.1),
+        ],
+        seed,
+    )
+
+
+class Run:
+    """A state driven by events, remembering each pass's last plan and what was finished."""
+
+    def __init__(self, ds: Dataset, state: MasterState | None = None) -> None:
+        self.ds = ds
+        self.state = state or MasterState()
+        self.plans: dict[int, list[int]] = {}
+        self.finished: dict[tuple[int, int], int] = defaultdict(int)  # (pass, unit) -> count
+        self.consumed: list[tuple[int, int]] = []  # (source, records) in the order consumed
+        if self.state.dataset is None:
+            self.do(SetDataset(ds))
+
+    def do(self, ev: Event) -> object:
+        """Apply `ev`; note the current pass's plan when it may have changed."""
+        st = self.state
+        out = apply(st, ev)
+        if st.mix is not None and (
+            st.cur_pass not in self.plans or isinstance(ev, SetWeights | Restore)
+        ):
+            self.plans[st.cur_pass] = list(st.mix.plan(st.cur_pass))
+        return out
+
+    def take(self, session: str = "") -> int | None:
+        st = self.state
+        if check_get_task(st, st.cur_pass, session) is not Availability.DISPATCH:
+            return None
+        task = self.do(Dispatch(100.0, "w", "", session))
+        assert task is not None and not isinstance(task, bool | int)
+        assert task.source == st.mix.names[self.ds.source_of(st.unit_task(task.meta.id))]
+        return int(task.meta.id)
+
+    def finish(self, unit: int) -> None:
+        st = self.state
+        p, pass_id = st.pending[unit], st.cur_pass
+        source = st.unit_source(unit)
+        left = st.task_records(unit) - st.progress.get(unit, p.start)
+        assert self.do(Finish(unit, p.epoch, pass_id)) is True
+        self.finished[(pass_id, unit)] += 1
+        self.consumed.append((source, left))
+
+
+def test_consumed_records_follow_the_weights_across_passes() -> None:
+    """0.7/0.2/0.1 over sources of 2,000, 150 and 7 tasks of 10 to 100 records: every window of
+    10,000 consumed records after the first is within one percentage point of the weights,
+    across pass boundaries; the small sources repeat their epochs while the large one streams."""
+    run = Run(three())
+    while run.state.cur_pass < 4:
+        unit = run.take()
+        assert unit is not None
+        run.finish(unit)
+    shares = windows(run.consumed, 3)
+    assert len(shares) > 1000
+    for got in shares:
+        for g, want in zip(got, (0.7, 0.2, 0.1), strict=True):
+            assert abs(g - want) <= 0.01
+    epochs = check_source_epochs(run.ds, run.plans)
+    assert epochs[2] > epochs[1] > epochs[0]  # books repeats most, web streams on
+
+
+def test_a_pass_is_as_many_units_as_the_sources_have_tasks_in_the_plans_order() -> None:
+    ds = three(seed=None)
+    run = Run(ds)
+    st = run.state
+    assert st.num_tasks == ds.num_tasks == 2157
+    order = [run.take() for _ in range(10)]
+    assert order == list(range(10))  # the plan's order is the hand-out order
+    assert run.plans[0] != sorted(run.plans[0])  # the plan blends the sources
+    seeded = Run(three(seed=9))
+    assert seeded.plans[0] != run.plans[0]  # a seed draws each source epoch's order
+
+
+def test_a_single_list_of_patterns_is_no_mixture() -> None:
+    plain = Dataset.build(["/d/*"], ["/d/f"], [(list(range(6)), [3] * 6)], 2)
+    st = MasterState()
+    apply(st, SetDataset(plain))
+    assert st.mix is None and list(st.todo) == [0, 1, 2]
+    task = apply(st, Dispatch(1.0))
+    assert task.source == "" and task.format == "recordio"  # type: ignore[union-attr]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.sampled_from("DDDFFFXWEO"), st.integers(0, 99)), max_size=400),
+)
+def test_weight_changes_failures_and_lost_trainers_lose_and_repeat_nothing(
+    ops: list[tuple[str, int]],
+) -> None:
+    """Whatever happens (weight changes mid-pass, failures, trainers lost holding tasks), each
+    unit of a pass is finished once, and each source's tasks across the plans are whole epochs:
+    a re-plan hands no task out twice in an epoch and skips none."""
+    ds = mixture(
+        [("a", [1 + t % 5 for t in range(13)], 1), ("b", [7] * 4, 1), ("c", [2] * 9, 2)], 3
+    )
+    run = Run(ds)
+    st_ = run.state
+    st_.failure_max = 100
+    apply(st_, OpenSession("s", "t", "h", 1))
+    for kind, x in ops:
+        if kind == "D":
+            run.take("s" if x % 2 else "")
+        elif kind == "F" and st_.pending:
+            run.finish(sorted(st_.pending)[x % len(st_.pending)])
+        elif kind == "X" and st_.pending:
+            unit = sorted(st_.pending)[x % len(st_.pending)]
+            run.do(Fail(unit, st_.pending[unit].epoch, "bad"))
+        elif kind == "W":
+            w = (x % 4, 1 + x % 3, x % 5)
+            run.do(SetWeights(Weights.fixed(w if sum(w) else (1, 1, 1))))
+        elif kind == "E":
+            run.do(EndSession("s", "trainer lost", (), x % 2 == 0))
+        elif kind == "O" and "s" not in st_.sessions:
+            run.do(OpenSession("s", "t", "h", 1))
+    assert max(run.finished.values(), default=1) == 1
+    for p in range(st_.cur_pass):
+        assert {u for q, u in run.finished if q == p} == set(range(ds.num_tasks))
+    check_source_epochs(ds, run.plans)
+
+
+def test_a_weight_change_takes_effect_after_the_last_unit_handed_out() -> None:
+    ds = mixture([("a", [10] * 100, 1), ("b", [10] * 100, 1)])
+    run = Run(ds)
+    for _ in range(30):
+        unit = run.take()
+        assert unit is not None
+        run.finish(unit)
+    held = run.take()
+    assert held == 30
+    before = list(run.plans[0])
+    at = run.do(SetWeights(Weights.fixed([9, 1])))
+    after = run.plans[0]
+    assert at == 31 * 10  # records planned before the first unit planned again
+    assert after[:31] == before[:31]  # nothing handed out is touched
+    tail = [ds.source_of(t) for t in after[31:]]
+    assert abs(tail[:100].count(0) / 100 - 0.9) <= 0.02
+    check_source_epochs(ds, run.plans)
+
+
+def test_a_schedule_changes_the_weights_by_records_planned() -> None:
+    ds = mixture([("a", [10] * 200, 1), ("b", [10] * 200, 1)])
+    schedule = Weights((Breakpoint(0, (1.0, 0.0)), Breakpoint(1000, (0.0, 1.0))))
+    run = Run(ds)
+    run.do(SetWeights(schedule))
+    sources = [ds.source_of(t) for t in run.plans[0]]
+    assert sources == [0] * 100 + [1] * 300  # b then starts its second epoch; a has none
+
+
+def run_committing(run: Run, units: int, holes: set[int]) -> None:
+    """Hand out and finish `units` units, committing each one whole except `holes` (units of
+    the current pass left uncommitted)."""
+    st = run.state
+    for _ in range(units):
+        unit = run.take("s")
+        assert unit is not None
+        p, pass_id = st.pending[unit], st.cur_pass
+        pos = Position(unit, p.epoch, pass_id, st.task_records(unit))
+        run.finish(unit)
+        if unit not in holes:
+            run.do(Commit((pos,)))
+
+
+@pytest.mark.parametrize("reweigh", [False, True])
+def test_a_restore_continues_each_source_exactly_where_it_was_committed(reweigh: bool) -> None:
+    """A fresh state restored from a mixture's data checkpoint plans its passes as they were;
+    with new weights after the restore, only what follows the last commit is planned again.
+    Committed before plus delivered after is every unit once, and whole source epochs."""
+    ds = three()
+    live = Run(ds)
+    apply(live.state, OpenSession("s", "t", "h", 1))
+    n = ds.num_tasks
+    live.do(SetWeights(Weights.fixed([1, 1, 1])))
+    run_committing(live, n + 400, holes={5, n // 2})
+    # pass 0 has two holes: the floor stays there, pass 1 has commits up to unit 399
+    floor, commits = committed_position(live.state)
+    position = mixture_position(live.state)
+    assert floor == 0 and position is not None and [p for p, _ in position.passes] == [0, 1]
+
+    fresh = Run(ds)
+    fresh.do(Restore(floor, commits, "ckpt", "", position))
+    assert fresh.plans[0] == live.plans[0]
+    assert sorted(fresh.state.todo) == [5, n // 2]
+    if reweigh:
+        at = fresh.do(SetWeights(Weights.fixed([0.7, 0.2, 0.1])))
+        assert isinstance(at, int) and at > 0
+    apply(fresh.state, OpenSession("s", "t", "h", 1))
+    while fresh.state.cur_pass < 3:
+        unit = fresh.take("s")
+        assert unit is not None
+        fresh.finish(unit)
+    committed = {(p, t) for p, t, _ in commits}
+    for p in (0, 1, 2):
+        delivered = {u for q, u in fresh.finished if q == p}
+        assert delivered.isdisjoint({u for q, u in committed if q == p})
+        assert delivered | {u for q, u in committed if q == p} == set(range(n))
+    assert fresh.plans[1][:400] == live.plans[1][:400]
+    if not reweigh:
+        assert fresh.plans[1] == live.plans[1]
+    check_source_epochs(ds, fresh.plans)
+
+
+def test_a_restore_onto_the_pass_just_planned_keeps_its_plan_and_changes_nothing_else() -> None:
+    """Restoring onto a fresh job, whose pass 0 setting the dataset just planned from the same
+    start and weights, keeps that plan instead of planning a million units again: the state
+    is byte for byte the one a restore that plans the pass again gives."""
+    from chunkmaster.core.codec import encode_snapshot
+
+    ds = three()
+    live = Run(ds)
+    apply(live.state, OpenSession("s", "t", "h", 1))
+    run_committing(live, 300, holes={7})
+    floor, commits = committed_position(live.state)
+    position = mixture_position(live.state)
+    assert floor == 0 and position is not None
+    kept, planned = Run(ds), Run(ds)
+    assert kept.state.mix is not None and planned.state.mix is not None
+    units = kept.state.mix.passes[0].units
+    planned.state.mix.passes[0].units = None  # as if it were not planned: plan it again
+    for run in (kept, planned):
+        run.do(Restore(floor, commits, "ckpt", "", position))
+    assert kept.state.mix.passes[0].units is units  # the same plan, not planned again
+    assert encode_snapshot(kept.state) == encode_snapshot(planned.state)
+    assert kept.plans[0] == live.plans[0]
+
+
+def test_keep_is_refused_on_a_mixture_at_start() -> None:
+    from chunkmaster.core.mixture import MixtureError
+    from chunkmaster.core.model import FailedPolicy
+    from chunkmaster.core.reconcile import Limits, reconcile
+
+    st = MasterState()
+    apply(st, SetDataset(three()))
+    with pytest.raises(MixtureError, match="--failed-policy keep does not apply to a mixture"):
+        reconcile(st, Limits(failed_policy=FailedPolicy.KEEP, shuffle_seed=5))
+    assert reconcile(st, Limits(shuffle_seed=5)) == []
+
+
+def test_a_pass_of_a_mixture_counts_its_planned_records() -> None:
+    ds = three()
+    run = Run(ds)
+    mix = run.state.mix
+    assert mix is not None
+    assert mix.records == sum(ds.task_records[t] for t in run.plans[0])
+    run.do(SetWeights(Weights.fixed([1, 1, 1])))
+    assert mix.records == sum(ds.task_records[t] for t in run.plans[0])
