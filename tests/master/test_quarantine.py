@@ -178,3 +178,17 @@ def test_journal_and_snapshot_keep_the_budget_and_the_stop() -> None:
     again = state("0.25%", policy="keep")
     fail_next(again)
     assert again.stopped == s.stopped
+
+
+def test_a_job_whose_every_task_was_kept_out_retries_them_when_restarted_with_retry() -> None:
+    """Under `keep` a pass whose every task failed has nothing left to hand out; a master
+    restarted with `--failed-policy retry` must hand them out again in a new pass, not serve
+    "all tasks failed" for ever (the state-machine test found it stalled)."""
+    s = state(policy="keep")
+    for _ in range(4):
+        fail_next(s)
+    assert (s.cur_pass, len(s.failed), len(s.todo)) == (1, 4, 0)
+    apply(s, Configure(0, FailedPolicy.RETRY))
+    assert (s.cur_pass, sorted(s.todo), s.failed) == (2, [0, 1, 2, 3], [])
+    task = apply(s, Dispatch(100.0))
+    assert task is not None and not isinstance(task, (bool, int)) and task.pass_id == 2

@@ -350,6 +350,8 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
         case Configure(failure_max=fm, failed_policy=fp):
             state.failure_max = fm
             state.failed_policy = fp
+            if state.dataset is not None and fp is FailedPolicy.RETRY:
+                _maybe_roll_over(state)  # a pass whose every task was kept out retries them
             return True
         case EqualSteps(mode=mode):
             state.steps.mode = steps.StepsMode(mode)
