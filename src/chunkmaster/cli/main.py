@@ -22,7 +22,11 @@ from chunkmaster.cli.common import CliError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="chunkmaster",
-        description="Fault-tolerant data dispatch for distributed training over RecordIO files.",
+        description=(
+            "Fault-tolerant data dispatch for distributed training over dataset files "
+            "(RecordIO, Parquet, JSON Lines, text, TFRecord, WebDataset; local or in an "
+            "object store)."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"chunkmaster {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

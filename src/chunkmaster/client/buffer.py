@@ -257,26 +257,31 @@ class PassBuffer:
             ahead = self._ahead
             if ahead is not None and self.end is None and not ahead.ready(task, self._next_chunk):
                 return None  # its bytes are on the way: the client waits, the read-ahead wakes it
-            chunk = chunks[self._next_chunk]
-            self._next_chunk += 1
-            try:
-                loader = self._loaders.get(task.format) or self._loader(task.format, chunk.path)
-                data = None if ahead is None else ahead.take(task, self._next_chunk - 1)
-                loaded = loader.load(chunk, self._storage(chunk.path), data)
-            except READ_ERRORS as exc:
-                if self._ahead is not None:
-                    self._ahead.drop(task)
-                self._task = None
-                self.held.pop(task.meta.id, None)
-                self._progress.dropped(task)
-                self._cond.notify_all()  # a slot for the fetcher
-                err = TaskReadError(task, chunk, exc)
-                log.error("%s; reporting the task failed", err)
-                self._reporter.failed(task, err.reason)
-                raise err from None
-            self._loaded = loaded
+            loaded = self._loaded = self._load_next_chunk(task)
             self._at = min(self._skip, loaded.count)
             self._skip = 0
+
+    def _load_next_chunk(self, task: Task) -> Loaded:
+        """The task's next chunk, read (lock held). One that cannot be read drops the task,
+        is reported failed and raised as TaskReadError."""
+        chunk = task.chunks[self._next_chunk]
+        self._next_chunk += 1
+        ahead = self._ahead
+        try:
+            loader = self._loaders.get(task.format) or self._loader(task.format, chunk.path)
+            data = None if ahead is None else ahead.take(task, self._next_chunk - 1)
+            return loader.load(chunk, self._storage(chunk.path), data)
+        except READ_ERRORS as exc:
+            if ahead is not None:
+                ahead.drop(task)
+            self._task = None
+            self.held.pop(task.meta.id, None)
+            self._progress.dropped(task)
+            self._cond.notify_all()  # a slot for the fetcher
+            err = TaskReadError(task, chunk, exc)
+            log.error("%s; reporting the task failed", err)
+            self._reporter.failed(task, err.reason)
+            raise err from None
 
     def task_done(self) -> None:
         """The trainer is done with a task (lock held): the time since the one before, less

@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -118,6 +119,18 @@ class _Signal:
 _NOT_YET: Final = _Signal("_NOT_YET")  # no run before the deadline
 _AGAIN: Final = _Signal("_AGAIN")  # another thread installed a run: take from it
 _REPLACED: Final = _Signal("_REPLACED")  # a new pass replaced this one
+
+
+@dataclass(slots=True)
+class _Filling:
+    """Where the filling of a shuffle buffer stands: the run it is reading from (the task's
+    key, the index of its next record), and whether the pass ended or ran dry for now."""
+
+    reading: Iterator[Any] | None = None
+    key: Key | None = None
+    index: int = 0
+    ended: bool = False
+    starving: bool = False
 
 
 class PassBufferRecords(chain[Any]):
@@ -740,11 +753,9 @@ class Client:
         ps = self._start(pass_id, columns, reports=DeferredFinishes(self._reports, buf))
         with self._lock:
             self._progress.clip = buf.oldest
-        reading: Iterator[Any] | None = None
-        key: Key | None = None
-        index = 0
+        fill = _Filling()
         lost_seen = self._lost_count
-        ended = finished = starving = False
+        finished = False
         batch: list[tuple[Any, Key, int]] = []
         try:
             while True:
@@ -759,42 +770,16 @@ class Client:
                     if lost_seen != self._lost_count:  # those tasks went to other trainers
                         lost_seen = self._lost_count
                         buf.clear()
-                        reading = key = None
-                    if (buf or reading is not None) and not self._lease_ok():
+                        fill.reading = fill.key = None
+                    if (buf or fill.reading is not None) and not self._lease_ok():
                         self._cond.wait()
                         continue
-                    while not ended and buf.room:
-                        if reading is not None:
-                            room = buf.room
-                            got = list(itertools.islice(reading, room))
-                            assert key is not None
-                            buf.add(got, key, index)
-                            index += len(got)
-                            if len(got) == room:
-                                continue
-                            reading = key = None
-                        if not buf and not buf.deferred:
-                            deadline: float | None = None  # nothing to hand out: wait
-                        elif buf and not starving:
-                            deadline = time.monotonic() + FILL_WAIT
-                        else:
-                            deadline = 0.0  # hand out what it holds, without waiting
-                        run = self._next_run(ps, [], deadline)  # the buffer says when done
-                        if run is _REPLACED:
-                            self._replaced(ps)
-                            return
-                        if run is _NOT_YET:
-                            starving = bool(buf)
-                            break
-                        if not isinstance(run, Run):
-                            ended = True
-                            break
-                        starving = False
-                        reading, index = run.records, run.first
-                        key = (run.task.meta.id, run.task.meta.epoch)
+                    if not self._fill(ps, buf, fill):
+                        self._replaced(ps)
+                        return
                     batch = buf.draw(SHUFFLE_BATCH)
                     if buf.deferred:
-                        released = buf.releasable(None if reading is None else key)
+                        released = buf.releasable(None if fill.reading is None else fill.key)
                         for task in released:
                             ps.task_done()
                             self._reports.finished(task)
@@ -803,7 +788,7 @@ class Client:
                 if batch:
                     for record, _, _ in batch:
                         yield record
-                elif ended and not buf.deferred:
+                elif fill.ended and not buf.deferred:
                     finished = True
                     return
         finally:
@@ -812,6 +797,39 @@ class Client:
                     self._progress.clip = None
                 if not finished and self._pass is ps:
                     self._abandon(ps, "records() left early")
+
+    def _fill(self, ps: PassBuffer, buf: ShuffleBuffer, fill: _Filling) -> bool:
+        """Fill `buf` from the pass's runs (lock held) until it is full, no task comes within
+        FILL_WAIT while it holds records, or the pass ended. False: a new pass replaced `ps`."""
+        while not fill.ended and buf.room:
+            if fill.reading is not None:
+                room = buf.room
+                got = list(itertools.islice(fill.reading, room))
+                assert fill.key is not None
+                buf.add(got, fill.key, fill.index)
+                fill.index += len(got)
+                if len(got) == room:
+                    continue
+                fill.reading = fill.key = None
+            if not buf and not buf.deferred:
+                deadline: float | None = None  # nothing to hand out: wait
+            elif buf and not fill.starving:
+                deadline = time.monotonic() + FILL_WAIT
+            else:
+                deadline = 0.0  # hand out what it holds, without waiting
+            run = self._next_run(ps, [], deadline)  # the buffer says when a task is done
+            if run is _REPLACED:
+                return False
+            if run is _NOT_YET:
+                fill.starving = bool(buf)
+                break
+            if not isinstance(run, Run):
+                fill.ended = True
+                break
+            fill.starving = False
+            fill.reading, fill.index = run.records, run.first
+            fill.key = (run.task.meta.id, run.task.meta.epoch)
+        return True
 
     def batches(self, pass_id: int, columns: Sequence[str] | None = None) -> Iterator[Any]:
         """Run one whole pass of a columnar (Parquet) dataset as `pyarrow.RecordBatch`es: each
