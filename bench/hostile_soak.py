@@ -50,6 +50,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE.parent / "tests")]
 
 from helpers.datasets import bomb_records, one_chunk, write_records  # noqa: E402
+from helpers.full_disk import SmallDisk  # noqa: E402
 from helpers.master_process import MasterProcess  # noqa: E402
 
 from chunkmaster.client.connection import MasterConnection  # noqa: E402
@@ -104,38 +105,6 @@ class Trainer:
         self.freezes += 1
 
 
-class StoreDisk:
-    """A small tmpfs for the store, filled up for real (needs root)."""
-
-    def __init__(self, mnt: Path, size: str) -> None:
-        self.mnt = mnt
-        mnt.mkdir()
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        self.ok = done.returncode == 0
-        self.why = done.stderr.strip()
-
-    def fill(self) -> None:
-        with open(self.mnt / "filler", "wb", buffering=0) as f:
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * 65536)
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * 512)
-
-    def empty(self) -> None:
-        (self.mnt / "filler").unlink(missing_ok=True)
-
-    def unmount(self) -> None:
-        if self.ok:
-            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True, timeout=30)
-
-
 def make_dataset(root: Path, records: int) -> tuple[str, set[int]]:
     """Numbered records in chunks of 10, and at the end a poison chunk of 32 records."""
     path = root / "data.rio"
@@ -146,7 +115,7 @@ def make_dataset(root: Path, records: int) -> tuple[str, set[int]]:
 
 
 def run_soak(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    disk = StoreDisk(root / "store", "16m")
+    disk = SmallDisk(root / "store", "16m")
     if not disk.ok:
         print(f"no tmpfs for the store ({disk.why}): the disk will not fill", flush=True)
         (root / "store").mkdir(exist_ok=True)

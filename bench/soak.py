@@ -24,7 +24,6 @@ There is no baseline: this is a correctness soak; its figures are counts, not ra
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import subprocess
@@ -40,6 +39,7 @@ sys.path[:0] = [str(_HERE.parent / "tests")]
 
 from helpers.datasets import numbered_records  # noqa: E402
 from helpers.etcd_server import EtcdServer  # noqa: E402
+from helpers.full_disk import SmallDisk  # noqa: E402
 from helpers.master_process import MasterProcess  # noqa: E402
 from helpers.record_log import RecordLog  # noqa: E402
 
@@ -78,46 +78,13 @@ class TrainerProcess:
         self.poll()
 
 
-class EtcdDisk:
-    """A tmpfs under etcd's data dir, to fill up for real (needs root)."""
-
-    def __init__(self, etcd: EtcdServer, size: str) -> None:
-        self.mnt = Path(etcd.data_dir)
-        self.mnt.mkdir(mode=0o700, exist_ok=True)
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(self.mnt)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        self.ok = done.returncode == 0
-        self.why = done.stderr.strip()
-        self.filler = self.mnt / "filler"
-
-    def fill(self) -> None:
-        with open(self.filler, "wb", buffering=0) as f:
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * 65536)
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * 512)
-
-    def empty(self) -> None:
-        self.filler.unlink(missing_ok=True)
-
-    def unmount(self) -> None:
-        if self.ok:
-            subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True, timeout=30)
-
-
 class Soak:
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
         self.args = args
         self.root = root
         self.data = numbered_records(root / "data.rio", args.records)
         self.etcd = EtcdServer(start=False)
-        self.disk = EtcdDisk(self.etcd, args.etcd_disk)
+        self.disk = SmallDisk(Path(self.etcd.data_dir), args.etcd_disk)  # etcd's data dir
         self.etcd.start()
         self.margs = ["--endpoints", self.etcd.endpoint, "--host", "127.0.0.1", "--ttl", "3"]
         self.margs += ["--chunk-per-task", str(PER_TASK), "--task-timeout-dur", "30s"]
