@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from helpers.clock import Clock
 from helpers.datasets import numbered_records
 
 from chunkmaster import (
@@ -44,14 +45,6 @@ def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
 
 def records_file(path: Path, n: int) -> str:
     return numbered_records(path, n, b"r%d")
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_d1_pass_rolls_over_when_the_last_task_fails(tmp_path: Path) -> None:

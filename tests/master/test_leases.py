@@ -9,16 +9,9 @@ import asyncio
 from collections.abc import Callable
 
 from helpers.aio import run
+from helpers.clock import Clock
 
 from chunkmaster.master.leases import LeaseKeeper
-
-
-class Clock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
@@ -32,7 +25,7 @@ async def until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> No
 
 
 def test_a_renewed_lease_moves_behind_the_others_and_the_oldest_ends_first() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     ended: list[str] = []
 
     async def main() -> None:
@@ -65,7 +58,7 @@ def test_a_renewed_lease_moves_behind_the_others_and_the_oldest_ends_first() -> 
 
 
 def test_a_lease_whose_ending_failed_is_retried_without_holding_up_the_others() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     tried: list[str] = []
     ended: list[str] = []
 

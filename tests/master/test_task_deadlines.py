@@ -7,20 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers.aio import run
+from helpers.clock import Clock
 from helpers.datasets import numbered_records
 
 from chunkmaster.core.model import Position
 from chunkmaster.core.state import task_deadline
 from chunkmaster.master.service import Service
 from chunkmaster.store.memory import InMemStore
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_progress_moves_the_deadline_without_a_timer_per_report(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers.aio import run
+from helpers.clock import Clock
 from helpers.datasets import numbered_records
 from helpers.full_disk import fill
 from helpers.master_process import MasterProcess
@@ -163,22 +164,12 @@ def test_backoff_doubles_up_to_its_cap(caplog: pytest.LogCaptureFixture) -> None
     assert delays[:6] == [0.02, 0.04, 0.08, 0.08, 0.08, 0.08]
 
 
-class Clock:
-    """The service's wall clock, moved by the test (a store outage of an hour, at once)."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_store_outage_does_not_count_against_task_deadlines(tmp_path: Path) -> None:
     """While the store refuses writes no trainer can report its task finished: when it works
     again every pending task has a full timeout, instead of expiring under a live trainer."""
     data = numbered_records(tmp_path / "d.rio", 4, b"%03d")
     store = FlakyStore()
-    clock = Clock()
+    clock = Clock(1_000_000.0)  # a store outage of an hour, at once
 
     async def main() -> None:
         svc = Service(store, chunks_per_task=1, timeout_dur=60, clock=clock)
