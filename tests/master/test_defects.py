@@ -85,6 +85,35 @@ def test_d1_pass_rolls_over_when_every_task_fails_and_keep_policy_reports(tmp_pa
     run(main)
 
 
+def test_a_master_restarted_with_retry_hands_out_the_tasks_keep_kept_out(tmp_path: Path) -> None:
+    """Every task failed under `--failed-policy keep`, so the job had nothing to hand out; the
+    same store under a master started with `retry` goes on with a new pass of them."""
+    f = records_file(tmp_path / "a.rio", 2)
+    db = str(tmp_path / "state.db")
+
+    async def main() -> None:
+        svc = Service(
+            SqliteStore(db), chunks_per_task=1, timeout_dur=60, failure_max=0, failed_policy="keep"
+        )
+        await svc.start()
+        await svc.set_dataset([f])
+        for _ in range(2):
+            t = await svc.get_task(0)
+            await svc.task_failed(t.meta, "unreadable")
+        with pytest.raises(AllTaskFailedError):
+            await svc.get_task(1)
+        await svc.close()
+        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=60, failed_policy="retry")
+        await svc.start()
+        st = svc.status()
+        assert (st["cur_pass"], st["todo"], st["failed"]) == (2, 2, 0), st
+        got = {(await svc.get_task(2)).meta.id for _ in range(2)}
+        assert got == {0, 1}
+        await svc.close()
+
+    run(main)
+
+
 def test_d2_a_waiting_trainer_gets_a_timed_out_task_in_the_same_pass(tmp_path: Path) -> None:
     f = records_file(tmp_path / "a.rio", 2)
 
