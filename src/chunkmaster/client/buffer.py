@@ -371,7 +371,7 @@ class PassBuffer:
         if self._paced_by_take:
             self.task_done()
         self._room()
-        self._reporter.finished(task)
+        self._reporter.finished(task, last=not self.held)
         done.append(task)
 
     def drop_held(self) -> list[Task]:

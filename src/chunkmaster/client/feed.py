@@ -147,7 +147,7 @@ class PassFeed:
             due = self._progress.advance(task, records)
             if records >= task.num_records:
                 self._progress.finished(task)
-                self._session.finished(task)
+                self._session.finished(task, last=not self._progress.held)
             elif due:
                 self._session.report_now()
             return True

@@ -18,7 +18,9 @@ log = logging.getLogger("chunkmaster.client")
 class Reports(Protocol):
     """Where a pass buffer sends its finishes and failures (this Reporter, or the session)."""
 
-    def finished(self, task: Task) -> None: ...
+    def finished(self, task: Task, *, last: bool = False) -> None:
+        """`last`: the trainer holds no other task (nothing else will finish soon)."""
+        ...
 
     def failed(self, task: Task, reason: str) -> None: ...
 
@@ -55,8 +57,8 @@ class Reporter:
         )
         self._thread.start()
 
-    def finished(self, task: Task) -> None:
-        self._queue.put(Report("finish", task))
+    def finished(self, task: Task, *, last: bool = False) -> None:
+        self._queue.put(Report("finish", task))  # sent at once, `last` or not
 
     def failed(self, task: Task, reason: str) -> None:
         self._queue.put(Report("fail", task, reason))

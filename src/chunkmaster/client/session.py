@@ -349,8 +349,10 @@ class TrainerSession:
                 tasks = [task_from_pb(resp.task)]
             return Dispatched(tasks, reply.generation)
 
-    def finished(self, task: Task) -> None:
-        """Queue the finish of `task`: it rides on the next NextTask, or goes alone soon."""
+    def finished(self, task: Task, *, last: bool = False) -> None:
+        """Queue the finish of `task`: it rides on the next NextTask, or goes alone soon;
+        `last` (the trainer holds no other task, so no other finish is coming to share the
+        message, and the pass may be waiting for this one to end): alone at once."""
         meta = task.meta
         pos = pb.TaskPosition(
             task_id=meta.id, epoch=meta.epoch, pass_id=task.pass_id, records=task_records(task)
@@ -358,7 +360,10 @@ class TrainerSession:
         with self._lock:
             self._finishes.append(pos)
             # A task request in flight may be a long poll: the finish does not wait for it.
-            sooner = self._arm_flush(FINISH_FLUSH_ASKING if self._asking() else FINISH_FLUSH)
+            if last:
+                sooner = self._arm_flush(0.0)
+            else:
+                sooner = self._arm_flush(FINISH_FLUSH_ASKING if self._asking() else FINISH_FLUSH)
         if sooner:  # the session's thread sleeps until the time it knew: wake it
             self._wake.set()
 

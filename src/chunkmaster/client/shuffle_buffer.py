@@ -148,8 +148,8 @@ class DeferredFinishes:
         self._inner = inner
         self._buffer = buffer
 
-    def finished(self, task: Task) -> None:
-        self._buffer.defer(task)
+    def finished(self, task: Task, *, last: bool = False) -> None:
+        self._buffer.defer(task)  # reported when its last record leaves the buffer
 
     def failed(self, task: Task, reason: str) -> None:
         self._inner.failed(task, reason)

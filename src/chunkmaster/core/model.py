@@ -47,11 +47,13 @@ class Task:
     #: master charges the right task (docs/failures.md).
     failures: int = 0
     source: str = ""  # a mixture's source the task is of ("": not a mixture)
+    #: Where the dispatch ends, counted from the task's first record: `end`, or the records
+    #: of all its chunks (counted once here: a trainer asks for it at every batch).
+    num_records: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def num_records(self) -> int:
-        """Where the dispatch ends, counted from the task's first record."""
-        return self.end or sum(c.num_records for c in self.chunks)
+    def __post_init__(self) -> None:
+        total = self.end or sum(c.num_records for c in self.chunks)
+        object.__setattr__(self, "num_records", total)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,10 @@
 
 Commits are grouped: while one batch of journal entries is being written, new events are
 applied in memory and queue for the next batch, so a slow store (fsync, an etcd round trip)
-costs latency but not throughput. Callers wait for their batch. If a write fails, every
+costs latency but not throughput. Callers wait for their batch. An event nobody waits for (a
+progress report: `submit(lazy=True)`) does not start a write of its own: it goes with the
+next event somebody waits for, or after LAZY_FLUSH seconds, so that reports many times a
+second cost one write a LAZY_FLUSH, not one each. If a write fails, every
 waiting caller gets the error and the in-memory state is rebuilt from the store, so nothing
 unacknowledged survives (defect D7): the state is always "durable prefix + waiting tail".
 
@@ -35,6 +38,7 @@ MIN_COMPACT_ENTRIES = 10_000
 RETRY_FIRST = 0.1  # seconds before the first retry of a failing store
 RETRY_MAX = 5.0  # the backoff's cap: how long a store that works again may wait to be used
 LOG_EVERY = 30.0  # seconds between two log lines about the same, continuing failure
+LAZY_FLUSH = 0.1  # seconds a batch of events nobody waits for waits for company
 
 
 class Ledger:
@@ -46,6 +50,7 @@ class Ledger:
         retry_first: float = RETRY_FIRST,
         retry_max: float = RETRY_MAX,
         log_every: float = LOG_EVERY,
+        lazy_flush: float = LAZY_FLUSH,
     ) -> None:
         self.store = store
         self.state = MasterState()
@@ -67,9 +72,12 @@ class Ledger:
         self._retry_first = retry_first
         self._retry_max = retry_max
         self._log_every = log_every
+        self._lazy_flush = lazy_flush
         self._last_log = 0.0
         self._queue: list[tuple[int, bytes]] = []
         self._queue_done: asyncio.Future[None] | None = None
+        self._queue_urgent = False  # somebody waits for an event of the queue
+        self._hurry: asyncio.Future[None] | None = None  # the lazy wait, while it lasts
         self._flusher: asyncio.Task[None] | None = None
         self._repair: asyncio.Task[None] | None = None
         self._closed = False
@@ -113,11 +121,15 @@ class Ledger:
         await durable
         return result
 
-    def submit(self, event: Event) -> tuple[Task | bool | int | None, Awaitable[None]]:
+    def submit(
+        self, event: Event, *, lazy: bool = False
+    ) -> tuple[Task | bool | int | None, Awaitable[None]]:
         """Apply `event` now, synchronously; the awaitable completes once it is durable.
 
         For callers that must act on the result before yielding (e.g. arm a timer), so
-        that neither a concurrent caller nor a cancellation can come in between.
+        that neither a concurrent caller nor a cancellation can come in between. `lazy`:
+        nobody waits for this one; it is written with the next event that is not lazy, or
+        within LAZY_FLUSH seconds (a crash of the master meanwhile loses it).
         """
         if not self.available:
             raise self.unavailable()
@@ -128,6 +140,8 @@ class Ledger:
         if self._queue_done is None:
             self._queue_done = asyncio.get_running_loop().create_future()
         done = self._queue_done
+        if not lazy:
+            self._hurry_up()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_loop(), name="ledger-flush")
         for cb in self.on_change:
@@ -141,8 +155,16 @@ class Ledger:
         # session's finishes and the dispatch they ride with) then share one write.
         await asyncio.sleep(0)
         while self._queue:
+            if not self._queue_urgent:
+                self._hurry = asyncio.get_running_loop().create_future()
+                try:
+                    await asyncio.wait_for(self._hurry, self._lazy_flush)
+                except TimeoutError:
+                    pass
+                finally:
+                    self._hurry = None
             batch, done = self._queue, self._queue_done
-            self._queue, self._queue_done = [], None
+            self._queue, self._queue_done, self._queue_urgent = [], None, False
             assert done is not None
             began = time.monotonic()
             try:
@@ -162,8 +184,15 @@ class Ledger:
                     log.warning("compaction failed (journal kept, will retry): %s", exc)
                     self.entries_since_snapshot = 0
 
+    def _hurry_up(self) -> None:
+        """Write the queue as soon as the write in progress is over."""
+        self._queue_urgent = True
+        if self._hurry is not None and not self._hurry.done():
+            self._hurry.set_result(None)
+
     async def sync(self) -> None:
         """Return once every event applied so far is durable (or raise as its write did)."""
+        self._hurry_up()
         while self._queue_done is not None or (
             self._flusher is not None and not self._flusher.done()
         ):
@@ -177,6 +206,7 @@ class Ledger:
     async def replace(self, events: list[Event]) -> None:
         """Start over from `events` on an empty state, dropping the state the store holds:
         one snapshot of the new state, written over the journal (a restore that replaces)."""
+        self._hurry_up()
         if self._flusher is not None and not self._flusher.done():
             await asyncio.wait([self._flusher])
         if not self.available:
@@ -209,7 +239,7 @@ class Ledger:
         for fut in waiting:
             fut.set_exception(err)
             fut.exception()  # mark it retrieved: its waiters may all have gone
-        self._queue, self._queue_done = [], None
+        self._queue, self._queue_done, self._queue_urgent = [], None, False
         if isinstance(exc, NotLeaderError):
             self._lose_leadership(exc)
             return
@@ -300,7 +330,8 @@ class Ledger:
             cb()
 
     async def close(self) -> None:
-        """Let the current batch finish, then stop; later commits are refused."""
+        """Write what is queued, then stop; later commits are refused."""
+        self._hurry_up()
         if self._flusher is not None and not self._flusher.done():
             await asyncio.wait([self._flusher])
         self._closed = True

@@ -99,7 +99,7 @@ class Reports:
         own = own_positions(self._ledger.state, session, ps)
         applied = 0
         if own and self._ledger.available:
-            result, durable = self._ledger.submit(Progress(own, self._deadline()))
+            result, durable = self._ledger.submit(Progress(own, self._deadline()), lazy=True)
             assert isinstance(result, int)
             applied = result
             started(durable)
