@@ -98,5 +98,6 @@ def run(args: argparse.Namespace) -> int:
         where = (
             f"pass {pass_id} from its unit {unit} on" if unit else f"pass {pass_id} from its start"
         )
-        print(f"weights set: in effect at record {records:,} ({where})")
+        added = "".join(f"source {s.name} added; " for s in add)
+        print(f"{added}weights set: in effect at record {records:,} ({where})")
     return 0
