@@ -480,10 +480,11 @@ def test_an_added_source_has_a_tag_and_its_snapshot_a_version_older_builds_refus
     8 (its passes are fewer units than its sources' tasks, which an older build would take for
     a damaged job) and loads to the same state, plans included; one without an added source
     stays version 7."""
+    from helpers.state_dump import dump
+
     from chunkmaster.core.codec import SNAPSHOT_VERSION_GROWN, unpack
     from chunkmaster.core.events import AddSources
     from chunkmaster.core.mixture import Weights
-    from helpers.state_dump import dump
 
     state = MasterState()
     apply(state, SetDataset(mixed()))

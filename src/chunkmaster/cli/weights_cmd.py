@@ -15,7 +15,8 @@ from chunkmaster.cli.common import CliError, add_security_flags, ask_master
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "weights",
-        help="change a mixture's weights (from now on, or a schedule by records planned), or add a source",
+        help="change a mixture's weights (from now on, or a schedule by records planned), "
+        "or add a source",
         description=(
             "Give a mixture job new weights, every source by name (0 retires one). One POINT "
             "is the weights from now on: web=0.7,code=0.2,books=0.1. Several make a schedule "
