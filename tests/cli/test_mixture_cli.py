@@ -222,7 +222,8 @@ def test_a_grown_mixtures_checkpoint_restores_and_refuses_its_added_source_chang
 ) -> None:
     """A data checkpoint of a job that had a source added: a fresh master restores it with
     its three sources and its passes of 40 units (set with two, the third added); with the
-    added source's file changed since, it refuses to start, naming the source and the file."""
+    added source's file changed since, or one of the first two's, it refuses to start, naming
+    the source and the file."""
     a = numbered_records(tmp_path / "a.recordio", 30)
     b = numbered_records(tmp_path / "b.recordio", 10, b"b%05d")
     c = numbered_records(tmp_path / "c.recordio", 20, b"c%05d")
@@ -254,3 +255,10 @@ def test_a_grown_mixtures_checkpoint_restores_and_refuses_its_added_source_chang
     out = run_cli(*cmd)
     assert out.returncode != 0
     assert "source 'c'" in out.stderr and f"{c}: chunk count changed: 20 -> 21" in out.stderr
+    numbered_records(tmp_path / "c.recordio", 20, b"c%05d")  # as it was
+    numbered_records(tmp_path / "a.recordio", 29)  # a source the job was set with
+    cmd = ["master", "--store", str(tmp_path / "d.db"), "--port", "0", "--restore", str(ckpt)]
+    out = run_cli(*cmd)
+    assert out.returncode != 0
+    assert "source 'a'" in out.stderr and f"{a}: chunk count changed: 30 -> 29" in out.stderr
+    assert "source 'c'" not in out.stderr

@@ -6,7 +6,7 @@ without ranks and ended for every reason, dispatch, finishes and failures right 
 timeouts on a clock, progress with and without deadlines, commits, returns, restores at the
 start and on a running job, new limits, error budgets, equal steps, resumes, save approvals, a
 dataset with or without a shuffle seed, or a mixture of two sources (docs/mixtures.md) with
-weight changes mid-pass. After every step it checks what must always hold
+weight changes and sources added mid-pass. After every step it checks what must always hold
 (`invariant`s below), and that the state comes back the same, field by field
 (helpers/state_dump.py), three ways: from a snapshot of it (core/codec.py), from a replay of
 the whole journal onto a fresh state, and from an earlier snapshot plus the journal after it,

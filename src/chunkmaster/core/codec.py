@@ -271,19 +271,8 @@ def encode_event(ev: Event) -> bytes:
 def decode_event(data: bytes) -> Event:
     tag, body = data[:1], data[1:]
     try:
-        if tag in (b"T", b"H", b"M"):
-            ds = _dataset_from(*unpack(body))
-            if (tag == b"M") != bool(ds.sources):
-                raise CodecError("a dataset entry's tag and its sources disagree")
-            if tag != b"M" and (tag == b"H") != (ds.shuffle_seed is not None):
-                raise CodecError("a dataset entry's tag and shuffle seed disagree")
-            return SetDataset(ds)
-        if tag == b"N":
-            header, blobs = unpack(body)
-            added = _dataset_from(header, blobs)
-            if not added.sources:
-                raise CodecError("sources added without sources")
-            return AddSources(added, weights_from_json(header["weights"]))
+        if tag in (b"T", b"H", b"M", b"N"):
+            return _dataset_entry(tag, body)
         v = json.loads(body)
         if tag == b"D":
             return Dispatch(
@@ -351,6 +340,21 @@ def decode_event(data: bytes) -> Event:
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt journal entry (tag {tag!r}): {exc}") from exc
     raise CodecError(f"unknown journal entry tag {tag!r}")
+
+
+def _dataset_entry(tag: bytes, body: bytes) -> Event:
+    """An entry that carries a dataset: SetDataset (T, H seeded, M a mixture) or AddSources."""
+    header, blobs = unpack(body)
+    ds = _dataset_from(header, blobs)
+    if tag == b"N":
+        if not ds.sources:
+            raise CodecError("sources added without sources")
+        return AddSources(ds, weights_from_json(header["weights"]))
+    if (tag == b"M") != bool(ds.sources):
+        raise CodecError("a dataset entry's tag and its sources disagree")
+    if tag != b"M" and (tag == b"H") != (ds.shuffle_seed is not None):
+        raise CodecError("a dataset entry's tag and shuffle seed disagree")
+    return SetDataset(ds)
 
 
 def encode_snapshot(state: MasterState) -> bytes:
