@@ -1,6 +1,6 @@
-"""The mixture's CLI from outside (docs/mixtures.md): `read --source`, `weights` and `status`
-against a real master process; a bad flag or weights that do not fit are one line naming
-what is wrong, and nothing is set."""
+"""The mixture's CLI from outside (docs/mixtures.md): `read --source`, `weights` (and its
+`--add`) and `status` against a real master process; a bad flag, weights that do not fit or a
+source that cannot be added are one line naming what is wrong, and nothing is set."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.datasets import numbered_records
@@ -88,3 +89,176 @@ def test_weights_for_a_job_that_is_no_mixture_say_so(master: MasterProcess, tmp_
     assert out.returncode == 0, out.stderr
     line = one_line(run_cli("weights", "--addr", master.addr or "", "a=1"))
     assert "not a mixture" in line
+
+
+def mixture_status(addr: str, token: str | None = None) -> dict[str, Any]:
+    from chunkmaster.client import Client
+
+    with Client(addr, token=token) as c:
+        mix = c.status()["mixture"]
+    assert isinstance(mix, dict)
+    return mix
+
+
+def read_pass(addr: str, first: int, *sources: str) -> dict[str, Any]:
+    args = [f for src in sources for f in ("--source", src)]
+    out = run_cli(
+        "read", "--addr", addr, "--passes", "1", "--first-pass", str(first), "--json", *args
+    )
+    assert out.returncode == 0, out.stderr
+    (line,) = [json.loads(ln) for ln in out.stdout.splitlines()]
+    assert isinstance(line, dict)
+    return line
+
+
+def test_a_source_added_over_the_cli_is_read_and_shown(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    """`weights --add` without weights: the weights in force hold and the added source has its
+    @WEIGHT on their scale, from the next unit nobody had (here pass 1's first); a pass keeps
+    its 40 units; status shows the source, and a trainer naming the grown mixture reads it,
+    one whole epoch of it in pass 1 (its 20 one-record tasks once each)."""
+    a = numbered_records(tmp_path / "a.recordio", 30)
+    b = numbered_records(tmp_path / "b.recordio", 10, b"b%05d")
+    c = numbered_records(tmp_path / "c.recordio", 20, b"c%05d")
+    addr = master.addr or ""
+    read_pass(addr, 0, f"a={a}@3", f"b={b}@1")
+    out = run_cli("weights", "--addr", addr, "--add", f"c={c}@4")
+    assert out.returncode == 0, out.stderr
+    assert (
+        "source c added; weights set: in effect at record 40 (pass 1 from its start)" in out.stdout
+    )
+    mix = mixture_status(addr)
+    assert mix["units"] == 40
+    assert [(s["name"], s["target"], s["tasks"]) for s in mix["sources"]] == [
+        ("a", 0.375, 30),
+        ("b", 0.125, 10),
+        ("c", 0.5, 20),
+    ]
+    line = read_pass(addr, 1, f"a={a}@3", f"b={b}@1", f"c={c}@4")
+    got = {n: s["records"] for n, s in line["sources"].items()}
+    assert got == {"a": 15, "b": 5, "c": 20} and line["records"] == 40
+    whole = run_cli("recordio", "digest", c)
+    assert whole.returncode == 0, whole.stderr
+    assert line["sources"]["c"]["digest"] in whole.stdout
+    status = run_cli("status", "--addr", addr)
+    assert "mixture  3 sources, 40 units a pass" in status.stdout
+    assert "  c: weight 50.0%" in status.stdout
+
+
+def test_adding_a_source_that_cannot_be_is_one_line_and_changes_nothing(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    """A name the job has, a pattern matching nothing, weights that leave the new source out,
+    a format that is none, a malformed --add: each refused in one line naming it; the job's
+    mixture is as it was."""
+    a = numbered_records(tmp_path / "a.recordio", 30)
+    b = numbered_records(tmp_path / "b.recordio", 10, b"b%05d")
+    c = numbered_records(tmp_path / "c.recordio", 20, b"c%05d")
+    addr = master.addr or ""
+    line = one_line(run_cli("weights", "--addr", addr, "--add", f"c={c}"))
+    assert "master has no dataset yet" in line
+    read_pass(addr, 0, f"a={a}@3", f"b={b}@1")
+    before = mixture_status(addr)
+    base = ["weights", "--addr", addr]
+    line = one_line(run_cli(*base, "--add", f"a={c}"))
+    assert "source 'a' is in the job already (its sources: a, b)" in line
+    line = one_line(run_cli(*base, "--add", f"c={tmp_path}/none-*.recordio"))
+    assert "source 'c'" in line and "none-*.recordio" in line
+    line = one_line(run_cli(*base, "--add", f"c={c}", "a=1,b=1"))
+    assert "c has none" in line
+    line = one_line(run_cli(*base, "--add", f"c={c}", "--add", f"c={c}@2"))
+    assert "--add" in line and "source 'c' has weight 1" in line
+    line = one_line(run_cli(*base, "--add", "c"))
+    assert "--add 'c': expected NAME=PATTERN@WEIGHT" in line
+    line = one_line(run_cli(*base))
+    assert "give the weights (POINT), or a source to add (--add)" in line
+    from chunkmaster.client import Client, Source
+    from chunkmaster.core.errors import DatasetError
+
+    with Client(addr) as client, pytest.raises(DatasetError, match="source 'c'.*nope"):
+        client.add_sources({"c": Source(c, format="nope")})
+    assert mixture_status(addr) == before
+
+
+def test_adding_a_source_needs_the_token_as_weights_do(tmp_path: Path) -> None:
+    """With a token the master refuses an add without it (or with another) as it refuses
+    every call, weights too: UNAUTHENTICATED in one line, nothing added."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    m = MasterProcess(
+        ["--store", ":memory:", "--chunk-per-task", "1", "--token-file", str(token)]
+    ).start()
+    try:
+        addr = m.addr or ""
+        a = numbered_records(tmp_path / "a.recordio", 30)
+        b = numbered_records(tmp_path / "b.recordio", 10, b"b%05d")
+        c = numbered_records(tmp_path / "c.recordio", 20, b"c%05d")
+        from chunkmaster.client import Client, Source
+
+        with Client(addr, token="s3cret-token") as client:
+            client.set_dataset({"a": Source(a, 3), "b": Source(b, 1)})
+        before = mixture_status(addr, "s3cret-token")
+        line = one_line(run_cli("weights", "--addr", addr, "--add", f"c={c}"))
+        assert "unauthenticated" in line
+        other = tmp_path / "other"
+        other.write_text("not-the-token\n")
+        args = ["weights", "--addr", addr, "--token-file", str(other), "--add", f"c={c}"]
+        assert "unauthenticated" in one_line(run_cli(*args))
+        assert mixture_status(addr, "s3cret-token") == before
+        args = ["weights", "--addr", addr, "--token-file", str(token), "--add", f"c={c}"]
+        assert run_cli(*args).returncode == 0
+        assert [s["name"] for s in mixture_status(addr, "s3cret-token")["sources"]] == [
+            "a",
+            "b",
+            "c",
+        ]
+    finally:
+        m.kill()
+
+
+def test_a_grown_mixtures_checkpoint_restores_and_refuses_its_added_source_changed(
+    tmp_path: Path,
+) -> None:
+    """A data checkpoint of a job that had a source added: a fresh master restores it with
+    its three sources and its passes of 40 units (set with two, the third added); with the
+    added source's file changed since, or one of the first two's, it refuses to start, naming
+    the source and the file."""
+    a = numbered_records(tmp_path / "a.recordio", 30)
+    b = numbered_records(tmp_path / "b.recordio", 10, b"b%05d")
+    c = numbered_records(tmp_path / "c.recordio", 20, b"c%05d")
+    ckpt = tmp_path / "job.ckpt"
+    first = MasterProcess(["--store", str(tmp_path / "a.db"), "--chunk-per-task", "1"]).start()
+    try:
+        addr = first.addr or ""
+        read_pass(addr, 0, f"a={a}@3", f"b={b}@1")
+        assert run_cli("weights", "--addr", addr, "--add", f"c={c}@4").returncode == 0
+        out = run_cli("checkpoint", "save", "--addr", addr, str(ckpt))
+        assert out.returncode == 0, out.stderr
+    finally:
+        first.kill()
+    fresh = MasterProcess(
+        ["--store", str(tmp_path / "b.db"), "--chunk-per-task", "1", "--restore", str(ckpt)]
+    ).start()
+    try:
+        mix = mixture_status(fresh.addr or "")
+        assert mix["units"] == 40
+        assert [(s["name"], s["target"]) for s in mix["sources"]] == [
+            ("a", 0.375),
+            ("b", 0.125),
+            ("c", 0.5),
+        ]
+    finally:
+        fresh.kill()
+    numbered_records(tmp_path / "c.recordio", 21, b"c%05d")
+    cmd = ["master", "--store", str(tmp_path / "c.db"), "--port", "0", "--restore", str(ckpt)]
+    out = run_cli(*cmd)
+    assert out.returncode != 0
+    assert "source 'c'" in out.stderr and f"{c}: chunk count changed: 20 -> 21" in out.stderr
+    numbered_records(tmp_path / "c.recordio", 20, b"c%05d")  # as it was
+    numbered_records(tmp_path / "a.recordio", 29)  # a source the job was set with
+    cmd = ["master", "--store", str(tmp_path / "d.db"), "--port", "0", "--restore", str(ckpt)]
+    out = run_cli(*cmd)
+    assert out.returncode != 0
+    assert "source 'a'" in out.stderr and f"{a}: chunk count changed: 30 -> 29" in out.stderr
+    assert "source 'c'" not in out.stderr

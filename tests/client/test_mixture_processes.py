@@ -1,5 +1,6 @@
 """A mixture of three sources end to end (docs/mixtures.md): real master processes, real
-`chunkmaster read` and session trainers, a weight change over the CLI, SIGKILLs.
+`chunkmaster read` and session trainers, a weight change and a source added over the CLI and
+the client, SIGKILLs, restores.
 
 The sources differ in format and size: "web" a RecordIO file of 800 chunks of 20 to 80
 records, "code" 200 JSON Lines files of 30 lines, "books" a RecordIO file of 7 chunks of 100.
@@ -29,7 +30,7 @@ from chunkmaster.client import Client, Source
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.checkpoint import decode
 from chunkmaster.core.dataset import Dataset
-from chunkmaster.core.events import MixturePosition, Restore, SetDataset, SetWeights
+from chunkmaster.core.events import AddSources, MixturePosition, Restore, SetDataset, SetWeights
 from chunkmaster.core.mixture import Weights
 from chunkmaster.core.state import MasterState, apply
 from chunkmaster.digest import Digest
@@ -40,6 +41,8 @@ SEED = 7
 NAMES = ("web", "code", "books")
 FIRST = {"web": 0.7, "code": 0.2, "books": 0.1}
 LATER = {"web": 0.2, "code": 0.3, "books": 0.5}
+#: The weights once the source "extra" is added.
+FOURTH = {"web": 0.4, "code": 0.2, "books": 0.1, "extra": 0.3}
 SESSION_TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 
 
@@ -341,3 +344,214 @@ def _whole(
             r = state.dataset.task_records[tasks[unit]]
         out.append((p, unit, r))
     return tuple(out)
+
+
+# ---- a source added to the running job -------------------------------------------------------
+
+
+class Extra:
+    """A fourth source, "extra", on disk: a RecordIO file of 60 chunks of 15 to 25 records (one
+    chunk a task), and the master's view of it, added after the three."""
+
+    def __init__(self, d: Path, *, numbered: bool = False) -> None:
+        (d / "extra").mkdir(parents=True)
+        self.path = str(d / "extra" / "extra.rio")
+        fmt = b"%06d" if numbered else b"extra-%06d"
+        self.tasks: list[list[bytes]] = []
+        n = 300_000
+        with Writer(self.path, max_chunk_size=1 << 30) as w:
+            for c in range(60):
+                ids = range(n, n + 15 + c % 11)
+                n += len(ids)
+                for i in ids:
+                    w.write(fmt % i)
+                w.flush()
+                self.tasks.append([fmt % i for i in ids])
+
+    def added(self) -> Dataset:
+        """The source as the master indexes it to add it (a mixture of it alone)."""
+        return Dataset.mix([("extra", load_dataset([self.path], 1), 1.0)]).with_shuffle(SEED)
+
+
+def source_records(src: Sources, extra: Extra, ds: Dataset, task: int) -> list[Any]:
+    """The records of a task of the grown mixture (web, code, books, extra)."""
+    s = ds.source_of(task)
+    tasks = extra.tasks if ds.sources[s].name == "extra" else src.tasks[ds.sources[s].name]
+    return tasks[task - ds.source_tasks(s).start]
+
+
+def test_a_source_added_and_a_killed_master_mid_pass_deliver_each_source_epoch_once(
+    tmp_path: Path, master_process: Any, trainers: Any
+) -> None:
+    """Mid-pass 1: a fourth source added over the CLI (with weights naming it), then the
+    master SIGKILLed and restarted on its store (it replays the add). Passes 0 and 2 add up per
+    source exactly, the added one included; in pass 1 every unit was completed with the records
+    of the task its plan holds (the three sources up to the add, the four after); the plans
+    are whole source epochs, the added source's from its first; pass 2 follows the new weights;
+    every pass is the job's 1,007 units."""
+    src = Sources(tmp_path / "data")
+    extra = Extra(tmp_path / "data")
+    m = master_process(
+        "--chunk-per-task", "1", "--shuffle-seed", str(SEED), "--task-timeout-dur", "30s"
+    )
+    args = ["--addr", m.addr, *src.flags(FIRST), "--passes", "3", "--step-time", "0.0002"]
+    ts = trainers(3, args)
+    deadline = time.monotonic() + 300
+    while progress(m.addr) < (1, 8000):
+        assert time.monotonic() < deadline, "pass 1 never got going"
+        time.sleep(0.05)
+    point = ",".join(f"{n}={w}" for n, w in FOURTH.items())
+    cmd = ["weights", "--addr", m.addr, "--json", "--add", f"extra={extra.path}", point]
+    out = subprocess.run(
+        [sys.executable, "-m", "chunkmaster", *cmd], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    change = json.loads(out.stdout)
+    m.restart()  # SIGKILL, then the same port and store
+    for t in ts:
+        assert t.drain(timeout=300) == 0, t.log()
+    ds = src.dataset(FIRST)
+    grown = ds.grown(extra.added())
+    n = ds.num_tasks
+    assert change["pass"] == 1 and 0 < change["unit"] < n
+    expected = plans_with_extra(ds, grown, 3, change["unit"])
+    epochs = check_source_epochs(grown, expected)
+    assert epochs[3] >= 1  # extra went through a whole epoch of its own at least
+    names = [s.name for s in grown.sources]
+    for p in (0, 2):
+        want = {name: Digest() for name in names}
+        for t in expected[p]:
+            for r in source_records(src, extra, grown, t):
+                want[names[grown.source_of(t)]].add(r)
+        got = {name: Digest() for name in names}
+        for t in ts:
+            for name, d in t.passes[p].get("sources", {}).items():
+                got[name].merge(Digest(int(d["digest"], 16), int(d["records"])))
+        assert got == want, f"pass {p}"
+    done: dict[int, dict[str, Any]] = {}
+    for t in ts:
+        for line in t.tasks[1]:
+            done[int(line["task"])] = line  # the last completion of each unit
+    assert sorted(done) == list(range(n))
+    for unit, line in done.items():
+        task = expected[1][unit]
+        d = Digest()
+        for r in source_records(src, extra, grown, task)[int(line["start"]) :]:
+            d.add(r)
+        assert line["source"] == names[grown.source_of(task)]
+        assert (int(line["records"]), line["digest"]) == (d.count, d.hex()), f"unit {unit}"
+    assert any(line["source"] == "extra" for line in done.values())
+    records = grown.task_records
+    late = Counter()
+    for t in expected[2]:
+        late[names[grown.source_of(t)]] += records[t]
+    total = sum(late.values())
+    for name in names:
+        assert abs(late[name] / total - FOURTH[name]) < 0.02
+    with MasterConnection(m.addr) as c:
+        mix = c.status()["mixture"]
+    assert mix["units"] == n and [s["name"] for s in mix["sources"]] == names
+
+
+def plans_with_extra(ds: Dataset, grown: Dataset, passes: int, unit: int) -> dict[int, list[int]]:
+    """The plans the master makes: the first weights, and from unit `unit` of pass 1 on the
+    four sources under FOURTH."""
+    state = MasterState()
+    apply(state, SetDataset(ds))
+    mix = state.mix
+    assert mix is not None
+    out = {}
+    records = grown.task_records
+    for p in range(passes):
+        if p:
+            mix.begin(p)
+        if p == 1:
+            r = grown.source_tasks(3)
+            mix.add(["extra"], [records[r.start : r.stop]])
+            mix.replan(p, unit, Weights.fixed(list(FOURTH.values())), True)
+        out[p] = list(mix.plan(p))
+    return out
+
+
+def test_a_whole_job_restored_with_an_added_source_delivers_what_was_not_committed_once(
+    tmp_path: Path,
+) -> None:
+    """Trainers commit as they read a mixture of three sources; the data checkpoint is saved;
+    everything is SIGKILLed. A fresh master restores the checkpoint, a fourth source is added
+    with new weights (`Client.add_sources`), and fresh trainers read two passes: in each, what
+    was committed before plus what is delivered after is exactly the records of the pass's plan
+    (as the checkpoint recorded it up to the last commit, the four sources under the new
+    weights after), as many times as planned; the three continue their epochs where they were,
+    the added one starts at its first; its records are delivered."""
+    src = Sources(tmp_path / "data", numbered=True)
+    extra = Extra(tmp_path / "data", numbered=True)
+    ckpt = tmp_path / "job.ckpt"
+    flags = ["--chunk-per-task", "1", "--shuffle-seed", str(SEED)]
+    first = MasterProcess(["--store", str(tmp_path / "a.db"), *flags]).start()
+    try:
+        with Client(first.addr) as client:
+            client.set_dataset(src.spec(FIRST))
+        common = ["--passes", "2", "--commit-every", "23", "--step-time", "0.001"]
+        olds = [SessionTrainer(first.addr, tmp_path / f"a{i}.out", *common) for i in range(3)]
+        deadline = time.monotonic() + 120
+        while not all(t.read() >= 300 for t in olds):
+            assert time.monotonic() < deadline, "the trainers never got going"
+            time.sleep(0.05)
+        save = ["checkpoint", "save", "--addr", first.addr, str(ckpt)]
+        out = subprocess.run(
+            [sys.executable, "-m", "chunkmaster", *save], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        for t in olds:
+            t.kill()
+    finally:
+        first.kill()
+    cp = decode(ckpt.read_bytes())
+    assert cp.mixture is not None and len(cp.mixture.sources) == 3
+    fresh = MasterProcess(
+        ["--store", str(tmp_path / "b.db"), *flags, "--restore", str(ckpt)]
+    ).start()
+    try:
+        with Client(fresh.addr) as client:
+            change = client.add_sources({"extra": Source(extra.path)}, FOURTH)
+        common = ["--passes", "2", "--first-pass", str(cp.floor)]
+        news = [SessionTrainer(fresh.addr, tmp_path / f"b{i}.out", *common) for i in range(2)]
+        for t in news:
+            assert t.proc.wait(300) == 0, t.out.with_suffix(".log").read_text()
+        with MasterConnection(fresh.addr) as c:
+            mix = c.status()["mixture"]
+    finally:
+        fresh.kill()
+
+    ds = src.dataset(FIRST)
+    state = MasterState()
+    apply(state, SetDataset(ds))
+    commits = tuple(
+        (p.pass_id, t, r)
+        for p in cp.passes
+        for t, r in sorted([(t, -1) for t in p.full] + list(p.partial.items()))
+    )
+    position = MixturePosition(cp.mixture.passes, cp.mixture.weights)
+    apply(state, Restore(cp.floor, _whole(state, commits, position), "ckpt", "", position))
+    apply(state, AddSources(extra.added(), Weights.fixed(list(FOURTH.values()))))
+    assert state.mix is not None and state.dataset is not None
+    grown = state.dataset
+    expected: dict[int, list[int]] = {}
+    for p in (cp.floor, cp.floor + 1):
+        if p not in state.mix.passes:
+            state.mix.begin(p)
+        expected[p] = list(state.mix.plan(p))
+    assert (change.pass_id, change.unit) != (cp.floor, 0) or not cp.passes
+    assert mix["units"] == ds.num_tasks and mix["sources"][3]["name"] == "extra"
+    check_source_epochs(grown, expected)
+    committed: dict[int, list[int]] = defaultdict(list)
+    for p, unit, r in commits:
+        records = source_records(src, extra, grown, expected[p][unit])
+        committed[p] += [int(x) for x in records[: None if r < 0 else r]]
+    added = 0
+    for p in (cp.floor, cp.floor + 1):
+        got = Counter(r for t in news for r in t.records(p))
+        planned = Counter(int(x) for t in expected[p] for x in source_records(src, extra, grown, t))
+        assert got + Counter(committed[p]) == planned, f"pass {p}"
+        added += sum(n for r, n in got.items() if r >= 300_000)
+    assert added > 0  # the added source was delivered

@@ -472,3 +472,35 @@ def test_a_datasets_chunk_size_is_kept_and_an_older_entry_has_none() -> None:
     assert b"chunk_size" not in data
     back = decode_event(data)
     assert isinstance(back, SetDataset) and back.dataset.chunk_size is None
+
+
+def test_an_added_source_has_a_tag_and_its_snapshot_a_version_older_builds_refuse() -> None:
+    """Sources added to a running mixture ("N": the added sources' dataset, with its formats
+    and sizes, and the weights) read back as written; the grown mixture's snapshot is version
+    8 (its passes are fewer units than its sources' tasks, which an older build would take for
+    a damaged job) and loads to the same state, plans included; one without an added source
+    stays version 7."""
+    from helpers.state_dump import dump
+
+    from chunkmaster.core.codec import SNAPSHOT_VERSION_GROWN, unpack
+    from chunkmaster.core.events import AddSources
+    from chunkmaster.core.mixture import Weights
+
+    state = MasterState()
+    apply(state, SetDataset(mixed()))
+    lines = Dataset.build(["/l/*.txt"], ["/l/a.txt"], [([0, 7], [2, 3])], 1, fmt="text")
+    added = Dataset.mix([("lines", lines, 2.0)])
+    ev = AddSources(added, Weights.fixed([1, 1, 1, 2]))
+    data = encode_event(ev)
+    back = decode_event(data)
+    assert data[:1] == b"N" and isinstance(back, AddSources) and back.weights == ev.weights
+    assert back.dataset.sources == added.sources and back.dataset.files == added.files
+    assert list(back.dataset.chunk_records) == [2, 3]
+    assert apply(state, back) == 0
+    assert state.dataset is not None and state.dataset.task_format(7) == "text"
+    header = unpack(encode_snapshot(state))[0]
+    assert header["version"] == SNAPSHOT_VERSION_GROWN == 8
+    loaded = decode_snapshot(encode_snapshot(state))
+    assert dump(loaded) == dump(state)
+    assert state.mix is not None and loaded.mix is not None
+    assert list(loaded.mix.plan(0)) == list(state.mix.plan(0))

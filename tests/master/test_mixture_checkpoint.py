@@ -19,10 +19,11 @@ from chunkmaster.core.checkpoint import (
     encode,
     fingerprint,
     mixture_parts,
+    set_with,
     unit_records,
 )
 from chunkmaster.core.dataset import Dataset
-from chunkmaster.core.events import Commit, Dispatch, Finish, SetDataset, SetWeights
+from chunkmaster.core.events import AddSources, Commit, Dispatch, Finish, SetDataset, SetWeights
 from chunkmaster.core.mixture import Weights
 from chunkmaster.core.model import Position
 from chunkmaster.core.state import MasterState, apply, committed_position, mixture_position
@@ -40,13 +41,23 @@ def mixture(**weights: float) -> Dataset:
     return Dataset.mix([(n, source(n, sizes[n]), w) for n, w in weights.items()])
 
 
-def checkpoint_of(ds: Dataset, units: int = 50) -> tuple[DataCheckpoint, MasterState]:
-    """A job that handed out, finished and committed `units` units and changed its weights."""
+def extra(n: int = 5) -> Dataset:
+    """A source "extra" to add to a mixture (as a mixture of it alone)."""
+    return Dataset.mix([("extra", source("extra", n), 1.0)])
+
+
+def checkpoint_of(
+    ds: Dataset, units: int = 50, add: Dataset | None = None
+) -> tuple[DataCheckpoint, MasterState]:
+    """A job that handed out, finished and committed `units` units and changed its weights
+    (and had the sources `add` added, at its 30th unit)."""
     st = MasterState()
     apply(st, SetDataset(ds))
     for i in range(units):
         if i == 20:
             apply(st, SetWeights(Weights.fixed([1, 1, 2])))
+        if i == 30 and add is not None:
+            apply(st, AddSources(add, Weights.fixed([1, 1, 2, 3])))
         task = apply(st, Dispatch(1.0))
         assert task is not None and not isinstance(task, bool | int)
         apply(st, Finish(task.meta.id, task.meta.epoch, task.pass_id))
@@ -54,7 +65,8 @@ def checkpoint_of(ds: Dataset, units: int = 50) -> tuple[DataCheckpoint, MasterS
             apply(st, Commit((Position(task.meta.id, task.meta.epoch, task.pass_id, 5),)))
     floor, commits = committed_position(st)
     position = mixture_position(st)
-    assert position is not None
+    assert position is not None and st.dataset is not None
+    ds = st.dataset
     by_pass: dict[int, tuple[set[int], dict[int, int]]] = {}
     for p, t, _ in commits:  # every task is one chunk of 5 records: committed whole
         by_pass.setdefault(p, (set(), {}))[0].add(t)
@@ -63,7 +75,7 @@ def checkpoint_of(ds: Dataset, units: int = 50) -> tuple[DataCheckpoint, MasterS
             "job",
             1.0,
             fingerprint(ds),
-            ds.num_tasks,
+            st.num_tasks,
             floor,
             tuple(PassCommits(p, frozenset(f), pr) for p, (f, pr) in sorted(by_pass.items())),
             None,
@@ -137,3 +149,47 @@ def test_a_damaged_mixture_section_is_refused_naming_the_field() -> None:
     refused(seal(head, sections, version=1), "version 1 and the mixture disagree")
     del head["mixture"]
     refused(seal(head, sections, version=VERSION_MIXTURE), "version 3 and the mixture disagree")
+
+
+def test_a_checkpoint_restores_onto_the_job_with_sources_added_since() -> None:
+    """A checkpoint of web, code and books restores onto the job that had "extra" added since
+    (its passes as many units as the checkpoint's): the units its commits name are the same
+    tasks. Refused, naming it: a job whose passes are other units (a fresh job set with the
+    four sources), a job lacking one of the checkpoint's sources, the sources in another
+    order."""
+    three = mixture(web=0.7, code=0.2, books=0.1)
+    cp, _ = checkpoint_of(three)
+    four = three.grown(extra())
+    assert check_restorable(cp, four, units=cp.num_tasks) == unit_records(cp, three)
+    with pytest.raises(CheckpointError, match=r"passes are 55 units and this job's 61.*--add"):
+        check_restorable(cp, four)
+    cp4, _ = checkpoint_of(three, add=extra())
+    with pytest.raises(
+        CheckpointError,
+        match=r"source\(s\) 'extra' of the data checkpoint are not in this master's mixture",
+    ):
+        check_restorable(cp4, three)
+    first = Dataset.mix([("extra", source("extra", 5), 1.0)]).grown(three)
+    with pytest.raises(CheckpointError, match="sources changed"):
+        check_restorable(cp, first, units=cp.num_tasks)
+
+
+def test_a_grown_mixtures_checkpoint_round_trips_and_refuses_a_changed_added_source() -> None:
+    """A checkpoint of a job that had a source added: its units are the tasks of the sources
+    it was set with (`set_with`), it round-trips, restores onto the same four sources, and
+    refuses the added source's files changed, naming the source and the file."""
+    three = mixture(web=0.7, code=0.2, books=0.1)
+    cp, st = checkpoint_of(three, units=80, add=extra())
+    assert st.dataset is not None and cp.num_tasks == three.num_tasks < st.dataset.num_tasks
+    back = decode(encode(cp))
+    assert back == cp and set_with(back) == 3
+    records = check_restorable(back, st.dataset, units=cp.num_tasks)
+    assert st.mix is not None
+    for p, got in records.items():
+        assert got == [st.dataset.task_records[t] for t in st.mix.plan(p)][: len(got)]
+    changed = three.grown(extra(6))
+    with pytest.raises(CheckpointError, match="source 'extra': /extra/a: chunk count changed"):
+        check_restorable(back, changed, units=cp.num_tasks)
+    lying = DataCheckpoint(**{**cp.__dict__, "num_tasks": cp.num_tasks + 1})
+    with pytest.raises(CheckpointError, match="is not the tasks of the mixture's first sources"):
+        encode(lying)

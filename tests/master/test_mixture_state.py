@@ -9,11 +9,15 @@ from collections import defaultdict
 import hypothesis.strategies as st
 import pytest
 from helpers.mixtures import check_source_epochs, windows
+from helpers.state_dump import dump
 from hypothesis import given, settings
 
+from chunkmaster.core.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import (
+    AddSources,
     Commit,
+    Configure,
     Dispatch,
     EndSession,
     Event,
@@ -25,7 +29,7 @@ from chunkmaster.core.events import (
     SetWeights,
 )
 from chunkmaster.core.mixture import Breakpoint, Weights
-from chunkmaster.core.model import Position
+from chunkmaster.core.model import FailedPolicy, Position
 from chunkmaster.core.state import (
     Availability,
     MasterState,
@@ -74,7 +78,7 @@ class Run:
         st = self.state
         out = apply(st, ev)
         if st.mix is not None and (
-            st.cur_pass not in self.plans or isinstance(ev, SetWeights | Restore)
+            st.cur_pass not in self.plans or isinstance(ev, SetWeights | Restore | AddSources)
         ):
             self.plans[st.cur_pass] = list(st.mix.plan(st.cur_pass))
         return out
@@ -85,7 +89,8 @@ class Run:
             return None
         task = self.do(Dispatch(100.0, "w", "", session))
         assert task is not None and not isinstance(task, bool | int)
-        assert task.source == st.mix.names[self.ds.source_of(st.unit_task(task.meta.id))]
+        assert st.dataset is not None and st.mix is not None
+        assert task.source == st.mix.names[st.dataset.source_of(st.unit_task(task.meta.id))]
         return int(task.meta.id)
 
     def finish(self, unit: int) -> None:
@@ -300,3 +305,167 @@ def test_a_pass_of_a_mixture_counts_its_planned_records() -> None:
     assert mix.records == sum(ds.task_records[t] for t in run.plans[0])
     run.do(SetWeights(Weights.fixed([1, 1, 1])))
     assert mix.records == sum(ds.task_records[t] for t in run.plans[0])
+
+
+# ---- sources added to a running job ----------------------------------------------------------
+
+
+def replayed(journal: list[Event]) -> MasterState:
+    """A fresh state given the same events through the journal's bytes (a standby, a restart)."""
+    state = MasterState()
+    for ev in journal:
+        apply(state, decode_event(encode_event(ev)))
+    return state
+
+
+class Journaled(Run):
+    """A Run that keeps its events, to replay them."""
+
+    def __init__(self, ds: Dataset) -> None:
+        self.journal: list[Event] = []
+        super().__init__(ds)
+
+    def do(self, ev: Event) -> object:
+        self.journal.append(ev)
+        return super().do(ev)
+
+
+def test_a_source_added_mid_pass_takes_effect_after_the_last_unit_handed_out() -> None:
+    """A source added mid-pass (with new weights naming it) changes no unit handed out; the
+    units from the first nobody had are planned again with it in, at its weight; the pass
+    keeps its N units, and so do the next; the new source starts at its epoch 0 and every
+    source's tasks across the plans are whole epochs. A standby replaying the journal, and a
+    snapshot, give the same state and plan the same units."""
+    ds = mixture([("a", [10] * 100, 1), ("b", [10] * 100, 1)], seed=4)
+    run = Journaled(ds)
+    for _ in range(30):
+        unit = run.take()
+        assert unit is not None
+        run.finish(unit)
+    assert run.take() == 30  # held: the change comes after it
+    before = list(run.plans[0])
+    added = mixture([("c", [10] * 60, 1)])
+    at = run.do(AddSources(added, Weights.fixed([1, 1, 2])))
+    st_ = run.state
+    grown = st_.dataset
+    assert grown is not None and st_.mix is not None
+    assert at == 31 * 10  # records planned before the first unit planned again
+    after = run.plans[0]
+    assert after[:31] == before[:31] and len(after) == st_.num_tasks == 200
+    assert [s.name for s in grown.sources] == ["a", "b", "c"] and grown.num_tasks == 260
+    c = [t for t in after[31:] if grown.source_of(t) == 2]
+    assert abs(len(c) / len(after[31:]) - 0.5) <= 0.02
+    assert st_.mix.epoch(0, 2) == 0
+    run.finish(30)
+    while st_.cur_pass < 3:
+        unit = run.take()
+        assert unit is not None
+        run.finish(unit)
+    for p in range(3):
+        assert {u for q, u in run.finished if q == p} == set(range(200))
+    assert max(run.finished.values()) == 1
+    epochs = check_source_epochs(grown, run.plans)
+    assert epochs[2] >= 2  # c went through whole epochs of its own, from its first
+    late = [grown.source_of(t) for t in run.plans[2]]
+    assert abs(late.count(2) / len(late) - 0.5) <= 0.02
+    standby = replayed(run.journal)
+    assert dump(standby) == dump(st_)
+    assert dump(decode_snapshot(encode_snapshot(st_))) == dump(st_)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.sampled_from("DDDFFFXWEOA"), st.integers(0, 99)), max_size=400),
+)
+def test_sources_added_with_failures_and_lost_trainers_lose_and_repeat_nothing(
+    ops: list[tuple[str, int]],
+) -> None:
+    """Sources added at any point (and weight changes, failures, trainers lost holding tasks):
+    each unit of a pass is finished once, every pass keeps its units, each source's tasks
+    across the plans are whole epochs, and a replay of the journal is the same state."""
+    ds = mixture([("a", [1 + t % 5 for t in range(13)], 1), ("b", [7] * 4, 1)], 3)
+    run = Journaled(ds)
+    st_ = run.state
+    run.do(Configure(100, FailedPolicy.RETRY))
+    run.do(OpenSession("s", "t", "h", 1))
+    for kind, x in ops:
+        n = len(st_.dataset.sources) if st_.dataset is not None else 0
+        if kind == "D":
+            run.take("s" if x % 2 else "")
+        elif kind == "F" and st_.pending:
+            run.finish(sorted(st_.pending)[x % len(st_.pending)])
+        elif kind == "X" and st_.pending:
+            unit = sorted(st_.pending)[x % len(st_.pending)]
+            run.do(Fail(unit, st_.pending[unit].epoch, "bad"))
+        elif kind == "W":
+            w = [(x + i) % 4 for i in range(n)]
+            run.do(SetWeights(Weights.fixed(w if sum(w) else [1] * n)))
+        elif kind == "A" and n < 5:
+            name = "abcde"[n]
+            added = mixture([(name, [1 + (t * x) % 9 for t in range(1 + x % 11)], 1)])
+            w = [1 + (x + i) % 3 for i in range(n + 1)]
+            run.do(AddSources(added, Weights.fixed(w)))
+        elif kind == "E":
+            run.do(EndSession("s", "trainer lost", (), x % 2 == 0))
+        elif kind == "O" and "s" not in st_.sessions:
+            run.do(OpenSession("s", "t", "h", 1))
+    assert max(run.finished.values(), default=1) == 1
+    for p in range(st_.cur_pass):
+        assert {u for q, u in run.finished if q == p} == set(range(ds.num_tasks))
+    assert st_.dataset is not None
+    check_source_epochs(st_.dataset, run.plans)
+    assert dump(replayed(run.journal)) == dump(st_)
+
+
+def test_a_restore_of_fewer_sources_continues_them_and_starts_the_added_one_at_epoch_0() -> None:
+    """A data checkpoint of web, code and books restored onto the job that had "extra" added
+    since (the Restore RPC on the running job, or `master --restore` and then the add): the
+    floor pass is planned as the checkpoint recorded it (extra at weight 0), and new weights
+    naming extra plan the units after the last commit again with it in. Committed before plus
+    delivered after is every unit once; every source's tasks are whole epochs, extra's from
+    its first; a snapshot and a replay agree."""
+    ds = three()
+    live = Journaled(ds)
+    live.do(OpenSession("s", "t", "h", 1))
+    n = ds.num_tasks
+    run_committing(live, n + 400, holes={5, n // 2})
+    floor, commits = committed_position(live.state)
+    position = mixture_position(live.state)
+    assert floor == 0 and position is not None and [p for p, _ in position.passes] == [0, 1]
+
+    live.do(AddSources(mixture([("extra", [30] * 40, 1.0)]), Weights.fixed([1, 1, 1, 1])))
+    live.do(Restore(floor, commits, "ckpt", "k", position))
+    st_ = live.state
+    four = st_.dataset
+    assert four is not None and st_.mix is not None and st_.num_tasks == n
+    assert st_.mix.plan(0).tolist() == list(mixture_plan(ds, position, 0))
+    assert st_.mix.weights.at(0)[3] == 0  # the checkpoint's weights, extra at 0
+    live.plans = {0: list(st_.mix.plan(0))}
+    live.finished.clear()
+    live.do(SetWeights(Weights.fixed([0.4, 0.2, 0.1, 0.3])))
+    live.do(OpenSession("s", "t", "h", 1))
+    while st_.cur_pass < 3:
+        unit = live.take("s")
+        assert unit is not None
+        live.finish(unit)
+    committed = {(p, t) for p, t, _ in commits}
+    for p in (0, 1, 2):
+        delivered = {u for q, u in live.finished if q == p}
+        mine = {u for q, u in committed if q == p}
+        assert delivered.isdisjoint(mine) and delivered | mine == set(range(n))
+    epochs = check_source_epochs(four, live.plans)
+    assert epochs[3] >= 1
+    records = four.task_records
+    extra = sum(records[t] for t in live.plans[2] if four.source_of(t) == 3)
+    assert abs(extra / sum(records[t] for t in live.plans[2]) - 0.3) <= 0.01  # by records
+    assert dump(decode_snapshot(encode_snapshot(st_))) == dump(st_)
+    assert dump(replayed(live.journal)) == dump(st_)
+
+
+def mixture_plan(ds: Dataset, position: object, pass_id: int) -> list[int]:
+    """Pass `pass_id` as a data checkpoint's position recorded it, on `ds`."""
+    from chunkmaster.core.events import MixturePosition
+    from chunkmaster.core.mixture import MixtureState
+
+    assert isinstance(position, MixturePosition)
+    return list(MixtureState.of(ds).compute(dict(position.passes)[pass_id])[0])

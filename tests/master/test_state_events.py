@@ -6,7 +6,7 @@ without ranks and ended for every reason, dispatch, finishes and failures right 
 timeouts on a clock, progress with and without deadlines, commits, returns, restores at the
 start and on a running job, new limits, error budgets, equal steps, resumes, save approvals, a
 dataset with or without a shuffle seed, or a mixture of two sources (docs/mixtures.md) with
-weight changes mid-pass. After every step it checks what must always hold
+weight changes and sources added mid-pass. After every step it checks what must always hold
 (`invariant`s below), and that the state comes back the same, field by field
 (helpers/state_dump.py), three ways: from a snapshot of it (core/codec.py), from a replay of
 the whole journal onto a fresh state, and from an earlier snapshot plus the journal after it,
@@ -47,6 +47,7 @@ from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import (
+    AddSources,
     ApproveSave,
     Commit,
     Dispatch,
@@ -157,6 +158,14 @@ def weights_strategy() -> st.SearchStrategy[Weights]:
     )
 
 
+def widened(weights: Weights, more: list[float]) -> Weights:
+    """A two-source schedule for a mixture of 2 + len(more) sources: the others' weights are
+    `more` at every point."""
+    return Weights(
+        tuple(Breakpoint(p.at, (*p.weights, *more)) for p in weights.points), weights.mode
+    )
+
+
 def position_strategy(ds: Dataset) -> st.SearchStrategy[Checkpoint]:
     """A data checkpoint's position for `ds`: a floor, and records committed from it on."""
 
@@ -200,7 +209,7 @@ class EveryEvent(RuleBasedStateMachine):
         """Apply `ev` as the master does: journal it (as bytes), then apply what is read back."""
         data = encode_event(ev)
         back = decode_event(data)
-        if not isinstance(ev, SetDataset):
+        if not isinstance(ev, SetDataset | AddSources):  # a Dataset is equal to itself only
             assert back == ev, f"{ev!r} reads back as {back!r}"
         if journal:
             self.journal.append(data)
@@ -681,12 +690,13 @@ class EveryEvent(RuleBasedStateMachine):
             assert self.submit(ApproveSave(trainer, self.now + dur)) is True
 
     @precondition(lambda self: self.state.mix is not None)
-    @rule(weights=weights_strategy())
-    def set_weights(self, weights: Weights) -> None:
+    @rule(weights=weights_strategy(), more=st.lists(WEIGHT, min_size=2, max_size=2))
+    def set_weights(self, weights: Weights, more: list[float]) -> None:
         """New weights for a mixture: the units of the pass from the first nobody had are
         planned again; those before it, handed out, committed or split, stay as they were."""
         s = self.state
         assert s.mix is not None
+        weights = widened(weights, more[: len(s.mix.names) - 2])
         last = max(s.mix.passes)
         at = replan_point(s) if last == s.cur_pass else None
         before = list(s.mix.plan(last))
@@ -697,6 +707,38 @@ class EveryEvent(RuleBasedStateMachine):
         if at is not None:
             assert after[:at] == before[:at]
             event("weights changed mid-pass" if 0 < at < s.num_tasks else "weights changed")
+
+    @precondition(lambda self: self.state.mix is not None and len(self.state.mix.names) < 4)
+    @rule(
+        weights=weights_strategy(),
+        more=st.lists(WEIGHT, min_size=2, max_size=2),
+        records=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    )
+    def add_source(self, weights: Weights, more: list[float], records: list[int]) -> None:
+        """A source added to a running mixture, with weights naming it: as a weight change,
+        the units from the first nobody had are planned again, the new source in; the pass
+        keeps its units."""
+        s = self.state
+        assert s.mix is not None and s.dataset is not None
+        names = list(s.mix.names)
+        name = "cd"[len(names) - 2]
+        part = Dataset.build(
+            [f"/{name}/*.rio"],
+            [f"/{name}/0.rio"],
+            [(list(range(0, 100 * len(records), 100)), records)],
+            s.dataset.chunks_per_task,
+        )
+        added = Dataset.mix([(name, part, 1.0)]).with_shuffle(s.dataset.shuffle_seed)
+        weights = widened(weights, more[: len(names) - 1])
+        last = max(s.mix.passes)
+        at = replan_point(s) if last == s.cur_pass else None
+        before = list(s.mix.plan(last))
+        effect = self.submit(AddSources(added, weights))
+        assert isinstance(effect, int) and effect >= 0
+        assert s.mix.names == [*names, name] and len(s.mix.plan(last)) == s.num_tasks
+        if at is not None:
+            assert list(s.mix.plan(last))[:at] == before[:at]
+            event("a source added mid-pass" if 0 < at < s.num_tasks else "a source added")
 
     @rule()
     def take_snapshot(self) -> None:

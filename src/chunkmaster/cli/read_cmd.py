@@ -251,9 +251,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_sources(flags: list[str]) -> dict[str, Source]:
-    """`--source NAME=PATTERN@WEIGHT` flags as a mixture (a name repeated adds a pattern; its
-    weights must agree); CliError naming the flag that is wrong."""
+def parse_sources(flags: list[str], flag_name: str = "--source") -> dict[str, Source]:
+    """`--source NAME=PATTERN@WEIGHT` flags (or `weights --add`'s) as a mixture (a name
+    repeated adds a pattern; its weights must agree); CliError naming the flag that is
+    wrong."""
     from chunkmaster.client import Source
 
     patterns: dict[str, list[str]] = {}
@@ -269,11 +270,11 @@ def parse_sources(flags: list[str]) -> dict[str, Source]:
             weight = math.nan
         if not eq or not name or not pattern or not math.isfinite(weight) or weight < 0:
             raise CliError(
-                f"--source {flag!r}: expected NAME=PATTERN@WEIGHT (a weight >= 0; @WEIGHT may "
+                f"{flag_name} {flag!r}: expected NAME=PATTERN@WEIGHT (a weight >= 0; @WEIGHT may "
                 "be left out)"
             )
         if weights.setdefault(name, weight) != weight:
-            raise CliError(f"--source {flag!r}: source {name!r} has weight {weights[name]:g}")
+            raise CliError(f"{flag_name} {flag!r}: source {name!r} has weight {weights[name]:g}")
         patterns.setdefault(name, []).append(pattern)
     return {name: Source(globs, weights[name]) for name, globs in patterns.items()}
 

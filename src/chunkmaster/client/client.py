@@ -377,6 +377,21 @@ class Client:
         points = schedule_to_pb(weights)
         return WeightChange(*self._call("set_weights", lambda c: c.set_weights(points, mode)))
 
+    def add_sources(
+        self, sources: Sources, weights: Schedule | None = None, mode: str = "step"
+    ) -> WeightChange:
+        """Add sources to the running mixture, after its own (each starts at its epoch 0), and
+        give the weights from then on: `weights` as `set_weights` takes them, naming every
+        source, old and new; None: the weights in force, each added source at its `Source`
+        weight on the same scale (patterns alone: 1). They take effect where new weights do;
+        a pass keeps its units. Raises DatasetError naming a source the job has already, or
+        one that matches no file or cannot be indexed: nothing is added (docs/mixtures.md)."""
+        points = [] if weights is None else schedule_to_pb(weights)
+        add = sources_to_pb(sources)
+        return WeightChange(
+            *self._call("add_sources", lambda c: c.set_weights(points, mode, add, DATASET_TIMEOUT))
+        )
+
     def request_save_model(self, trainer_id: str, block_dur: float) -> bool:
         """True if this trainer should save the model now (nobody else may for block_dur s)."""
         return self._call(

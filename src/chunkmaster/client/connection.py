@@ -211,12 +211,16 @@ class MasterConnection:
         self._call("SetDataset", request, timeout)
 
     def set_weights(
-        self, points: Sequence[pb.WeightPoint], mode: str = "step"
+        self,
+        points: Sequence[pb.WeightPoint],
+        mode: str = "step",
+        add: Sequence[pb.Source] = (),
+        timeout: float | None = None,
     ) -> tuple[int, int, int]:
-        """A mixture's weights from now on: (pass, unit, records planned) where they took
-        effect."""
-        request = pb.SetWeightsRequest(points=list(points), mode=mode)
-        reply = self._call("SetWeights", request, self.timeout)
+        """A mixture's weights from now on, with the sources `add` added first (indexed: give
+        a `timeout` as set_dataset's): (pass, unit, records planned) where they took effect."""
+        request = pb.SetWeightsRequest(points=list(points), mode=mode, add=list(add))
+        reply = self._call("SetWeights", request, timeout or self.timeout)
         return int(reply.pass_id), int(reply.unit), int(reply.records)
 
     def get_task(

@@ -64,6 +64,7 @@ from chunkmaster.core.mixture import (
     plan_json,
     weights_from_json,
     weights_json,
+    widen_plan,
 )
 from chunkmaster.core.shuffle import MAX_SEED
 
@@ -182,6 +183,24 @@ class DataCheckpoint:
     passes: tuple[PassCommits, ...]  # passes >= floor that have commits, ascending
     shuffle_seed: int | None = None  # the job's seed: the pass layouts the commits are in
     mixture: MixtureCheckpoint | None = None  # a mixture's sources and plans
+
+
+def _prefix_tasks(cp: DataCheckpoint) -> list[int]:
+    """The tasks of a mixture checkpoint's first source, first two, ... all of them."""
+    assert cp.mixture is not None
+    out, total = [], 0
+    for f in cp.mixture.source_fingerprints(cp.dataset):
+        total += count_tasks(f.num_chunks, cp.dataset.chunks_per_task)
+        out.append(total)
+    return out
+
+
+def set_with(cp: DataCheckpoint) -> int | None:
+    """How many of a mixture checkpoint's sources its job's dataset was set with (the others
+    were added while it ran, after them): its passes are their tasks in units. None: no number
+    of them has that many tasks."""
+    prefix = _prefix_tasks(cp)
+    return prefix.index(cp.num_tasks) + 1 if cp.num_tasks in prefix else None
 
 
 # --- fingerprint -------------------------------------------------------------------------------
@@ -381,13 +400,12 @@ def _check(cp: DataCheckpoint) -> None:
             raise CheckpointError(f"file {i} index digest is not {_DIGEST_SIZE} bytes")
     if cp.mixture is not None:
         _check_mixture(cp, cp.mixture)
-        expected_tasks = sum(
-            count_tasks(s.num_chunks, ds.chunks_per_task)
-            for s in cp.mixture.source_fingerprints(ds)
-        )
-    else:
-        expected_tasks = count_tasks(ds.num_chunks, ds.chunks_per_task)
-    if cp.num_tasks != expected_tasks:
+        if set_with(cp) is None:
+            raise CheckpointError(
+                f"num_tasks {cp.num_tasks} is not the tasks of the mixture's first sources "
+                f"({', '.join(map(str, _prefix_tasks(cp)))}): the units of its passes"
+            )
+    elif cp.num_tasks != (expected_tasks := count_tasks(ds.num_chunks, ds.chunks_per_task)):
         raise CheckpointError(
             f"num_tasks {cp.num_tasks} does not match the dataset's {ds.num_chunks} chunks "
             f"at {ds.chunks_per_task} a task ({expected_tasks} tasks)"
@@ -502,8 +520,9 @@ def unit_records(cp: DataCheckpoint, ds: Dataset) -> dict[int, list[int]]:
     mix = MixtureState.of(ds)
     records = ds.task_records
     last = {p.pass_id: max([*p.full, *p.partial], default=-1) for p in cp.passes}
+    n = len(ds.sources)  # sources after the checkpoint's have weight 0 in its plans
     return {
-        p: [records[t] for t in mix.compute(plan, last.get(p, -1) + 1)[0]]
+        p: [records[t] for t in mix.compute(widen_plan(plan, n), last.get(p, -1) + 1)[0]]
         for p, plan in cp.mixture.passes
     }
 
@@ -515,13 +534,22 @@ def _check_sources(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None)
     theirs = [s.name for s in ds.sources]
     if not ds.sources:
         return [f"the data checkpoint is of a mixture of {mine}, this master's dataset is not one"]
-    if mine != theirs:
-        return [f"sources changed: {mine} -> {theirs} (the same names, in the same order)"]
+    missing = [n for n in mine if n not in theirs]
+    if missing:
+        return [
+            f"source(s) {', '.join(map(repr, missing))} of the data checkpoint are not in this "
+            f"master's mixture {theirs}: every source of the checkpoint continues where it was"
+        ]
+    if theirs[: len(mine)] != mine:
+        return [
+            f"sources changed: {mine} -> {theirs} (the checkpoint's names first, in its order; "
+            "sources added after them)"
+        ]
     now = MixtureCheckpoint(mixture_parts(ds), cp.mixture.weights, ())
     lines = []
     pairs = zip(
         cp.mixture.source_fingerprints(cp.dataset),
-        now.source_fingerprints(fingerprint(ds, sizes)),
+        now.source_fingerprints(fingerprint(ds, sizes))[: len(mine)],
         strict=True,
     )
     for name, (old, new) in zip(mine, pairs, strict=True):
@@ -530,11 +558,12 @@ def _check_sources(cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None)
 
 
 def check_restorable(
-    cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None = None
+    cp: DataCheckpoint, ds: Dataset, sizes: Sequence[int] | None = None, units: int | None = None
 ) -> dict[int, list[int]]:
-    """Refuse restoring `cp` onto `ds` unless it is the dataset the checkpoint was taken on.
-    Returns a mixture's `unit_records` (computed here: its commits are checked against them;
-    empty for one dataset)."""
+    """Refuse restoring `cp` onto `ds` unless it is the dataset the checkpoint was taken on
+    (a mixture: its sources, maybe followed by sources added since), whose passes are `units`
+    units (None: its tasks). Returns a mixture's `unit_records` (computed here: its commits
+    are checked against them; empty for one dataset)."""
     if cp.shuffle_seed != ds.shuffle_seed:
         raise CheckpointError(
             f"the data checkpoint was taken with shuffle seed {_seed_text(cp.shuffle_seed)} and "
@@ -561,16 +590,23 @@ def check_restorable(
             + "; ".join(changes)
             + ". Restore onto the same files, or start the job without --restore"
         )
-    units = unit_records(cp, ds) if cp.mixture is not None else {}
+    units = units if units is not None else ds.num_tasks
+    if cp.mixture is not None and cp.num_tasks != units:
+        raise CheckpointError(
+            f"the data checkpoint's passes are {cp.num_tasks} units and this job's {units}: its "
+            "recorded plans begin each pass after that many. Restore it when the job starts "
+            "(chunkmaster master --restore), then add the sources (chunkmaster weights --add)"
+        )
+    records = unit_records(cp, ds) if cp.mixture is not None else {}
     for p in cp.passes:
-        totals = units.get(p.pass_id) or ds.task_records_for(p.pass_id)
-        for task, records in p.partial.items():
-            if records >= totals[task]:
+        totals = records.get(p.pass_id) or ds.task_records_for(p.pass_id)
+        for task, got in p.partial.items():
+            if got >= totals[task]:
                 raise CheckpointError(
-                    f"pass {p.pass_id}: task {task} has {totals[task]} records, so {records} "
+                    f"pass {p.pass_id}: task {task} has {totals[task]} records, so {got} "
                     f"committed is not a partial commit"
                 )
-    return units
+    return records
 
 
 def _seed_text(seed: int | None) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset, Source
 from chunkmaster.core.events import (
+    AddSources,
     ApproveSave,
     Commit,
     Configure,
@@ -75,7 +76,12 @@ SNAPSHOT_VERSION_SHUFFLED = SNAPSHOT_VERSION
 #: must refuse rather than read as one dataset; a job that is not a mixture is still written
 #: as version 6.
 SNAPSHOT_VERSION_MIXTURE = 7
-READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION, SNAPSHOT_VERSION_MIXTURE)
+#: 8: a mixture that sources were added to while it ran (AddSources): its passes are fewer
+#: units than its sources' tasks, which an older build would take for a damaged job (its data
+#: checkpoints refused); a mixture without added sources is still written as version 7.
+SNAPSHOT_VERSION_GROWN = 8
+MIXTURE_VERSIONS = (SNAPSHOT_VERSION_MIXTURE, SNAPSHOT_VERSION_GROWN)
+READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION, *MIXTURE_VERSIONS)
 #: A dataset's `chunk_size` (the bound its chunks were cut at) is an optional key, read as None
 #: when absent, and needs no new version: an older build that drops it hands out the same
 #: tasks; only the data checkpoints it writes lack the size (and read as cut at 4 MiB).
@@ -248,6 +254,9 @@ def encode_event(ev: Event) -> bytes:
             return b"B" + _dumps([f, [list(c) for c in cs], src, *([key] if key else [])])
         case SetWeights(weights=w):
             return b"W" + _dumps(weights_json(w))
+        case AddSources(dataset=ds, weights=w):
+            header, blobs = _dataset_parts(ds)
+            return b"N" + pack({**header, "weights": weights_json(w)}, blobs)
         case SetErrorBudget(budget=b):
             return b"Q" + _dumps(_budget(b))
         case SetDataset(dataset=ds):
@@ -262,13 +271,8 @@ def encode_event(ev: Event) -> bytes:
 def decode_event(data: bytes) -> Event:
     tag, body = data[:1], data[1:]
     try:
-        if tag in (b"T", b"H", b"M"):
-            ds = _dataset_from(*unpack(body))
-            if (tag == b"M") != bool(ds.sources):
-                raise CodecError("a dataset entry's tag and its sources disagree")
-            if tag != b"M" and (tag == b"H") != (ds.shuffle_seed is not None):
-                raise CodecError("a dataset entry's tag and shuffle seed disagree")
-            return SetDataset(ds)
+        if tag in (b"T", b"H", b"M", b"N"):
+            return _dataset_entry(tag, body)
         v = json.loads(body)
         if tag == b"D":
             return Dispatch(
@@ -338,9 +342,24 @@ def decode_event(data: bytes) -> Event:
     raise CodecError(f"unknown journal entry tag {tag!r}")
 
 
+def _dataset_entry(tag: bytes, body: bytes) -> Event:
+    """An entry that carries a dataset: SetDataset (T, H seeded, M a mixture) or AddSources."""
+    header, blobs = unpack(body)
+    ds = _dataset_from(header, blobs)
+    if tag == b"N":
+        if not ds.sources:
+            raise CodecError("sources added without sources")
+        return AddSources(ds, weights_from_json(header["weights"]))
+    if (tag == b"M") != bool(ds.sources):
+        raise CodecError("a dataset entry's tag and its sources disagree")
+    if tag != b"M" and (tag == b"H") != (ds.shuffle_seed is not None):
+        raise CodecError("a dataset entry's tag and shuffle seed disagree")
+    return SetDataset(ds)
+
+
 def encode_snapshot(state: MasterState) -> bytes:
     header: dict[str, Any] = {
-        "version": SNAPSHOT_VERSION if state.mix is None else SNAPSHOT_VERSION_MIXTURE,
+        "version": _version(state),
         "cur_pass": state.cur_pass,
         "failure_max": state.failure_max,
         "failed_policy": state.failed_policy.value,
@@ -398,6 +417,15 @@ def encode_snapshot(state: MasterState) -> bytes:
             if plan.units is not None:
                 blobs[f"plan{p}"] = plan.units
     return pack(header, blobs)
+
+
+def _version(state: MasterState) -> int:
+    if state.mix is None:
+        return SNAPSHOT_VERSION
+    assert state.dataset is not None
+    if state.mix.units != state.dataset.num_tasks:
+        return SNAPSHOT_VERSION_GROWN
+    return SNAPSHOT_VERSION_MIXTURE
 
 
 def _mixture_header(mix: MixtureState) -> dict[str, Any]:
@@ -471,7 +499,7 @@ def decode_snapshot(data: bytes) -> MasterState:
         st = MasterState()
         if header["dataset"] is not None:
             st.dataset = _dataset_from(header["dataset"], blobs)
-        if (header["version"] == SNAPSHOT_VERSION_MIXTURE) != ("mixture" in header):
+        if (header["version"] in MIXTURE_VERSIONS) != ("mixture" in header):
             raise CodecError("a snapshot's version and its mixture disagree")
         seeded = st.dataset is not None and st.dataset.shuffle_seed is not None
         if header["version"] < 5 and seeded != (header["version"] == 4):

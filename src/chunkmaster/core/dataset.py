@@ -202,6 +202,43 @@ class Dataset:
             sources=tuple(sources),
         )
 
+    def grown(self, added: Dataset) -> Dataset:
+        """This mixture with the sources of the mixture `added` after its own (sources added
+        to a running job): their files, chunks and tasks follow this one's, so every task of
+        this one keeps its ID. They were cut at the same chunks per task."""
+        if not self.sources or not added.sources:
+            raise ValueError("sources are added to a mixture, as a mixture")
+        if added.chunks_per_task != self.chunks_per_task:
+            raise ValueError(
+                f"sources cut at {added.chunks_per_task} chunks a task added to a mixture cut "
+                f"at {self.chunks_per_task}"
+            )
+        base = len(self.files)
+        chunk_file = array("I", self.chunk_file)
+        chunk_file.extend(base + f for f in added.chunk_file)
+        sizes = None
+        if self.file_sizes is not None and added.file_sizes is not None:
+            sizes = self.file_sizes + added.file_sizes
+        lengths = None
+        if self.chunk_length is not None or added.chunk_length is not None:
+            lengths = array("Q")
+            for d in (self, added):  # 0: not known
+                lengths.extend(d.chunk_length or array("Q", bytes(8 * d.num_chunks)))
+        return Dataset(
+            self.globs + added.globs,
+            self.files + added.files,
+            chunk_file,
+            self.chunk_offset + added.chunk_offset,
+            self.chunk_records + added.chunk_records,
+            self.chunks_per_task,
+            sizes,
+            lengths,
+            self.format if self.format == added.format else "mixed",
+            self.shuffle_seed,
+            self.chunk_size,
+            self.sources + added.sources,
+        )
+
     @property
     def num_chunks(self) -> int:
         return len(self.chunk_offset)

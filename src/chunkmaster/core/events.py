@@ -166,6 +166,16 @@ class SetWeights:
 
 
 @dataclass(frozen=True, slots=True)
+class AddSources:
+    """Sources added to a running mixture (`dataset`: a mixture of them alone, indexed), after
+    its own, starting at epoch 0; then `weights`, naming every source, old and new, as
+    SetWeights does: they take effect where a weight change would (docs/mixtures.md)."""
+
+    dataset: Dataset
+    weights: Weights
+
+
+@dataclass(frozen=True, slots=True)
 class MixturePosition:
     """What a mixture's data checkpoint holds beside its commits: the plan of each pass from
     the floor to the last with commits (the sources' cursors at its start, its weights and
@@ -206,4 +216,5 @@ Event = (
     | Restore
     | SetErrorBudget
     | SetWeights
+    | AddSources
 )

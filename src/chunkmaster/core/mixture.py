@@ -94,6 +94,14 @@ class Weights:
         total = sum(w)
         return tuple(x / total for x in w)
 
+    def widened(self, more: int) -> Weights:
+        """This schedule with `more` sources after its own, of weight 0 at every point (a
+        source added to the job: the plans made before it stay as they were)."""
+        if not more:
+            return self
+        zeros = (0.0,) * more
+        return Weights(tuple(Breakpoint(p.at, p.weights + zeros) for p in self.points), self.mode)
+
     def next_change(self, records: int) -> int | None:
         """The records count at which the weights next change (None: never)."""
         for p in self.points:
@@ -226,6 +234,23 @@ def copy_cursors(cursors: Sequence[Cursor]) -> list[Cursor]:
     return [Cursor(c.epoch, c.next, c.planned, c.ahead) for c in cursors]
 
 
+def widen_plan(plan: PassPlan, sources: int) -> PassPlan:
+    """`plan` over `sources` sources: those it lacks (added to the job after it was made, the
+    last ones) start at epoch 0 and have weight 0 in it, so it plans the same units: the
+    planner never chooses a source of weight 0, and an added 0 changes no normalised weight."""
+    more = sources - len(plan.start)
+    if more < 0:
+        raise MixtureError(f"a pass's plan of {len(plan.start)} sources for {sources}")
+    if not more:
+        return plan
+    return PassPlan(
+        (*plan.start, *(Cursor() for _ in range(more))),
+        plan.weights.widened(more),
+        tuple(Replan(r.at, r.weights.widened(more)) for r in plan.replans),
+        plan.units,
+    )
+
+
 @dataclass
 class MixtureState:
     """A mixture job's plans and per-source counts (part of core.state.MasterState).
@@ -296,6 +321,32 @@ class MixtureState:
     @property
     def names(self) -> Sequence[str]:
         return self.planner.names
+
+    def add(self, names: Sequence[str], task_records: Sequence[Sequence[int]]) -> None:
+        """Sources added to the job, after its own: each starts at epoch 0, with weight 0 in
+        every plan and schedule so far (which plan the same units: `widen_plan`). A pass stays
+        `units` units; new weights bring the sources in."""
+        old = len(self.names)
+        planner = Planner(
+            [*self.planner.task_records, *task_records], [*self.names, *names], self.planner.seed
+        )
+        first = list(self.first_task)
+        for tasks in task_records:
+            first.append(first[-1] + len(tasks))
+        n = len(planner.names)
+        self.planner, self.first_task = planner, tuple(first)
+        self.weights = self.weights.widened(n - old)
+        self.cursors += [Cursor() for _ in range(n - old)]
+        self.passes = {p: widen_plan(plan, n) for p, plan in self.passes.items()}
+        for counts in (
+            self.handed,
+            self.consumed,
+            self.committed,
+            self.reached,
+            self.reached_records,
+        ):
+            counts.extend([0] * (n - old))
+        self.__dict__.pop("_task_records", None)  # made again with the new sources' tasks
 
     def source_of_task(self, task: int) -> int:
         """The source a global task ID belongs to."""

@@ -28,6 +28,7 @@ from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import AllTaskFailedError, PassAfterError, PassBeforeError
 from chunkmaster.core.events import (
+    AddSources,
     ApproveSave,
     Commit,
     Configure,
@@ -47,7 +48,14 @@ from chunkmaster.core.events import (
     SetErrorBudget,
     SetWeights,
 )
-from chunkmaster.core.mixture import MixtureState, PassPlan, Weights, copy_cursors
+from chunkmaster.core.mixture import (
+    MixtureError,
+    MixtureState,
+    PassPlan,
+    Weights,
+    copy_cursors,
+    widen_plan,
+)
 from chunkmaster.core.model import (
     RETURNED_REASON,
     TIMEOUT_REASON,
@@ -386,6 +394,8 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             return applied
         case SetWeights(weights=weights):
             return _set_weights(state, weights)
+        case AddSources():
+            return _add_sources(state, event)
         case Restore():
             return _restore(state, event)
         case SetErrorBudget(budget=budget):
@@ -740,6 +750,10 @@ def _restore(state: MasterState, ev: Restore) -> bool:
         return False
     if (state.mix is None) != (ev.mixture is None):  # refused before anything changes
         raise InvalidEvent("a mixture's data checkpoint restores onto a mixture, and only it")
+    if state.mix is not None and ev.mixture is not None:
+        n = len(state.mix.names)
+        if any(len(plan.start) > n for _, plan in ev.mixture.passes):
+            raise InvalidEvent(f"a data checkpoint of more sources than the mixture's {n}")
     keep_failed = state.failed if state.failed_policy is FailedPolicy.KEEP else []
     kept = set(keep_failed)
     for task_id, p in state.pending.items():  # their holders' commits must be refused
@@ -785,14 +799,15 @@ def _restore_plans(
     start, weights and re-plans: the plan is the same, and so are the cursors after it."""
     old = mix.passes.get(floor)
     same = old is not None and old.units is not None and floor == max(mix.passes)
+    n = len(mix.names)  # sources added since the checkpoint have weight 0 in its plans
     mix.passes = {
-        p: PassPlan(tuple(copy_cursors(plan.start)), plan.weights, plan.replans)
+        p: widen_plan(PassPlan(tuple(copy_cursors(plan.start)), plan.weights, plan.replans), n)
         for p, plan in passes
     }
     new = mix.passes.get(floor)
     if new is None:
         raise InvalidEvent(f"a mixture's restore lacks the plan of its floor pass {floor}")
-    mix.weights = weights
+    mix.weights = weights.widened(n - len(weights.points[0].weights))
     if same and old is not None:
         same = (old.start, old.weights, old.replans) == (new.start, new.weights, new.replans)
     mix.begin(floor, old.units if same and old is not None else None)
@@ -895,6 +910,36 @@ def _set_weights(state: MasterState, weights: Weights) -> int:
     if current and state.steps.on:
         steps.replanned(state, _records_from(state, at) - before)
     return effect
+
+
+def _add_sources(state: MasterState, ev: AddSources) -> int:
+    """Sources added after the mixture's own, then `ev.weights` (naming them all) as a weight
+    change: the units from the first nobody had are planned again with the new sources in;
+    the pass keeps its units. Returns where the weights take effect (`_set_weights`)."""
+    mix, ds = state.mix, state.dataset
+    if mix is None or ds is None:
+        raise InvalidEvent("sources added to a job that is not a mixture")
+    names = [s.name for s in ev.dataset.sources]
+    if set(names) & set(mix.names) or len(set(names)) != len(names):
+        raise InvalidEvent(f"sources {names} added to a mixture of {list(mix.names)}")
+    if len(ev.weights.points[0].weights) != len(mix.names) + len(names):
+        raise InvalidEvent(f"{len(ev.weights.points[0].weights)} weights for the sources added")
+    try:
+        grown = ds.grown(ev.dataset)
+        ev.weights.check(len(mix.names) + len(names))
+    except (ValueError, MixtureError) as exc:
+        raise InvalidEvent(str(exc)) from None
+    records = grown.task_records
+    first = len(mix.names)
+    mix.add(
+        names,
+        [
+            records[r.start : r.stop]
+            for r in map(grown.source_tasks, range(first, len(grown.sources)))
+        ],
+    )
+    state.dataset = grown
+    return _set_weights(state, ev.weights)
 
 
 def _records_from(state: MasterState, at: int) -> int:

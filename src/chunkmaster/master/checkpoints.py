@@ -16,7 +16,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from chunkmaster.core import checkpoint
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import CheckpointRefusedError
-from chunkmaster.core.events import Commit, Event, MixturePosition, Restore, SetDataset
+from chunkmaster.core.events import (
+    AddSources,
+    Commit,
+    Event,
+    MixturePosition,
+    Restore,
+    SetDataset,
+)
 from chunkmaster.core.model import FailedPolicy, Position
 from chunkmaster.core.reconcile import KEEP_REFUSED, reconcile
 from chunkmaster.core.state import (
@@ -159,12 +166,13 @@ class Checkpoints:
         if cp.mixture is not None and self._settings.failed_policy is FailedPolicy.KEEP:
             raise checkpoint.CheckpointError(KEEP_REFUSED)
         cp = checkpoint.with_paths(cp, absolute_path)
-        dataset = await self._index(cp)
-        units = checkpoint.check_restorable(cp, dataset, dataset.file_sizes)
-        events: list[Event] = [
-            SetDataset(dataset),
-            Restore(cp.floor, _commits_of(cp, dataset, units), source, "", _plans_of(cp)),
-        ]
+        first, added = await self._index(cp)
+        dataset = first if added is None else first.grown(added)
+        units = checkpoint.check_restorable(cp, dataset, dataset.file_sizes, first.num_tasks)
+        events: list[Event] = [SetDataset(first)]
+        if added is not None and cp.mixture is not None:  # as the job had them: set, added
+            events.append(AddSources(added, cp.mixture.weights))
+        events.append(Restore(cp.floor, _commits_of(cp, dataset, units), source, "", _plans_of(cp)))
         if st.dataset is None:
             for ev in events:
                 await self._ledger.commit(ev)
@@ -182,9 +190,11 @@ class Checkpoints:
         )
         return True
 
-    async def _index(self, cp: checkpoint.DataCheckpoint) -> Dataset:
+    async def _index(self, cp: checkpoint.DataCheckpoint) -> tuple[Dataset, Dataset | None]:
         """The checkpoint's dataset (or each source of its mixture) indexed again, cut as it
-        was; a chunk size that would cut other chunks is refused before any file is read."""
+        was; a chunk size that would cut other chunks is refused before any file is read. A
+        mixture comes as the sources its job was set with and those added to it while it ran
+        (None: none were)."""
         fingerprints = (
             [cp.dataset] if cp.mixture is None else cp.mixture.source_fingerprints(cp.dataset)
         )
@@ -193,12 +203,15 @@ class Checkpoints:
             why = checkpoint.chunk_size_refusal(fp, bound)
             if why is not None:
                 raise checkpoint.CheckpointError(why)
+        cpt = cp.dataset.chunks_per_task
         if cp.mixture is None:
-            return await self._dataset.index(
-                cp.dataset.globs, cp.dataset.chunks_per_task, cp.dataset.format
-            )
+            return await self._dataset.index(cp.dataset.globs, cpt, cp.dataset.format), None
         sources = [SourceSpec(s.name, s.globs, s.weight, s.format) for s in cp.mixture.sources]
-        return await self._dataset.index_mixture(sources, cp.dataset.chunks_per_task)
+        k = checkpoint.set_with(cp)
+        assert k is not None  # checked when the checkpoint was read
+        first = await self._dataset.index_mixture(sources[:k], cpt)
+        added = await self._dataset.index_mixture(sources[k:], cpt) if k < len(sources) else None
+        return first, added
 
     async def _restore_running(self, cp: checkpoint.DataCheckpoint, source: str, key: str) -> bool:
         st = self._ledger.state
@@ -217,7 +230,7 @@ class Checkpoints:
                 f"{self._settings.job!r}: a running job goes back only to a checkpoint of its own"
             )
         cp = checkpoint.with_paths(cp, absolute_path)
-        units = checkpoint.check_restorable(cp, ds, ds.file_sizes)
+        units = checkpoint.check_restorable(cp, ds, ds.file_sizes, st.num_tasks)
         ended = len(st.sessions)
         if not self._ledger.available:
             raise self._ledger.unavailable()

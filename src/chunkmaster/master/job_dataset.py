@@ -28,7 +28,7 @@ from chunkmaster.core.errors import (
     NotAMixtureError,
     NotReadyError,
 )
-from chunkmaster.core.events import SetDataset, SetWeights
+from chunkmaster.core.events import AddSources, SetDataset, SetWeights
 from chunkmaster.core.mixture import Breakpoint, MixtureError, Weights
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.reconcile import KEEP_REFUSED
@@ -74,8 +74,9 @@ class Reweighted:
     records: int
 
 
-def check_sources(sources: Sequence[SourceSpec]) -> None:
-    """Refuse a mixture that cannot be one, naming the source and what is wrong."""
+def check_sources(sources: Sequence[SourceSpec], *, weighted: bool = True) -> None:
+    """Refuse a mixture that cannot be one, naming the source and what is wrong (`weighted`:
+    some weight must be above 0; sources added to a job may all be 0)."""
     if len(sources) > MAX_SOURCES:
         raise DatasetError(
             f"no valid dataset specified: {len(sources)} sources, over {MAX_SOURCES}"
@@ -97,7 +98,7 @@ def check_sources(sources: Sequence[SourceSpec]) -> None:
                 f"no valid dataset specified: source {s.name!r} has weight {s.weight}, not a "
                 "finite number >= 0"
             )
-    if not sum(s.weight for s in sources) > 0:
+    if weighted and not sum(s.weight for s in sources) > 0:
         raise DatasetError("no valid dataset specified: every source has weight 0")
 
 
@@ -254,7 +255,10 @@ class JobDataset:
         if st.mix is None:
             raise NotAMixtureError()
         weights = weights_of(st.mix.names, points, mode)
-        records = await self._ledger.commit(SetWeights(weights))
+        return self._reweighted(await self._ledger.commit(SetWeights(weights)), weights)
+
+    def _reweighted(self, records: object, weights: Weights) -> Reweighted:
+        """Where `weights`, just applied, took effect (and the log line that says so)."""
         assert isinstance(records, int)
         st = self._ledger.state
         assert st.mix is not None
@@ -269,6 +273,57 @@ class JobDataset:
             records,
         )
         return Reweighted(last, unit, records)
+
+    async def add_sources(
+        self,
+        sources: Sequence[SourceSpec],
+        points: Sequence[tuple[int, Mapping[str, float]]] = (),
+        mode: str = "step",
+    ) -> Reweighted:
+        """Sources added to a running mixture, after its own, each indexed as set_dataset
+        indexes one, then new weights as `set_weights` (every source, old and new, named; no
+        `points`: the schedule in force, each added source at its weight at every point), in
+        one event. Refused, nothing added: a name the job has, a source that matches no file
+        or cannot be indexed, each error naming the source."""
+        st = self._ledger.state
+        if st.dataset is None:
+            raise NotReadyError()
+        if st.mix is None:
+            raise NotAMixtureError()
+        check_sources(sources, weighted=False)
+        self._refuse_known(sources)
+        names = [*st.mix.names, *(s.name for s in sources)]
+        if points:
+            weights_of(names, points, mode)  # refused before any file is read
+        await in_daemon_thread(self.roots.check_all, [g for s in sources for g in s.globs])
+        added = await self.index_mixture(sources, st.dataset.chunks_per_task)
+        st = self._ledger.state  # the job may have been restored or grown meanwhile
+        assert st.mix is not None
+        self._refuse_known(sources)
+        names = [*st.mix.names, *(s.name for s in sources)]
+        if points:
+            weights = weights_of(names, points, mode)
+        else:
+            extra = tuple(s.weight for s in sources)
+            w = st.mix.weights
+            weights = Weights(tuple(Breakpoint(p.at, p.weights + extra) for p in w.points), w.mode)
+        log.info(
+            "sources added: %s",
+            ", ".join(
+                f"{s.name} ({len(s.globs)} pattern(s), {s.format or 'by name'})" for s in sources
+            ),
+        )
+        return self._reweighted(await self._ledger.commit(AddSources(added, weights)), weights)
+
+    def _refuse_known(self, sources: Sequence[SourceSpec]) -> None:
+        st = self._ledger.state
+        assert st.mix is not None
+        known = [s.name for s in sources if s.name in st.mix.names]
+        if known:
+            raise DatasetError(
+                f"no valid dataset specified: source {known[0]!r} is in the job already (its "
+                f"sources: {', '.join(st.mix.names)}); an added source needs a name of its own"
+            )
 
     def close(self) -> None:
         if self._loading is not None and not self._loading.done():

@@ -157,10 +157,16 @@ class Service:
         await self._dataset.set(globs, sources)
 
     async def set_weights(
-        self, points: Sequence[tuple[int, Mapping[str, float]]], mode: str = "step"
+        self,
+        points: Sequence[tuple[int, Mapping[str, float]]],
+        mode: str = "step",
+        add: Sequence[SourceSpec] = (),
     ) -> Reweighted:
-        """A mixture's weights from now on (master/job_dataset.py; docs/mixtures.md)."""
+        """A mixture's weights from now on, with the sources `add` added first
+        (master/job_dataset.py; docs/mixtures.md)."""
         self._check_started()
+        if add:
+            return await self._dataset.add_sources(add, points, mode)
         return await self._dataset.set_weights(points, mode)
 
     async def get_task(

@@ -323,12 +323,14 @@ class SourceWeight(_message.Message):
     def __init__(self, name: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class SetWeightsRequest(_message.Message):
-    __slots__ = ("points", "mode")
+    __slots__ = ("points", "mode", "add")
     POINTS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
     points: _containers.RepeatedCompositeFieldContainer[WeightPoint]
     mode: str
-    def __init__(self, points: _Optional[_Iterable[_Union[WeightPoint, _Mapping]]] = ..., mode: _Optional[str] = ...) -> None: ...
+    add: _containers.RepeatedCompositeFieldContainer[Source]
+    def __init__(self, points: _Optional[_Iterable[_Union[WeightPoint, _Mapping]]] = ..., mode: _Optional[str] = ..., add: _Optional[_Iterable[_Union[Source, _Mapping]]] = ...) -> None: ...
 
 class SetWeightsResponse(_message.Message):
     __slots__ = ("pass_id", "unit", "records")

@@ -155,9 +155,10 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetWeights(self, request, context):
-        """A mixture's weights from now on (a schedule by records planned): the units of the pass
-        never handed out are planned again under them (docs/mixtures.md). FAILED_PRECONDITION
-        for a job that is not a mixture; INVALID_ARGUMENT for weights that do not fit its sources.
+        """A mixture's weights from now on (a schedule by records planned), maybe with sources
+        added: the units of the pass never handed out are planned again under them
+        (docs/mixtures.md). FAILED_PRECONDITION for a job that is not a mixture; INVALID_ARGUMENT
+        for weights that do not fit its sources, or sources that cannot be added.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
