@@ -41,7 +41,8 @@ from chunkmaster.master.datasets import load_dataset
 TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 RECORDS = 1500
 CHUNKS_PER_TASK = 2
-REPORT_EVERY = 10  # records; at 250 records/s a report window is 40 ms, twice the report gap
+REPORT_EVERY = 10  # records; at 50 records/s (a victim's pace) a report window is 200 ms,
+# twice the report gap (at 250 records/s it would be the gap's 25 records, docs/client.md)
 
 
 def make_dataset(tmp_path: Path) -> str:
@@ -182,9 +183,13 @@ def killed_trainer_case(
     try:
         cluster.set_dataset(data)
         common = ["--passes", "1", "--step-time", "0.004"]
+        victim_pace = ["--step-time", "0.02"]  # its report window: REPORT_EVERY records
         trainers = [
             Trainer(
-                cluster.where, tmp_path / f"t{i}.out", *common, *(victim_args if i == 0 else ())
+                cluster.where,
+                tmp_path / f"t{i}.out",
+                *common,
+                *((*victim_pace, *victim_args) if i == 0 else ()),
             )
             for i in range(3)
         ]
