@@ -78,6 +78,8 @@ class Ledger:
         self._queue_done: asyncio.Future[None] | None = None
         self._queue_urgent = False  # somebody waits for an event of the queue
         self._hurry: asyncio.Future[None] | None = None  # the lazy wait, while it lasts
+        #: the batch being written: its last entry, and the future its waiters share
+        self._writing: tuple[int, asyncio.Future[None]] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._repair: asyncio.Task[None] | None = None
         self._closed = False
@@ -167,11 +169,14 @@ class Ledger:
             self._queue, self._queue_done, self._queue_urgent = [], None, False
             assert done is not None
             began = time.monotonic()
+            self._writing = (batch[-1][0], done)
             try:
                 await self.store.save(batch)
             except Exception as exc:
+                self._writing = None
                 self._fail(done, exc)
                 return
+            self._writing = None
             for saved in self.on_save:
                 saved(len(batch), time.monotonic() - began)
             self.durable_seq = batch[-1][0]
@@ -191,15 +196,21 @@ class Ledger:
             self._hurry.set_result(None)
 
     async def sync(self) -> None:
-        """Return once every event applied so far is durable (or raise as its write did)."""
-        self._hurry_up()
-        while self._queue_done is not None or (
-            self._flusher is not None and not self._flusher.done()
-        ):
-            if self._queue_done is not None:
+        """Return once every event applied so far is durable (or raise as its write did).
+        Events applied after the call are not waited for: under steady progress reports the
+        queue is never empty, and their lazy delay is not the caller's."""
+        target = self.seq
+        while self.durable_seq < target and self.available:
+            writing = self._writing
+            if writing is not None and writing[0] >= target:
+                await asyncio.shield(writing[1])  # the write under way holds the last of them
+            elif self._queue_done is not None:
+                self._hurry_up()  # some are queued: written as soon as the write under way is
                 await asyncio.shield(self._queue_done)
-            elif self._flusher is not None:
-                await asyncio.wait([self._flusher])
+            elif writing is not None:
+                await asyncio.shield(writing[1])
+            else:
+                break
         if not self.available:
             raise self.unavailable()
 
