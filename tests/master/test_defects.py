@@ -378,6 +378,40 @@ def test_a_retried_get_task_gets_the_same_task_not_a_stranded_one(tmp_path: Path
     run(lambda: after_restart(held))
 
 
+def test_a_retried_get_task_is_answered_only_once_its_dispatch_is_durable(
+    tmp_path: Path,
+) -> None:
+    """A retry that comes while the first request's dispatch is still being written must not
+    be answered before it: a master that crashed then would not know the trainer holds the
+    task, and would hand it to another as well (its records read twice)."""
+    f = records_file(tmp_path / "a.rio", 3)
+    db = tmp_path / "state.db"
+
+    async def main() -> None:
+        svc = Service(SqliteStore(db, busy_timeout=60.0), chunks_per_task=1, timeout_dur=600)
+        await svc.start()
+        await svc.set_dataset([f])
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # the store's next write waits for this lock
+        try:
+            first = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
+            while svc.status()["pending"] == 0:  # applied; its write waits for the lock
+                await asyncio.sleep(0)
+            retry = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
+            for _ in range(20):  # turns of the loop: nothing else can make it durable
+                await asyncio.sleep(0)
+            assert not first.done()
+            assert not retry.done(), "the retry was answered before its dispatch was durable"
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        t, again = await first, await retry
+        assert (again.meta, again.chunks) == (t.meta, t.chunks)
+        await svc.close()
+
+    run(main)
+
+
 def test_a_get_task_cancelled_mid_commit_still_times_out_its_task(tmp_path: Path) -> None:
     """The caller goes away while its dispatch is being made durable: the task must still get
     its timer, or it would stay pending for ever and the pass would never end."""

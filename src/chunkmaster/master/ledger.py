@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from chunkmaster.core.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from chunkmaster.core.errors import UnavailableError
@@ -370,15 +370,3 @@ async def after(durable: Awaitable[None] | None, result: int) -> int:
     if durable is not None:
         await durable
     return result
-
-
-class _Written:
-    """Awaits nothing: what it stands for was made durable before (a repeated request's
-    dispatch, when it was first asked)."""
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return
-        yield
-
-
-DONE = _Written()
