@@ -80,6 +80,7 @@ class Ledger:
         self._hurry: asyncio.Future[None] | None = None  # the lazy wait, while it lasts
         #: the batch being written: its last entry, and the future its waiters share
         self._writing: tuple[int, asyncio.Future[None]] | None = None
+        self._awaited_seq = 0  # the last entry submitted that is not lazy
         self._flusher: asyncio.Task[None] | None = None
         self._repair: asyncio.Task[None] | None = None
         self._closed = False
@@ -95,6 +96,7 @@ class Ledger:
             apply(state, decode_event(data))
             seq = entry_seq
         self.state, self.seq, self.durable_seq = state, seq, seq
+        self._awaited_seq = min(self._awaited_seq, seq)  # the tail dropped is waited for no more
         self.entries_since_snapshot = len(rec.entries)
         log.log(
             level,
@@ -143,6 +145,7 @@ class Ledger:
             self._queue_done = asyncio.get_running_loop().create_future()
         done = self._queue_done
         if not lazy:
+            self._awaited_seq = self.seq
             self._hurry_up()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_loop(), name="ledger-flush")
@@ -196,13 +199,18 @@ class Ledger:
             self._hurry.set_result(None)
 
     async def sync(self) -> None:
-        """Return once every event applied so far is durable (or raise as its write did).
-        Events applied after the call are not waited for: under steady progress reports the
-        queue is never empty, and their lazy delay is not the caller's."""
+        """Return once every event applied so far is durable, and every event applied
+        meanwhile that somebody waits for (or raise as its write did): the state then holds
+        nothing that is not durable but progress reports that came meanwhile, which are not
+        waited for (under steady reports the queue is never empty, and their lazy delay is
+        not the caller's)."""
         target = self.seq
-        while self.durable_seq < target and self.available:
+        while self.available:
+            want = max(target, self._awaited_seq)
+            if self.durable_seq >= want:
+                break
             writing = self._writing
-            if writing is not None and writing[0] >= target:
+            if writing is not None and writing[0] >= want:
                 await asyncio.shield(writing[1])  # the write under way holds the last of them
             elif self._queue_done is not None:
                 self._hurry_up()  # some are queued: written as soon as the write under way is
