@@ -505,3 +505,30 @@ def test_time_without_a_master_does_not_count_against_task_deadlines(tmp_path: P
     st = run(after_downtime)  # a second recovery gives a full timeout again, never less
     (pending,) = st["pending_tasks"]  # type: ignore[misc]
     assert pending["expires_in"] == pytest.approx(60.0)
+
+
+def test_sources_added_stop_at_the_limit_a_trainers_mixture_is_held_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mixture has MAX_SOURCES sources at most: a trainer naming more is refused, so an add
+    past it would leave a job no trainer could name again (set_dataset refused). The add is
+    refused, naming the limit, and nothing is added."""
+    from chunkmaster.master import job_dataset
+    from chunkmaster.master.job_dataset import SourceSpec
+
+    monkeypatch.setattr(job_dataset, "MAX_SOURCES", 3)
+    files = {n: records_file(tmp_path / f"{n}.rio", 2) for n in "abcd"}
+    spec = {n: SourceSpec(n, (f,)) for n, f in files.items()}
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=600)
+        await svc.start()
+        await svc.set_dataset([], [spec["a"], spec["b"]])
+        await svc.set_weights([], add=[spec["c"]])  # three: the limit
+        with pytest.raises(DatasetError, match="4 sources.*over 3"):
+            await svc.set_weights([], add=[spec["d"]])
+        assert [s["name"] for s in svc.status()["mixture"]["sources"]] == ["a", "b", "c"]
+        await svc.set_dataset([], [spec["a"], spec["b"], spec["c"]])  # trainers still may
+        await svc.close()
+
+    run(main)
