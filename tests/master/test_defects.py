@@ -412,6 +412,39 @@ def test_a_retried_get_task_is_answered_only_once_its_dispatch_is_durable(
     run(main)
 
 
+def test_a_repeated_finish_is_answered_only_once_the_first_is_durable(tmp_path: Path) -> None:
+    """A finish sent again (its first answer lost) while the first one's write is under way
+    applies nothing, and must not be answered before that write is durable: the trainer takes
+    the answer for the finish being kept, and a master that crashed then would hand the task
+    out again (its records read twice)."""
+    f = records_file(tmp_path / "a.rio", 3)
+    db = tmp_path / "state.db"
+
+    async def main() -> None:
+        svc = Service(SqliteStore(db, busy_timeout=60.0), chunks_per_task=1, timeout_dur=600)
+        await svc.start()
+        await svc.set_dataset([f])
+        t = await svc.get_task(0, worker="w")
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # the store's next write waits for this lock
+        try:
+            first = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
+            while svc.status()["pending"] == 1:  # applied; its write waits for the lock
+                await asyncio.sleep(0)
+            again = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
+            for _ in range(20):  # turns of the loop: nothing else can make it durable
+                await asyncio.sleep(0)
+            assert not first.done()
+            assert not again.done(), "the repeat was answered before the finish was durable"
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert await first is True and await again is False
+        await svc.close()
+
+    run(main)
+
+
 def test_a_get_task_cancelled_mid_commit_still_times_out_its_task(tmp_path: Path) -> None:
     """The caller goes away while its dispatch is being made durable: the task must still get
     its timer, or it would stay pending for ever and the pass would never end."""

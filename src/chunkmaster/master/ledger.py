@@ -222,6 +222,16 @@ class Ledger:
         if not self.available:
             raise self.unavailable()
 
+    def written(self) -> Awaitable[None]:
+        """What a request that applies nothing awaits before its answer: the changes applied
+        so far made durable. A retry (its first answer lost) finds its first try's events
+        applied, maybe not yet written, and must not be answered before them."""
+        if self.durable_seq >= self._awaited_seq:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return started(self.sync())
+
     async def replace(self, events: list[Event]) -> None:
         """Start over from `events` on an empty state, dropping the state the store holds:
         one snapshot of the new state, written over the journal (a restore that replaces)."""
