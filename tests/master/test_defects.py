@@ -378,6 +378,73 @@ def test_a_retried_get_task_gets_the_same_task_not_a_stranded_one(tmp_path: Path
     run(lambda: after_restart(held))
 
 
+def test_a_retried_get_task_is_answered_only_once_its_dispatch_is_durable(
+    tmp_path: Path,
+) -> None:
+    """A retry that comes while the first request's dispatch is still being written must not
+    be answered before it: a master that crashed then would not know the trainer holds the
+    task, and would hand it to another as well (its records read twice)."""
+    f = records_file(tmp_path / "a.rio", 3)
+    db = tmp_path / "state.db"
+
+    async def main() -> None:
+        svc = Service(SqliteStore(db, busy_timeout=60.0), chunks_per_task=1, timeout_dur=600)
+        await svc.start()
+        await svc.set_dataset([f])
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # the store's next write waits for this lock
+        try:
+            first = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
+            while svc.status()["pending"] == 0:  # applied; its write waits for the lock
+                await asyncio.sleep(0)
+            retry = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
+            for _ in range(20):  # turns of the loop: nothing else can make it durable
+                await asyncio.sleep(0)
+            assert not first.done()
+            assert not retry.done(), "the retry was answered before its dispatch was durable"
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        t, again = await first, await retry
+        assert (again.meta, again.chunks) == (t.meta, t.chunks)
+        await svc.close()
+
+    run(main)
+
+
+def test_a_repeated_finish_is_answered_only_once_the_first_is_durable(tmp_path: Path) -> None:
+    """A finish sent again (its first answer lost) while the first one's write is under way
+    applies nothing, and must not be answered before that write is durable: the trainer takes
+    the answer for the finish being kept, and a master that crashed then would hand the task
+    out again (its records read twice)."""
+    f = records_file(tmp_path / "a.rio", 3)
+    db = tmp_path / "state.db"
+
+    async def main() -> None:
+        svc = Service(SqliteStore(db, busy_timeout=60.0), chunks_per_task=1, timeout_dur=600)
+        await svc.start()
+        await svc.set_dataset([f])
+        t = await svc.get_task(0, worker="w")
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # the store's next write waits for this lock
+        try:
+            first = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
+            while svc.status()["pending"] == 1:  # applied; its write waits for the lock
+                await asyncio.sleep(0)
+            again = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
+            for _ in range(20):  # turns of the loop: nothing else can make it durable
+                await asyncio.sleep(0)
+            assert not first.done()
+            assert not again.done(), "the repeat was answered before the finish was durable"
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert await first is True and await again is False
+        await svc.close()
+
+    run(main)
+
+
 def test_a_get_task_cancelled_mid_commit_still_times_out_its_task(tmp_path: Path) -> None:
     """The caller goes away while its dispatch is being made durable: the task must still get
     its timer, or it would stay pending for ever and the pass would never end."""
@@ -471,3 +538,30 @@ def test_time_without_a_master_does_not_count_against_task_deadlines(tmp_path: P
     st = run(after_downtime)  # a second recovery gives a full timeout again, never less
     (pending,) = st["pending_tasks"]  # type: ignore[misc]
     assert pending["expires_in"] == pytest.approx(60.0)
+
+
+def test_sources_added_stop_at_the_limit_a_trainers_mixture_is_held_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mixture has MAX_SOURCES sources at most: a trainer naming more is refused, so an add
+    past it would leave a job no trainer could name again (set_dataset refused). The add is
+    refused, naming the limit, and nothing is added."""
+    from chunkmaster.master import job_dataset
+    from chunkmaster.master.job_dataset import SourceSpec
+
+    monkeypatch.setattr(job_dataset, "MAX_SOURCES", 3)
+    files = {n: records_file(tmp_path / f"{n}.rio", 2) for n in "abcd"}
+    spec = {n: SourceSpec(n, (f,)) for n, f in files.items()}
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=600)
+        await svc.start()
+        await svc.set_dataset([], [spec["a"], spec["b"]])
+        await svc.set_weights([], add=[spec["c"]])  # three: the limit
+        with pytest.raises(DatasetError, match="4 sources.*over 3"):
+            await svc.set_weights([], add=[spec["d"]])
+        assert [s["name"] for s in svc.status()["mixture"]["sources"]] == ["a", "b", "c"]
+        await svc.set_dataset([], [spec["a"], spec["b"], spec["c"]])  # trainers still may
+        await svc.close()
+
+    run(main)

@@ -109,3 +109,49 @@ def test_a_crash_loses_only_the_lazy_tail_never_an_acknowledged_event(tmp_path: 
         await closed(again)
 
     run(main())
+
+
+def test_sync_waits_for_what_was_applied_before_it_not_for_reports_after(tmp_path: Path) -> None:
+    """A report that arrives while sync's write is under way (here: the moment it lands) is
+    not sync's to wait for: sync returns once what was applied before it is durable, not a
+    lazy delay later (under steady reports, never)."""
+    db = tmp_path / "s.db"
+
+    async def main() -> None:
+        ledger, writes = await opened(db, HOUR)
+
+        def report_meanwhile(_n: int, _took: float) -> None:
+            if len(writes) == 1:
+                ledger.submit(configure(8), lazy=True)
+
+        ledger.on_save.append(report_meanwhile)
+        ledger.submit(configure(3), lazy=True)
+        await asyncio.wait_for(ledger.sync(), 5.0)
+        assert writes == [1] and ledger.durable_seq == 1 and ledger.seq == 2
+        await closed(ledger)  # the report goes at close
+        assert writes == [1, 1]
+
+    run(main())
+
+
+def test_sync_waits_for_a_change_somebody_waits_for_that_came_meanwhile(tmp_path: Path) -> None:
+    """What a data checkpoint reads after sync is durable: a change that is not a report (a
+    commit) applied while sync's write was under way is waited for too, and the report that
+    came with it goes in the same write."""
+    db = tmp_path / "s.db"
+
+    async def main() -> None:
+        ledger, writes = await opened(db, HOUR)
+
+        def changes_meanwhile(_n: int, _took: float) -> None:
+            if len(writes) == 1:
+                ledger.submit(configure(8), lazy=True)
+                ledger.submit(configure(9))
+
+        ledger.on_save.append(changes_meanwhile)
+        ledger.submit(configure(3), lazy=True)
+        await asyncio.wait_for(ledger.sync(), 5.0)
+        assert writes == [1, 2] and ledger.durable_seq == ledger.seq == 3
+        await closed(ledger)
+
+    run(main())

@@ -28,7 +28,7 @@ from chunkmaster.core.model import Task
 from chunkmaster.core.state import Availability, MasterState, check_get_task
 from chunkmaster.core.steps import missing_ranks
 from chunkmaster.master.checks import check_pass, wait_seconds
-from chunkmaster.master.ledger import DONE, Ledger
+from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.timeouts import TaskTimeouts
 
 log = logging.getLogger("chunkmaster.service")
@@ -111,7 +111,9 @@ class Dispatcher:
                 raise self._ledger.unavailable()
             st = self._ledger.state
             if request_id and (held := _repeated(st, request_id, session, owner)) is not None:
-                return st.task(held), DONE
+                # Its dispatch may still be on its way to the store (the retry came while the
+                # first request waited for it): answered, like the first, once it is durable.
+                return st.task(held), self._ledger.written()
             try:
                 avail = check_get_task(st, pass_id, session)
             except PassAfterError:

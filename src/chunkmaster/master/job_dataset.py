@@ -316,6 +316,8 @@ class JobDataset:
         return self._reweighted(await self._ledger.commit(AddSources(added, weights)), weights)
 
     def _refuse_known(self, sources: Sequence[SourceSpec]) -> None:
+        """Refuse a name the job has, and more sources than a trainer may name (its
+        set_dataset would be refused: no trainer could join the job again)."""
         st = self._ledger.state
         assert st.mix is not None
         known = [s.name for s in sources if s.name in st.mix.names]
@@ -323,6 +325,12 @@ class JobDataset:
             raise DatasetError(
                 f"no valid dataset specified: source {known[0]!r} is in the job already (its "
                 f"sources: {', '.join(st.mix.names)}); an added source needs a name of its own"
+            )
+        total = len(st.mix.names) + len(sources)
+        if total > MAX_SOURCES:
+            raise DatasetError(
+                f"no valid dataset specified: {total} sources with those added "
+                f"({', '.join(s.name for s in sources)[:200]}), over {MAX_SOURCES}"
             )
 
     def close(self) -> None:

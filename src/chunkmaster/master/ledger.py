@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from chunkmaster.core.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from chunkmaster.core.errors import UnavailableError
@@ -78,6 +78,9 @@ class Ledger:
         self._queue_done: asyncio.Future[None] | None = None
         self._queue_urgent = False  # somebody waits for an event of the queue
         self._hurry: asyncio.Future[None] | None = None  # the lazy wait, while it lasts
+        #: the batch being written: its last entry, and the future its waiters share
+        self._writing: tuple[int, asyncio.Future[None]] | None = None
+        self._awaited_seq = 0  # the last entry submitted that is not lazy
         self._flusher: asyncio.Task[None] | None = None
         self._repair: asyncio.Task[None] | None = None
         self._closed = False
@@ -93,6 +96,7 @@ class Ledger:
             apply(state, decode_event(data))
             seq = entry_seq
         self.state, self.seq, self.durable_seq = state, seq, seq
+        self._awaited_seq = min(self._awaited_seq, seq)  # the tail dropped is waited for no more
         self.entries_since_snapshot = len(rec.entries)
         log.log(
             level,
@@ -141,6 +145,7 @@ class Ledger:
             self._queue_done = asyncio.get_running_loop().create_future()
         done = self._queue_done
         if not lazy:
+            self._awaited_seq = self.seq
             self._hurry_up()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_loop(), name="ledger-flush")
@@ -167,11 +172,14 @@ class Ledger:
             self._queue, self._queue_done, self._queue_urgent = [], None, False
             assert done is not None
             began = time.monotonic()
+            self._writing = (batch[-1][0], done)
             try:
                 await self.store.save(batch)
             except Exception as exc:
+                self._writing = None
                 self._fail(done, exc)
                 return
+            self._writing = None
             for saved in self.on_save:
                 saved(len(batch), time.monotonic() - began)
             self.durable_seq = batch[-1][0]
@@ -191,17 +199,38 @@ class Ledger:
             self._hurry.set_result(None)
 
     async def sync(self) -> None:
-        """Return once every event applied so far is durable (or raise as its write did)."""
-        self._hurry_up()
-        while self._queue_done is not None or (
-            self._flusher is not None and not self._flusher.done()
-        ):
-            if self._queue_done is not None:
+        """Return once every event applied so far is durable, and every event applied
+        meanwhile that somebody waits for (or raise as its write did): the state then holds
+        nothing that is not durable but progress reports that came meanwhile, which are not
+        waited for (under steady reports the queue is never empty, and their lazy delay is
+        not the caller's)."""
+        target = self.seq
+        while self.available:
+            want = max(target, self._awaited_seq)
+            if self.durable_seq >= want:
+                break
+            writing = self._writing
+            if writing is not None and writing[0] >= want:
+                await asyncio.shield(writing[1])  # the write under way holds the last of them
+            elif self._queue_done is not None:
+                self._hurry_up()  # some are queued: written as soon as the write under way is
                 await asyncio.shield(self._queue_done)
-            elif self._flusher is not None:
-                await asyncio.wait([self._flusher])
+            elif writing is not None:
+                await asyncio.shield(writing[1])
+            else:
+                break
         if not self.available:
             raise self.unavailable()
+
+    def written(self) -> Awaitable[None]:
+        """What a request that applies nothing awaits before its answer: the changes applied
+        so far made durable. A retry (its first answer lost) finds its first try's events
+        applied, maybe not yet written, and must not be answered before them."""
+        if self.durable_seq >= self._awaited_seq:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return started(self.sync())
 
     async def replace(self, events: list[Event]) -> None:
         """Start over from `events` on an empty state, dropping the state the store holds:
@@ -359,15 +388,3 @@ async def after(durable: Awaitable[None] | None, result: int) -> int:
     if durable is not None:
         await durable
     return result
-
-
-class _Written:
-    """Awaits nothing: what it stands for was made durable before (a repeated request's
-    dispatch, when it was first asked)."""
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return
-        yield
-
-
-DONE = _Written()

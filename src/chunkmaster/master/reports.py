@@ -67,7 +67,7 @@ class Reports:
                 continue
             _, durable = self._ledger.submit(ev)
             applied += 1
-        return after(durable, applied)
+        return after(durable if durable is not None else self._ledger.written(), applied)
 
     def fail(
         self,
@@ -84,7 +84,7 @@ class Reports:
         why = fail_ignored(self._ledger.state, ev)
         if why is not None:
             log.info("failure of task %d (epoch %d) ignored: %s", meta.id, meta.epoch, why)
-            return after(None, 0)
+            return after(self._ledger.written(), 0)
         _, durable = self._ledger.submit(ev)
         log_failure(self._ledger.state, meta.id, ev.reason)
         return after(durable, 1)
@@ -111,7 +111,7 @@ class Reports:
         """Hand the session's tasks named back at their positions; awaitable: how many."""
         ps = own_positions(self._ledger.state, session, positions)
         if not ps:
-            return after(None, 0)
+            return after(self._ledger.written(), 0)
         if not self._ledger.available:
             raise self._ledger.unavailable()
         back, durable = self._ledger.submit(ReturnTasks(session, ps))
