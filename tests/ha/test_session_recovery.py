@@ -32,6 +32,14 @@ def status(addr: str) -> dict[str, Any]:
         return c.status()
 
 
+def durable_progress(addr: str) -> int | None:
+    """The records consumed of the pass once every applied entry is durable (a report is
+    journaled lazily, docs/sessions.md), else None."""
+    st = status(addr)
+    store = st["store"]
+    return st["ledger"][-1]["consumed"] if store["durable_seq"] == store["seq"] else None
+
+
 def hold_a_task(addr: str, data: str) -> tuple[str, Any]:
     with MasterConnection(addr, timeout=60) as c:
         c.set_dataset([data])
@@ -40,7 +48,7 @@ def hold_a_task(addr: str, data: str) -> tuple[str, Any]:
     s.send(next=pb.NextTask(want_task=True, pass_id=0, wait_seconds=5))
     task = s.recv().task
     s.send(keep_alive=pb.KeepAlive(progress=[position(task, 6)]))
-    wait_for(lambda: status(addr)["ledger"][-1]["consumed"] == 6, "the progress to be durable")
+    wait_for(lambda: durable_progress(addr) == 6, "the progress to be durable")
     s.close()
     return sid, task
 
