@@ -3,7 +3,7 @@ thread (the session's, its stream readers, the fetchers, the reporter, and gRPC'
 for its calls) is gone when close() returns, and no gRPC call object is left for the garbage
 collector. A call object collected while the interpreter finalizes waits in its `__del__` for
 the call's lock, which a gRPC thread frozen by the finalization may hold: the trainer process
-then never exits (seen about once in 80 `chunkmaster read` runs). Closed mid-pass, in a long
+then never exits (measured: twice in 180 short `chunkmaster read` runs). Closed mid-pass, in a long
 poll, between keep-alives, with the master SIGKILLed or frozen (SIGSTOP): close() still returns
 within its bound (docs/client.md, "What each call waits for"). And `chunkmaster read` closes
 its client on SIGTERM: the session's Goodbye hands its tasks back at once."""
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.closing import CLOSE_DEADLINE, assert_all_ended, close_within, track_calls
 from helpers.datasets import write_records
 from helpers.master_process import MasterProcess
 from helpers.trainers import wait_until_holding
@@ -29,31 +30,11 @@ from helpers.trainers import wait_until_holding
 from chunkmaster.client import Client, Connection, Reading, Session
 from chunkmaster.client.connection import MasterConnection
 
-#: The longest a test lets close() take: far above its bound (flush_timeout + rpc_timeout),
-#: a deadline against a hang, not a measurement.
-CLOSE_DEADLINE = 60.0
-
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[weakref.ref[Any]]:
-    """Weak references to every gRPC call object the clients start (session streams and
-    long-polling GetTasks)."""
-    out: list[weakref.ref[Any]] = []
-    real_open, real_get = MasterConnection.open_session, MasterConnection.get_task_async
-
-    def open_session(self: MasterConnection, requests: Any) -> Any:
-        call = real_open(self, requests)
-        out.append(weakref.ref(call))
-        return call
-
-    def get_task_async(self: MasterConnection, pass_id: int, **kw: Any) -> Any:
-        pending = real_get(self, pass_id, **kw)
-        out.append(weakref.ref(pending._future))
-        return pending
-
-    monkeypatch.setattr(MasterConnection, "open_session", open_session)
-    monkeypatch.setattr(MasterConnection, "get_task_async", get_task_async)
-    return out
+    """Weak references to the gRPC calls the test's client starts."""
+    return track_calls(monkeypatch)
 
 
 def _dataset(tmp_path: Path, n: int = 400) -> str:
@@ -70,31 +51,6 @@ def _master(tmp_path: Path, *args: str) -> MasterProcess:
 def _read_cmd(m: MasterProcess, *args: str) -> list[str]:
     """A `chunkmaster read` process's command line, reading from master `m`."""
     return [sys.executable, "-m", "chunkmaster", "read", "--addr", str(m.addr), *args]
-
-
-def _close(client: Client, flush_timeout: float = 5.0) -> None:
-    """close() in another thread, failing the test (not hanging it) if it never returns."""
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            client.close(flush_timeout)
-        except BaseException as exc:
-            failed.append(exc)
-
-    t = threading.Thread(target=run, name="test-close")
-    t.start()
-    t.join(CLOSE_DEADLINE)
-    assert not t.is_alive(), f"close() did not return within {CLOSE_DEADLINE}s"
-    assert not failed, failed
-
-
-def _assert_all_ended(before: set[threading.Thread], calls: list[weakref.ref[Any]]) -> None:
-    left = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
-    assert not left, f"threads still alive after close(): {left}"
-    alive = [ref() for ref in calls if ref() is not None]
-    assert calls, "the client started no call: the scenario did not happen"
-    assert not alive, f"gRPC call objects left for the garbage collector: {alive}"
 
 
 def _read(client: Client, p: int, n: int) -> None:
@@ -127,8 +83,8 @@ def test_close_ends_every_thread_and_call(
         client = Client(m.addr, session=session, connection=Connection(rpc_timeout=5))
         client.set_dataset([path])
         scenario(client, m)
-        _close(client)
-        _assert_all_ended(before, calls)
+        close_within(client)
+        assert_all_ended(before, calls)
     finally:
         m.kill()
 
@@ -147,8 +103,8 @@ def test_close_with_the_master_frozen_returns_and_ends_everything(
         client.set_dataset([path])
         _read(client, 0, 10)
         os.kill(m.proc.pid, signal.SIGSTOP)
-        _close(client, flush_timeout=1.0)
-        _assert_all_ended(before, calls)
+        close_within(client, flush_timeout=1.0)
+        assert_all_ended(before, calls)
     finally:
         os.kill(m.proc.pid, signal.SIGCONT)
         m.kill()
@@ -166,8 +122,8 @@ def test_close_between_keep_alives_ends_everything(
         client = Client(m.addr, session=Session(report_every=1, report_interval=0.01))
         client.set_dataset([path])
         _read(client, 0, 50)
-        _close(client)
-        _assert_all_ended(before, calls)
+        close_within(client)
+        assert_all_ended(before, calls)
     finally:
         m.kill()
 
@@ -226,11 +182,11 @@ def test_close_in_a_long_poll_ends_everything(
         reader = threading.Thread(target=read, name="test-reader")
         reader.start()
         assert said.event.wait(CLOSE_DEADLINE), "the fetcher never waited for a task"
-        _close(client)
+        close_within(client)
         reader.join(CLOSE_DEADLINE)
         assert reader_done.is_set(), "records() did not end when the client closed"
         before.add(reader)
-        _assert_all_ended(before, calls)
+        assert_all_ended(before, calls)
     finally:
         logging.getLogger("chunkmaster.client").removeHandler(said)
         logging.getLogger("chunkmaster.client").setLevel(prior)
