@@ -892,8 +892,9 @@ class Client:
         With a session: says Goodbye, handing the held tasks back at their exact positions,
         and waits up to `flush_timeout` s for the master's ack. Returns within `flush_timeout`
         + 2 x `rpc_timeout` whatever the master does (gone, frozen): the fetchers have
-        `rpc_timeout` to stop before the Goodbye, the rest `rpc_timeout` after it; a thread
-        still alive then is named in a warning."""
+        `rpc_timeout` to stop before the Goodbye, the rest `rpc_timeout` after it (with etcd,
+        the address watcher has `etcd_timeout` + 5 s more); a thread still alive then is named
+        in a warning."""
         with self._lock:
             if self._closed:
                 return
