@@ -167,7 +167,7 @@ def test_close_in_a_long_poll_ends_everything(
             m.addr,
             session=session,
             reading=Reading(shuffle_buffer=shuffle),
-            connection=Connection(poll_wait=30),
+            connection=Connection(poll_wait=3),  # said after the first poll; closed in the next
         )
         reader_done = threading.Event()
 
