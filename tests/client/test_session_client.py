@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -316,3 +317,4 @@ def test_finishes_refused_together_for_one_taken_task_are_each_judged_alone(
         finally:
             other.close()
             s.close([], timeout=10)
+            s.join(time.monotonic() + 10)

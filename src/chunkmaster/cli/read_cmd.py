@@ -8,6 +8,10 @@ counts for a trainer that may be killed: its completed tasks are not handed out 
 A chunk that cannot be read stops it (exit 1), unless --continue-on-read-error: then the error
 is printed, the master hands the task out again or quarantines it (docs/failures.md), and the
 pass goes on. A job stopped by its error budget exits 1 printing the master's error.
+However it ends (the last pass read, an error, SIGTERM or Ctrl-C), it closes its client: the
+session's Goodbye hands the tasks it holds back at once, and no thread of the client is left
+when the process exits. SIGTERM exits 143, Ctrl-C 130; a second one while the client closes
+ends the process at once.
 """
 
 from __future__ import annotations
@@ -17,9 +21,13 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 from chunkmaster.cli.common import CliError, add_security_flags, security_kwargs
@@ -190,9 +198,6 @@ def _size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chunkmaster.client import TaskReadError, TransportError
-    from chunkmaster.core.errors import MasterError
-
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -213,42 +218,124 @@ def run(args: argparse.Namespace) -> int:
         log.warning("--buffer-size does nothing and is deprecated: remove it")
     out = sys.stdout
     done: list[Task] = []
-    with _make_client(args, done) as client:
+    stop = _Stop()
+    with stop.installed():
+        client = _make_client(args, done)
         try:
-            if args.dataset:
-                _say_relative(args.dataset)
-                client.set_dataset(args.dataset)
-            elif sources:
-                _say_relative([g for src in sources.values() for g in src.globs])
-                client.set_dataset(sources)
-            for p in range(args.first_pass, args.first_pass + args.passes):
-                errors: list[TaskReadError] = []
-                digests = _read_pass(client, p, args, done, out, errors)
-                total = digests.total
-                line: dict[str, Any] = {"pass": p, "records": total.count, "digest": total.hex()}
-                if args.json and digests.sources:
-                    line["sources"] = digests.by_source()
-                if args.continue_on_read_error:
-                    line["read_errors"] = len(errors)
-                    line["quarantined"] = _quarantined(client, p)
-                if args.json:
-                    out.write(json.dumps(line) + "\n")
-                else:
-                    extra = (
-                        f", {plural(line['read_errors'], 'read error')}, "
-                        + _quarantined_text(line["quarantined"], p)
-                        if args.continue_on_read_error
-                        else ""
-                    )
-                    out.write(f"pass {p}: {total.count} records, digest {total.hex()}{extra}\n")
-                out.flush()
-        except TaskReadError as exc:
-            raise CliError(f"read error (reported to the master): {exc}") from None
-        except TransportError as exc:  # it names the address, and what to check if never reached
-            raise CliError(str(exc)) from None
-        except MasterError as exc:
-            raise CliError(f"{type(exc).__name__}: {exc}") from None
-    return 0
+            with stop.raising():
+                _read_all(client, args, sources, done, out)
+        except _Terminated:
+            pass  # the exit status says why it stopped
+        finally:
+            client.close()  # on every way out; a signal meanwhile is only noted
+    return stop.status
+
+
+def _read_all(
+    client: Client,
+    args: argparse.Namespace,
+    sources: dict[str, Source],
+    done: list[Task],
+    out: IO[str],
+) -> None:
+    """Set the dataset if asked, then read the passes, printing a line per pass."""
+    from chunkmaster.client import TaskReadError, TransportError
+    from chunkmaster.core.errors import MasterError
+
+    try:
+        if args.dataset:
+            _say_relative(args.dataset)
+            client.set_dataset(args.dataset)
+        elif sources:
+            _say_relative([g for src in sources.values() for g in src.globs])
+            client.set_dataset(sources)
+        for p in range(args.first_pass, args.first_pass + args.passes):
+            errors: list[TaskReadError] = []
+            digests = _read_pass(client, p, args, done, out, errors)
+            total = digests.total
+            line: dict[str, Any] = {"pass": p, "records": total.count, "digest": total.hex()}
+            if args.json and digests.sources:
+                line["sources"] = digests.by_source()
+            if args.continue_on_read_error:
+                line["read_errors"] = len(errors)
+                line["quarantined"] = _quarantined(client, p)
+            if args.json:
+                out.write(json.dumps(line) + "\n")
+            else:
+                extra = (
+                    f", {plural(line['read_errors'], 'read error')}, "
+                    + _quarantined_text(line["quarantined"], p)
+                    if args.continue_on_read_error
+                    else ""
+                )
+                out.write(f"pass {p}: {total.count} records, digest {total.hex()}{extra}\n")
+            out.flush()
+    except TaskReadError as exc:
+        raise CliError(f"read error (reported to the master): {exc}") from None
+    except TransportError as exc:  # it names the address, and what to check if never reached
+        raise CliError(str(exc)) from None
+    except MasterError as exc:
+        raise CliError(f"{type(exc).__name__}: {exc}") from None
+
+
+class _Terminated(BaseException):
+    """SIGTERM while reading: leaves the reading as an error would (not an Exception, so that
+    nothing on the way takes it for one)."""
+
+
+class _Stop:
+    """SIGTERM and SIGINT for `read`: while reading (`raising()`) they raise (_Terminated,
+    KeyboardInterrupt) where the reading is, so that it stops and the client closes; at any
+    other time (the client closing) they are only noted, so that they do not cut close()
+    short, and a second one ends the process at once, as if unhandled."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._raise = False
+
+    @property
+    def status(self) -> int:
+        """The exit status: 128 + the signal that stopped the trainer, 0 without one."""
+        return 0 if self.received is None else 128 + self.received
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._raise:
+            self._raise = False
+            self.received = signum
+            raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated()
+        if self.received is not None:  # the second one: as if unhandled
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.received = signum
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handlers, in the main thread only (elsewhere the signals keep theirs)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        before = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
+
+    @contextmanager
+    def raising(self) -> Iterator[None]:
+        """Signals raise inside (one that came before is raised now)."""
+        if self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.received is not None:
+            raise _Terminated()
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
 
 
 def parse_sources(flags: list[str], flag_name: str = "--source") -> dict[str, Source]:

@@ -53,6 +53,7 @@ from chunkmaster.client.connection import (
     ChannelSecurity,
     MasterConnection,
     TransportError,
+    join_all,
 )
 from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadError
@@ -899,10 +900,16 @@ class Client:
     # ---- closing -----------------------------------------------------------------------
 
     def close(self, flush_timeout: float = 5.0) -> None:
-        """Stop every thread: cancel the pass, send queued reports (bounded), drop the channel.
+        """Stop every thread and end every call: cancel the pass, send queued reports
+        (bounded), close the channel, and wait for every thread the client started (and gRPC's
+        for its calls) to be gone.
 
         With a session: says Goodbye, handing the held tasks back at their exact positions,
-        and waits up to `flush_timeout` s for the master's ack."""
+        and waits up to `flush_timeout` s for the master's ack. Returns within `flush_timeout`
+        + 2 x `rpc_timeout` whatever the master does (gone, frozen): the fetchers have
+        `rpc_timeout` to stop before the Goodbye, the rest `rpc_timeout` after it (with etcd,
+        the address watcher has `etcd_timeout` + 5 s more); a thread still alive then is named
+        in a warning."""
         with self._lock:
             if self._closed:
                 return
@@ -911,18 +918,18 @@ class Client:
             if ps is not None:
                 self._abandon(ps, "client closed")
             self._cond.notify_all()
+        rpc_timeout = self._link.rpc_timeout
+        # 1. The fetchers stop (their calls cancelled), so that the held tasks are final.
         self._token.cancel()
-        for t in self._fetchers:
-            if t is not threading.current_thread():
-                t.join(self.poll_wait + self._link.rpc_timeout)
-                if t.is_alive():
-                    log.warning("%s did not stop in time; closing the channel under it", t.name)
+        left = join_all(self._fetchers, time.monotonic() + rpc_timeout)
+        # 2. The Goodbye, or the queued reports, for up to flush_timeout.
         if self._session is not None:
             with self._lock:
                 positions = self._progress.held_positions()
             self._session.close(positions, flush_timeout)
         if self._reporter is not None:
             self._reporter.close(flush_timeout)
+        # 3. Everything else ends: no more reads, the channel closed under any call left.
         if self._readahead is not None:
             self._readahead.close()
         with self._lock:
@@ -930,6 +937,22 @@ class Client:
         self._link.close()
         if self._locator is not None:
             self._locator.close()
+        # 4. Every thread gone, then gRPC's threads done with every call.
+        deadline = time.monotonic() + rpc_timeout
+        if self._session is not None:
+            left += self._session.join(deadline)
+        if self._reporter is not None:
+            left += self._reporter.join(deadline)
+        if self._readahead is not None:
+            left += self._readahead.join(deadline)
+        left += self._link.wait_closed(deadline)
+        if left:
+            log.warning(
+                "client %s closed with threads or calls still going after %.0fs: %s",
+                self.name,
+                rpc_timeout,
+                ", ".join(left),
+            )
 
     @property
     def closed(self) -> bool:

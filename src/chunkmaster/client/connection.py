@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -132,6 +135,20 @@ UNREACHABLE_ADVICE = (
 )
 
 
+def join_all(threads: Iterable[threading.Thread | None], deadline: float) -> list[str]:
+    """Join `threads` (None, threads never started and the calling thread skipped) until
+    `deadline` (time.monotonic()); the names of those still alive then."""
+    here = threading.current_thread()
+    left = []
+    for t in threads:
+        if t is None or t is here or t.ident is None:
+            continue
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            left.append(t.name)
+    return left
+
+
 class CallCancelled(Exception):
     """A call was cancelled from another thread (the pass was abandoned or the client closed)."""
 
@@ -141,34 +158,56 @@ def _closed_channel(addr: str) -> TransportError:
 
 
 class PendingCall(Generic[T]):
-    """An RPC in flight that another thread may cancel, e.g. a long-polling GetTask."""
+    """An RPC in flight that another thread may cancel, e.g. a long-polling GetTask.
+
+    Once answered it lets go of the call object, and the error it raises neither chains nor
+    holds it: an error kept (in a log record, say) must not keep a call alive (see
+    MasterConnection)."""
 
     def __init__(self, addr: str, future: Any, convert: Callable[[Any], T]) -> None:
         self._addr = addr
-        self._future = future
+        self._future: Any = future
         self._convert = convert
 
     def result(self) -> T:
         """Wait for the answer (bounded by the call's deadline); raise like a sync call."""
-        try:
-            reply = self._future.result()
-        except grpc.FutureCancelledError:
-            raise CallCancelled() from None
-        except grpc.RpcError as exc:
-            if self._future.cancelled():
-                raise CallCancelled() from None
-            err: MasterError | None = error_from_rpc(exc)
-            if err is not None:
-                raise err from None
-            raise TransportError(self._addr, exc) from None
+        reply, error = _outcome(self._addr, self._future)
+        self._future = None
+        if error is not None:
+            raise error
         return self._convert(reply)
 
     def cancel(self) -> None:
         """Abandon the call: `result()` raises CallCancelled, the master stops waiting."""
-        self._future.cancel()
+        future = self._future
+        if future is not None:
+            future.cancel()
+
+
+def _outcome(addr: str, future: Any) -> tuple[Any, Exception | None]:
+    """A finished call's answer, or the error to raise for it (made here, raised by the
+    caller: not chained to the call's own error)."""
+    try:
+        return future.result(), None
+    except grpc.FutureCancelledError:
+        return None, CallCancelled()
+    except grpc.RpcError as exc:
+        if future.cancelled():
+            return None, CallCancelled()
+        err: MasterError | None = error_from_rpc(exc)
+        return None, err if err is not None else TransportError(addr, exc)
 
 
 class MasterConnection:
+    """One channel to the master at `addr`, and the calls made on it.
+
+    The calls that gRPC drives from threads of its own (Session streams, long-polling
+    GetTasks) are tracked until gRPC's thread has handled their last event: `close()` ends
+    them and `wait_closed()` waits for that thread. A call object must not outlive that wait
+    in a reference cycle: the garbage collector may then delete it while the interpreter
+    finalizes, and its `__del__` waits for the call's lock, which a gRPC thread frozen by the
+    finalization may hold (the process never exits)."""
+
     def __init__(
         self,
         addr: str,
@@ -189,6 +228,29 @@ class MasterConnection:
             ],
         )
         self._stub = pb_grpc.MasterStub(self._channel)  # type: ignore[no-untyped-call]
+        self._cond = threading.Condition()
+        self._calls: list[weakref.ref[Any]] = []  # the tracked calls (see the class)
+        self._running = 0  # tracked calls whose last event gRPC has not handled yet
+        self._spinners: set[threading.Thread] = set()  # gRPC's threads that handled them
+        self._closed = False
+
+    def _track(self, call: Any) -> None:
+        """Follow `call` until gRPC's thread has handled its last event (its status), noting
+        that thread: the done callback runs in it, after the call's lock is released."""
+        creator = threading.current_thread()
+
+        def over(_: Any) -> None:
+            with self._cond:
+                self._running -= 1
+                here = threading.current_thread()
+                if here is not creator:  # not already over when it was tracked
+                    self._spinners = {t for t in self._spinners if t.is_alive()} | {here}
+                self._cond.notify_all()
+
+        with self._cond:
+            self._calls = [r for r in self._calls if r() is not None] + [weakref.ref(call)]
+            self._running += 1
+        call.add_done_callback(over)
 
     def _call(self, method: str, request: Any, timeout: float) -> Any:
         try:
@@ -245,6 +307,7 @@ class MasterConnection:
             )
         except ValueError:
             raise _closed_channel(self.addr) from None
+        self._track(future)
         return PendingCall(self.addr, future, lambda reply: task_from_pb(reply.task))
 
     def task_finished(self, task_id: int, *, epoch: int = 0, pass_id: int = -1) -> bool:
@@ -270,9 +333,11 @@ class MasterConnection:
         """Open a Session stream fed by `requests`: an iterator of SessionResponse with
         cancel(); no deadline (it lives as long as the trainer), gRPC keep-alives watch it."""
         try:
-            return self._stub.Session(requests, metadata=self._metadata)
+            call = self._stub.Session(requests, metadata=self._metadata)
         except ValueError:
             raise _closed_channel(self.addr) from None
+        self._track(call)
+        return call
 
     def data_checkpoint(self) -> bytes:
         reply = self._call("DataCheckpoint", pb.DataCheckpointRequest(), self.timeout)
@@ -287,7 +352,37 @@ class MasterConnection:
         return bool(reply.applied), int(reply.pass_id)
 
     def close(self) -> None:
+        """Close the channel: every call on it ends now (cancelled if still going)."""
+        self._closed = True
         self._channel.close()
+
+    @property
+    def ended(self) -> bool:
+        """Closed, and gRPC has handled the last event of every tracked call."""
+        with self._cond:
+            return (
+                self._closed
+                and self._running == 0
+                and not any(t.is_alive() for t in self._spinners)
+            )
+
+    def wait_closed(self, deadline: float) -> list[str]:
+        """After close(): wait (until `deadline`, time.monotonic()) for gRPC's threads to have
+        handled the last event of every tracked call, and to be gone. Returns what is still
+        going at the deadline (none normally: a closed channel ends its calls at once)."""
+        with self._cond:
+            while self._running > 0 and self._cond.wait(max(0.0, deadline - time.monotonic())):
+                pass
+            running, spinners = self._running, set(self._spinners)
+        left = [f"gRPC thread {name}" for name in join_all(spinners, deadline)]
+        if running:
+            left.append(f"{running} call(s) to {self.addr} without their last event")
+        return left
+
+    def live_calls(self) -> int:
+        """How many tracked call objects are not deleted yet."""
+        with self._cond:
+            return sum(1 for r in self._calls if r() is not None)
 
     def __enter__(self) -> MasterConnection:
         return self

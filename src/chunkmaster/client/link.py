@@ -10,6 +10,7 @@ client closed) interrupts both the backoff sleep and a call in flight.
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import threading
@@ -182,6 +183,7 @@ class MasterLink:
         self.security = security
         self._lock = threading.Lock()
         self._conn: MasterConnection | None = None
+        self._made: list[MasterConnection] = []  # every channel opened, for wait_closed()
         self._closed = False
         self._reached = False  # a master has answered (anything) on this link
         self._never_warned: float | None = None  # when "never connected" was first said
@@ -318,6 +320,8 @@ class MasterLink:
                 conn = self._conn = MasterConnection(
                     addr, timeout=self.rpc_timeout, security=self.security
                 )
+                made = [c for c in self._made if not c.ended or c.live_calls()]
+                self._made = [*made, conn]
             return conn
 
     def _await_address(self, cancel: CancelToken, what: str) -> str:
@@ -357,6 +361,25 @@ class MasterLink:
             conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+    def wait_closed(self, deadline: float) -> list[str]:
+        """After close(), once the threads that used the calls are joined: wait (until
+        `deadline`, time.monotonic()) for gRPC's threads to be done with every call of every
+        channel this link opened, and see that no call object is left for the garbage
+        collector to delete at interpreter exit (connection.MasterConnection says why): one
+        kept alive by a reference cycle (an exception's traceback) is collected now. Returns
+        what is still going at the deadline, or still alive."""
+        with self._lock:
+            made, self._made = self._made, []
+        left = [what for conn in made for what in conn.wait_closed(deadline)]
+        for generation in range(3):  # the young first: most cycles are recent
+            if not any(conn.live_calls() for conn in made):
+                break
+            gc.collect(generation)
+        alive = sum(conn.live_calls() for conn in made)
+        if alive:
+            left.append(f"{alive} gRPC call object(s) still referenced")
+        return left
 
 
 class _NoAddress(grpc.RpcError):

@@ -15,8 +15,10 @@ the chunk.
 Only ranged formats' chunks whose files are URLs and whose length is known are fetched ahead;
 local files keep their direct reads (`take` answers None).
 
-The workers are daemon threads: a request that never returns holds one of them, never the
-trainer's exit. `cancel` (the pass was abandoned) forgets everything queued or fetched.
+The client's close() joins the workers (`close`, `join`), up to its deadline. They are
+daemon threads for what that deadline leaves behind: a request to the object store that never
+returns holds one of them, never the trainer's exit (they use no gRPC call). `cancel` (the
+pass was abandoned) forgets everything queued or fetched.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from chunkmaster.client.connection import join_all
 from chunkmaster.core.model import Chunk, Task
 from chunkmaster.formats.base import Storage
 from chunkmaster.formats.remote import is_remote
@@ -165,6 +168,7 @@ class ReadAhead:
             self._held = 0
 
     def close(self) -> None:
+        """Forget everything and tell the workers to end (`join()` waits for them)."""
         with self._lock:
             self._closed = True
             self._queue.clear()
@@ -172,6 +176,13 @@ class ReadAhead:
             self._held = 0
             for _ in self._workers:
                 self._jobs.put(None)
+
+    def join(self, deadline: float) -> list[str]:
+        """After close(): wait until `deadline` (time.monotonic()) for the workers to end (each
+        does once its fetch in flight returns); the names of those still alive."""
+        with self._lock:
+            workers = list(self._workers)
+        return join_all(workers, deadline)
 
     @property
     def held(self) -> int:

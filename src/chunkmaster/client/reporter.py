@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
+from chunkmaster.client.connection import join_all
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
 from chunkmaster.core.errors import MasterError
 from chunkmaster.core.model import Task
@@ -69,14 +70,17 @@ class Reporter:
         return None
 
     def close(self, flush_timeout: float) -> None:
-        """Send what is queued (for up to flush_timeout s), then give the rest up."""
+        """Send what is queued (for up to flush_timeout s), then give the rest up: a report in
+        flight ends with the channel (the client closes it next; `join()` waits)."""
         self._queue.put(None)
-        if self._thread is threading.current_thread():
-            return
-        self._thread.join(flush_timeout)
-        if self._thread.is_alive():
-            self._token.cancel()
-            self._thread.join(self._link.rpc_timeout)
+        if self._thread is not threading.current_thread():
+            self._thread.join(flush_timeout)
+        self._token.cancel()
+
+    def join(self, deadline: float) -> list[str]:
+        """After close(): wait until `deadline` (time.monotonic()) for the thread to be gone;
+        its name if it is not."""
+        return join_all([self._thread], deadline)
 
     def _loop(self) -> None:
         while True:

@@ -46,7 +46,12 @@ from typing import Any
 
 import grpc
 
-from chunkmaster.client.connection import CallCancelled, MasterConnection, TransportError
+from chunkmaster.client.connection import (
+    CallCancelled,
+    MasterConnection,
+    TransportError,
+    join_all,
+)
 from chunkmaster.client.fetcher import Dispatched
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink, backoff_delay
 from chunkmaster.client.progress import task_records
@@ -73,10 +78,6 @@ core of it, a hundred of them five cores."""
 DATA_WAIT_EVERY = 1.0
 """Seconds between two data-wait figures sent with progress reports, at least (the periodic
 keep-alive carries them too)."""
-
-DRAIN_WAIT = 1.0
-"""Seconds a stream's reader waits, once the call is over, for gRPC's sending thread to end
-(it does at once, the call being over)."""
 
 FINISH_FLUSH = 0.1
 """Seconds a finish waits for a NextTask to ride on before it goes alone (want_task=false)."""
@@ -185,12 +186,13 @@ class _Pending:
 
 
 class _Stream:
-    """One Session call: its outgoing queue, the call, the Hello it began with.
+    """One Session call: its outgoing queue, the call, the Hello it began with, and the two
+    threads that use the call: this session's reader, and gRPC's thread that sends the
+    requests, iterating `requests()` (it ends once `end()` ends that iterator).
 
-    gRPC sends the requests from a daemon thread of its own, iterating `requests()`. That
-    iterator must end with the stream (`end()`): a daemon thread still inside the call at
-    interpreter exit can hold the call's lock while frozen, and the call's finalizer then
-    waits for that lock for ever (the process never exits)."""
+    A thread still inside the call at interpreter exit can hold the call's lock while the
+    finalization freezes it, and the call object's `__del__` then waits for that lock for
+    ever (the process never exits): the session's close joins both threads (`join()`)."""
 
     def __init__(self, addr: str) -> None:
         self.addr = addr
@@ -200,12 +202,15 @@ class _Stream:
         self.hello = Reply("Hello")
         self.broken = threading.Event()
         self.sender: threading.Thread | None = None  # gRPC's thread iterating requests()
+        self.sending = threading.Event()  # set once that thread has started
+        self.reader: threading.Thread | None = None  # the session's thread reading answers
         self.welcomed = False  # a stream that never got its Welcome fails quietly (the link logs)
         self.expired = False
         self.generation = 0  # TrainerSession.generation when it was opened
 
     def requests(self) -> Iterator[pb.SessionRequest]:
         self.sender = threading.current_thread()
+        self.sending.set()
         while True:
             req = self.queue.get()
             if req is None:
@@ -215,18 +220,40 @@ class _Stream:
     def send(self, req: pb.SessionRequest) -> None:
         self.queue.put(req)
 
-    def end(self, wait: float = 0.0) -> None:
-        """No more requests: gRPC's sending thread leaves requests() once at the end; wait up
-        to `wait` s for that thread to be gone."""
+    def end(self) -> None:
+        """No more requests: gRPC's sending thread leaves requests() once at the end."""
         self.queue.put(None)
-        sender = self.sender
-        if wait > 0 and sender is not None and sender is not threading.current_thread():
-            sender.join(wait)
 
     def close(self) -> None:
         self.end()
         if self.call is not None:
             self.call.cancel()
+
+    def let_go(self) -> bool:
+        """Let go of the call once both threads that use it are gone (or never started):
+        whether they are. Nothing of the session then holds the call object (an error kept
+        in a log record may still hold this stream)."""
+        reader, sender = self.reader, self.sender
+        if reader is not None and reader.is_alive():
+            return False
+        if self.call is not None:
+            if not self.sending.is_set() or sender is None or sender.is_alive():
+                return False
+            self.call = None
+        return True
+
+    def join(self, deadline: float) -> list[str]:
+        """After close(): wait (until `deadline`, time.monotonic()) for the reader and gRPC's
+        sending thread to be gone (that one always starts with the call, and leaves once the
+        call is cancelled), then let go of the call. The names of those still alive."""
+        left = join_all([self.reader], deadline)
+        if self.call is not None:
+            if not self.sending.wait(max(0.0, deadline - time.monotonic())):
+                left.append(f"gRPC's sender of the stream to {self.addr} (not started)")
+            left += join_all([self.sender], deadline)
+        if not left:
+            self.call = None
+        return left
 
 
 class TrainerSession:
@@ -290,7 +317,7 @@ class TrainerSession:
         self._reported = 0.0  # when progress was last sent (time.monotonic())
         self._waits_at = 0.0  # when data-wait figures may go with a report again
         self._closing = False
-        self._readers: list[threading.Thread] = []  # one a stream opened; joined at close
+        self._streams: list[_Stream] = []  # the streams opened and not over; joined at close
         self._said_goodbye = False
         self._token = CancelToken()
         self._thread = threading.Thread(
@@ -474,7 +501,9 @@ class TrainerSession:
     def close(self, positions: Sequence[Position], timeout: float) -> None:
         """Say Goodbye, handing the held tasks back at `positions`; wait (bounded) for the ack.
         A Goodbye refused "not now" (a store outage) goes again with backoff, after the
-        finishes refused with it, until acknowledged or `timeout` s have passed."""
+        finishes refused with it, until acknowledged or `timeout` s have passed. Then stop:
+        whoever waits for an answer is told, the streams' calls are cancelled, the session's
+        thread told to end (`join()` waits for the threads)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             if self._closing:
@@ -516,7 +545,8 @@ class TrainerSession:
         finally:
             self._token.cancel()
             with self._lock:
-                stream, self._stream = self._stream, None
+                self._stream = None
+                streams = list(self._streams)
                 pending, self._pending = self._pending, {}
                 unsent = len(self._finishes) + sum(
                     len(p.request.next.finished) for p in pending.values() if p.reply.kind == "next"
@@ -531,16 +561,20 @@ class TrainerSession:
                 )
             for p in pending.values():  # whoever still waits (a commit) learns it is over
                 p.reply.cancel()
-            if stream is not None:
-                stream.close()
+            for open_stream in streams:
+                open_stream.close()
             self._wake.set()
-            if self._thread is not threading.current_thread():
-                self._thread.join(self._link.rpc_timeout)
-            with self._lock:
-                readers, self._readers = self._readers, []
-            for reader in readers:  # each ends once its cancelled call does
-                if reader is not threading.current_thread():
-                    reader.join(self._link.rpc_timeout)
+
+    def join(self, deadline: float) -> list[str]:
+        """After close(): wait (until `deadline`, time.monotonic()) for the session's thread,
+        and for each stream's reader and gRPC's thread sending its requests, to be gone. The
+        names of those still alive then."""
+        left = join_all([self._thread], deadline)
+        with self._lock:
+            streams, self._streams = self._streams, []
+        for stream in streams:  # their calls are cancelled: each thread leaves at once
+            left += stream.join(deadline)
+        return left
 
     # ---- sending (lock held) -----------------------------------------------------------------
 
@@ -788,8 +822,9 @@ class TrainerSession:
             name=f"chunkmaster-session-read-{self.name}",
             daemon=True,
         )
+        stream.reader = reader
         with self._lock:
-            self._readers = [t for t in self._readers if t.is_alive()] + [reader]
+            self._streams = [s for s in self._streams if not s.let_go()] + [stream]
         reader.start()
         timeout = self._link.rpc_timeout
         try:
@@ -911,9 +946,9 @@ class TrainerSession:
                     TransportError(stream.addr, why) if isinstance(why, grpc.RpcError) else why,
                 )
             self._wake.set()
-            # What is queued goes again on the next stream (it is pending). close() joins
-            # this thread, so gRPC's sending thread is gone too when close() returns.
-            stream.end(wait=DRAIN_WAIT)
+            # What is queued goes again on the next stream (it is pending). gRPC's sending
+            # thread leaves requests(); close() joins it.
+            stream.end()
 
     def _on_response(self, stream: _Stream, resp: pb.SessionResponse) -> None:
         if resp.seq == stream.hello_seq and not stream.hello.done:
