@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -378,6 +379,24 @@ def test_a_retried_get_task_gets_the_same_task_not_a_stranded_one(tmp_path: Path
     run(lambda: after_restart(held))
 
 
+@contextlib.contextmanager
+def next_write_held(db: Path) -> Iterator[None]:
+    """Another connection holds SQLite's write lock: the store's next write waits for it."""
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+async def loop_turns(n: int = 20) -> None:
+    """Turns of the event loop in which nothing but the store's write could make it durable."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 def test_a_retried_get_task_is_answered_only_once_its_dispatch_is_durable(
     tmp_path: Path,
 ) -> None:
@@ -391,20 +410,14 @@ def test_a_retried_get_task_is_answered_only_once_its_dispatch_is_durable(
         svc = Service(SqliteStore(db, busy_timeout=60.0), chunks_per_task=1, timeout_dur=600)
         await svc.start()
         await svc.set_dataset([f])
-        other = sqlite3.connect(db, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")  # the store's next write waits for this lock
-        try:
+        with next_write_held(db):
             first = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
             while svc.status()["pending"] == 0:  # applied; its write waits for the lock
                 await asyncio.sleep(0)
             retry = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
-            for _ in range(20):  # turns of the loop: nothing else can make it durable
-                await asyncio.sleep(0)
+            await loop_turns()
             assert not first.done()
             assert not retry.done(), "the retry was answered before its dispatch was durable"
-        finally:
-            other.execute("ROLLBACK")
-            other.close()
         t, again = await first, await retry
         assert (again.meta, again.chunks) == (t.meta, t.chunks)
         await svc.close()
@@ -425,20 +438,14 @@ def test_a_repeated_finish_is_answered_only_once_the_first_is_durable(tmp_path: 
         await svc.start()
         await svc.set_dataset([f])
         t = await svc.get_task(0, worker="w")
-        other = sqlite3.connect(db, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")  # the store's next write waits for this lock
-        try:
+        with next_write_held(db):
             first = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
             while svc.status()["pending"] == 1:  # applied; its write waits for the lock
                 await asyncio.sleep(0)
             again = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
-            for _ in range(20):  # turns of the loop: nothing else can make it durable
-                await asyncio.sleep(0)
+            await loop_turns()
             assert not first.done()
             assert not again.done(), "the repeat was answered before the finish was durable"
-        finally:
-            other.execute("ROLLBACK")
-            other.close()
         assert await first is True and await again is False
         await svc.close()
 
