@@ -96,6 +96,11 @@ def test_weights_for_a_job_that_is_no_mixture_say_so(master: MasterProcess, tmp_
     assert out.returncode == 0, out.stderr
     line = one_line(run_cli("weights", "--addr", master.addr or "", "a=1"))
     assert "not a mixture" in line
+    with MasterConnection(master.addr or "") as c:
+        (led,) = c.status()["ledger"]  # a one-source job's ledger is as it always was
+    assert led["consumed"] == 5 and "sources" not in led
+    status = run_cli("status", "--addr", master.addr or "")
+    assert "records  pass 0: 5 handed out" in status.stdout and "by source" not in status.stdout
 
 
 def mixture_status(addr: str, token: str | None = None) -> dict[str, Any]:
