@@ -81,6 +81,13 @@ def test_weights_status_and_read_of_a_mixture(master: MasterProcess, tmp_path: P
     assert "mixture  2 sources, 40 units a pass" in status.stdout
     assert "  a: weight 50.0%, consumed 75.0%; 30 handed out, 30 consumed" in status.stdout
     assert "  b: weight 50.0%, consumed 25.0%; 10 handed out, 10 consumed" in status.stdout
+    # the ledger's line of pass 0 and, under it, what each source delivered in it
+    lines = status.stdout.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("records  pass 0: 40 handed out"))
+    assert lines[at + 1].split(": ", 1) == [
+        "           by source (handed out/consumed/committed)",
+        "a 30/30/0, b 10/10/0",  # `read` finishes its tasks without a session: no commits
+    ]
 
 
 def test_weights_for_a_job_that_is_no_mixture_say_so(master: MasterProcess, tmp_path: Path) -> None:
@@ -89,6 +96,11 @@ def test_weights_for_a_job_that_is_no_mixture_say_so(master: MasterProcess, tmp_
     assert out.returncode == 0, out.stderr
     line = one_line(run_cli("weights", "--addr", master.addr or "", "a=1"))
     assert "not a mixture" in line
+    with MasterConnection(master.addr or "") as c:
+        (led,) = c.status()["ledger"]  # a one-source job's ledger is as it always was
+    assert led["consumed"] == 5 and "sources" not in led
+    status = run_cli("status", "--addr", master.addr or "")
+    assert "records  pass 0: 5 handed out" in status.stdout and "by source" not in status.stdout
 
 
 def mixture_status(addr: str, token: str | None = None) -> dict[str, Any]:

@@ -19,11 +19,12 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from helpers.master_process import MasterProcess
-from helpers.mixtures import check_source_epochs, windows
+from helpers.mixtures import check_ledger_sums, check_source_epochs, windows
 from helpers.trainers import Trainer
 
 from chunkmaster.client import Client, Source
@@ -165,11 +166,34 @@ def test_three_sources_follow_their_weights_and_every_source_adds_up(
         for g, want in zip(got, FIRST.values(), strict=True):
             assert abs(g - want) <= 0.01
     with MasterConnection(m.addr) as c:
-        mix = c.status()["mixture"]
+        st = c.status()
+    mix = st["mixture"]
     assert [s["name"] for s in mix["sources"]] == list(NAMES)
     assert [s["consumed"] for s in mix["sources"]] == [
         got_by_source(ts, 0)[n].count + got_by_source(ts, 1)[n].count for n in NAMES
     ]
+    check_pass_sources(st, ts, NAMES, (0, 1))
+
+
+def check_pass_sources(
+    st: dict[str, Any], ts: list[Trainer], names: Sequence[str], passes: Sequence[int]
+) -> None:
+    """The status's ledger of each pass in `passes`, source by source, holds what the
+    trainers' `read --json` say they consumed of each source in it; in every pass shown the
+    sources' counts add up to the pass's."""
+    ledger = {led["pass"]: led for led in st["ledger"]}
+    assert set(passes) <= set(ledger), f"passes shown: {sorted(ledger)}"
+    check_ledger_sums(st["ledger"])
+    for led in st["ledger"]:
+        assert list(led["sources"]) == list(names)
+    for p in passes:
+        sources = ledger[p]["sources"]
+        read: Counter[str] = Counter()
+        for t in ts:
+            for name, d in t.passes[p].get("sources", {}).items():
+                read[name] += int(d["records"])
+        assert {n: c["consumed"] for n, c in sources.items() if c["consumed"]} == read, p
+        assert all(c["dispatched"] >= c["consumed"] for c in sources.values())
 
 
 def progress(addr: str) -> tuple[int, int]:
@@ -230,6 +254,9 @@ def test_a_weight_change_and_a_killed_master_mid_pass_deliver_each_source_epoch_
     total = sum(d.count for d in late.values())
     for n in NAMES:
         assert abs(late[n].count / total - LATER[n]) < 0.02
+    with MasterConnection(m.addr) as c:
+        # pass 1 (the change and the restart in it) adds up; pass 2 is what the trainers read
+        check_pass_sources(c.status(), ts, NAMES, (2,))
 
 
 class SessionTrainer:
@@ -449,8 +476,12 @@ def test_a_source_added_and_a_killed_master_mid_pass_deliver_each_source_epoch_o
     for name in names:
         assert abs(late[name] / total - FOURTH[name]) < 0.02
     with MasterConnection(m.addr) as c:
-        mix = c.status()["mixture"]
+        st = c.status()
+    mix = st["mixture"]
     assert mix["units"] == n and [s["name"] for s in mix["sources"]] == names
+    check_pass_sources(st, ts, names, (2,))  # and pass 1, with the add in it, adds up
+    (one,) = [led for led in st["ledger"] if led["pass"] == 1]
+    assert one["sources"]["extra"]["consumed"] > 0  # the source added mid-pass 1 counts in it
 
 
 def plans_with_extra(ds: Dataset, grown: Dataset, passes: int, unit: int) -> dict[int, list[int]]:

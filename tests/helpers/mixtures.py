@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from typing import Any
 
 from chunkmaster.core.dataset import Dataset
 
@@ -43,3 +44,35 @@ def windows(consumed: list[tuple[int, int]], sources: int) -> list[list[float]]:
         if total >= WINDOW and seen >= 2 * WINDOW:
             out.append([a / total for a in acc])
     return out
+
+
+STAGES = ("dispatched", "consumed", "committed", "quarantined", "dropped", "padded")
+
+
+def check_ledger_sums(ledger: Any) -> None:
+    """Each pass's per-source counts add up to the pass's, stage by stage and reason by reason:
+    `ledger` is the state's (pass -> PassLedger, sources by index) or the status's (a list of
+    objects, sources by name)."""
+    rows = (
+        [
+            (p, vars_of(led), {s: vars_of(c) for s, c in led.sources.items()})
+            for p, led in ledger.items()
+        ]
+        if isinstance(ledger, dict)
+        else [(led["pass"], led, led["sources"]) for led in ledger]
+    )
+    for p, led, sources in rows:
+        for stage in STAGES:
+            got = sum(c[stage] for c in sources.values())
+            assert got == led[stage], (
+                f"pass {p}: the sources' {stage} add up to {got}, not {led[stage]}"
+            )
+        again: Counter[str] = Counter()
+        for c in sources.values():
+            again.update(c["redispatched"])
+        assert +again == Counter(led["redispatched"]), f"pass {p}: handed out again by source"
+
+
+def vars_of(counts: Any) -> dict[str, Any]:
+    """A core RecordCounts as the status's names for it."""
+    return {f: getattr(counts, f) for f in (*STAGES, "redispatched")}

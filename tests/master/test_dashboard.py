@@ -232,3 +232,57 @@ def test_dashboard_shows_the_records_rate_and_time_left_of_a_moving_pass(tmp_pat
     )
     assert rate is not None, text_of(dom, "rate")
     assert float(rate.group(1).replace(",", "")) > 0
+
+
+def test_dashboard_shows_each_sources_records_under_its_pass(tmp_path: Path) -> None:
+    """A mixture: the "Records by pass" table has, under the pass's row, a row per source with
+    what that source's tasks were in the pass (the status's `ledger[].sources`)."""
+    import grpc
+
+    from chunkmaster.rpc import master_pb2 as pb
+    from chunkmaster.rpc import master_pb2_grpc as pb_grpc
+
+    m = MasterProcess(
+        ["--store", ":memory:", "--metrics-port", "0", "--chunk-per-task", "1"]
+    ).start()
+    try:
+        info = read_ready_file(m.ready_file)
+        assert info is not None
+        addr = str(info["metrics_addr"])
+        a = numbered_records(tmp_path / "a.recordio", 6)
+        b = numbered_records(tmp_path / "b.recordio", 2)
+        with grpc.insecure_channel(m.addr or "") as channel:
+            stub = pb_grpc.MasterStub(channel)
+            sources = [
+                pb.Source(name="big", globs=[a], weight=3.0),
+                pb.Source(name="small", globs=[b], weight=1.0),
+            ]
+            stub.SetDataset(pb.SetDatasetRequest(sources=sources), timeout=30)
+            for i in range(5):  # one record a task: 3 of "big" and 1 of "small" finished
+                task = stub.GetTask(pb.GetTaskRequest(pass_id=0, worker="w1"), timeout=10).task
+                if i < 4:
+                    stub.TaskFinished(
+                        pb.TaskFinishedRequest(
+                            task_id=task.meta.id, epoch=task.meta.epoch, pass_id=0
+                        ),
+                        timeout=10,
+                    )
+        (led,) = status(addr)["ledger"]
+        sources = led["sources"]
+        assert [(n, c["dispatched"], c["consumed"]) for n, c in sources.items()] == [
+            ("big", 3 + (task.source == "big"), 3),
+            ("small", 1 + (task.source == "small"), 1),
+        ]
+        dom = render(f"http://{addr}/", tmp_path / "profile")
+        body = re.search(r'<tbody id="ledger">(.*?)</tbody>', dom, re.S)
+        assert body is not None
+        rows = [
+            re.findall(r"<td[^>]*>([^<]*)</td>", tr)
+            for tr in re.findall(r"<tr>(.*?)</tr>", body.group(1), re.S)
+        ]
+        assert [r[:3] for r in rows] == [
+            ["0", "5", "4"],
+            *([f"· {n}", str(c["dispatched"]), str(c["consumed"])] for n, c in sources.items()),
+        ]
+    finally:
+        m.kill()

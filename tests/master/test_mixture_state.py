@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import hypothesis.strategies as st
 import pytest
-from helpers.mixtures import check_source_epochs, windows
+from helpers.mixtures import check_ledger_sums, check_source_epochs, windows
 from helpers.state_dump import dump
 from hypothesis import given, settings
 
@@ -70,6 +70,9 @@ class Run:
         self.plans: dict[int, list[int]] = {}
         self.finished: dict[tuple[int, int], int] = defaultdict(int)  # (pass, unit) -> count
         self.consumed: list[tuple[int, int]] = []  # (source, records) in the order consumed
+        #: (pass, source) -> records handed out / finished (consumed), as the ledger counts them
+        self.handed: dict[tuple[int, int], int] = defaultdict(int)
+        self.done: dict[tuple[int, int], int] = defaultdict(int)
         if self.state.dataset is None:
             self.do(SetDataset(ds))
 
@@ -91,7 +94,9 @@ class Run:
         assert task is not None and not isinstance(task, bool | int)
         assert st.dataset is not None and st.mix is not None
         assert task.source == st.mix.names[st.dataset.source_of(st.unit_task(task.meta.id))]
-        return int(task.meta.id)
+        unit = int(task.meta.id)
+        self.handed[(st.cur_pass, st.unit_source(unit))] += task.num_records - task.start
+        return unit
 
     def finish(self, unit: int) -> None:
         st = self.state
@@ -101,6 +106,18 @@ class Run:
         assert self.do(Finish(unit, p.epoch, pass_id)) is True
         self.finished[(pass_id, unit)] += 1
         self.consumed.append((source, left))
+        self.done[(pass_id, source)] += left
+
+    def check_ledger(self) -> None:
+        """Each pass's ledger, source by source, holds what was handed out and finished in
+        it, and the sources' counts add up to the pass's."""
+        check_ledger_sums(self.state.ledger)
+        for p, led in self.state.ledger.items():
+            for s, c in led.sources.items():
+                assert (c.dispatched, c.consumed) == (self.handed[(p, s)], self.done[(p, s)])
+            assert {s for s, c in led.sources.items() if c.dispatched} == {
+                s for q, s in self.handed if q == p
+            }
 
 
 def test_consumed_records_follow_the_weights_across_passes() -> None:
@@ -178,6 +195,7 @@ def test_weight_changes_failures_and_lost_trainers_lose_and_repeat_nothing(
     for p in range(st_.cur_pass):
         assert {u for q, u in run.finished if q == p} == set(range(ds.num_tasks))
     check_source_epochs(ds, run.plans)
+    run.check_ledger()
 
 
 def test_a_weight_change_takes_effect_after_the_last_unit_handed_out() -> None:
@@ -259,6 +277,14 @@ def test_a_restore_continues_each_source_exactly_where_it_was_committed(reweigh:
     if not reweigh:
         assert fresh.plans[1] == live.plans[1]
     check_source_epochs(ds, fresh.plans)
+    check_ledger_sums(fresh.state.ledger)
+    for p in (0, 1):  # the restored commits count for the sources they are of
+        want: dict[int, int] = defaultdict(int)
+        for q, t, r in commits:
+            if q == p:
+                want[ds.source_of(fresh.plans[p][t])] += r
+        got = {s: c.committed for s, c in fresh.state.ledger[p].sources.items() if c.committed}
+        assert got == want
 
 
 def test_a_restore_onto_the_pass_just_planned_keeps_its_plan_and_changes_nothing_else() -> None:
@@ -368,6 +394,8 @@ def test_a_source_added_mid_pass_takes_effect_after_the_last_unit_handed_out() -
     assert epochs[2] >= 2  # c went through whole epochs of its own, from its first
     late = [grown.source_of(t) for t in run.plans[2]]
     assert abs(late.count(2) / len(late) - 0.5) <= 0.02
+    run.check_ledger()
+    assert st_.ledger[0].sources[2].consumed > 0  # the added source delivered in its pass
     standby = replayed(run.journal)
     assert dump(standby) == dump(st_)
     assert dump(decode_snapshot(encode_snapshot(st_))) == dump(st_)
@@ -414,7 +442,9 @@ def test_sources_added_with_failures_and_lost_trainers_lose_and_repeat_nothing(
         assert {u for q, u in run.finished if q == p} == set(range(ds.num_tasks))
     assert st_.dataset is not None
     check_source_epochs(st_.dataset, run.plans)
+    run.check_ledger()
     assert dump(replayed(run.journal)) == dump(st_)
+    assert dump(decode_snapshot(encode_snapshot(st_))) == dump(st_)
 
 
 def test_a_restore_of_fewer_sources_continues_them_and_starts_the_added_one_at_epoch_0() -> None:
@@ -458,6 +488,8 @@ def test_a_restore_of_fewer_sources_continues_them_and_starts_the_added_one_at_e
     records = four.task_records
     extra = sum(records[t] for t in live.plans[2] if four.source_of(t) == 3)
     assert abs(extra / sum(records[t] for t in live.plans[2]) - 0.3) <= 0.01  # by records
+    check_ledger_sums(st_.ledger)
+    assert st_.ledger[2].sources[3].consumed == extra
     assert dump(decode_snapshot(encode_snapshot(st_))) == dump(st_)
     assert dump(replayed(live.journal)) == dump(st_)
 

@@ -65,6 +65,14 @@ def render(st: dict[str, Any]) -> str:
             + (f"; dropped {led['dropped']}" if led.get("dropped") else "")
             + (f"; padded {led['padded']}" if led.get("padded") else "")
         )
+        if led.get("sources"):  # a mixture: what each source delivered in the pass
+            lines.append(
+                "           by source (handed out/consumed/committed): "
+                + ", ".join(
+                    f"{name} {c['dispatched']}/{c['consumed']}/{c['committed']}"
+                    for name, c in led["sources"].items()
+                )
+            )
     lines.extend(_mixture(st))
     lines.extend(_steps(st))
     lines.extend(_trainers(st))

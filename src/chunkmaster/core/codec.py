@@ -13,7 +13,7 @@ import sys
 from array import array
 from collections import deque
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset, Source
@@ -47,7 +47,7 @@ from chunkmaster.core.mixture import (
     weights_from_json,
     weights_json,
 )
-from chunkmaster.core.model import FailedPolicy, Failure, PassLedger, Position
+from chunkmaster.core.model import FailedPolicy, Failure, PassLedger, Position, RecordCounts
 from chunkmaster.core.state import (
     FAILURE_HISTORY,
     Finishers,
@@ -82,10 +82,14 @@ SNAPSHOT_VERSION_MIXTURE = 7
 SNAPSHOT_VERSION_GROWN = 8
 MIXTURE_VERSIONS = (SNAPSHOT_VERSION_MIXTURE, SNAPSHOT_VERSION_GROWN)
 READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION, *MIXTURE_VERSIONS)
+#: A mixture's per-source counts of each pass (`PassLedger.sources`) are an optional key of its
+#: section, read as none when absent, and need no new version: an older build drops them and
+#: hands out the same tasks (the per-source counts of the passes it ran then start from zero).
 #: A dataset's `chunk_size` (the bound its chunks were cut at) is an optional key, read as None
 #: when absent, and needs no new version: an older build that drops it hands out the same
 #: tasks; only the data checkpoints it writes lack the size (and read as cut at 4 MiB).
 _LEN = struct.Struct("<I")
+_C = TypeVar("_C", bound=RecordCounts)
 
 
 class CodecError(ValueError):
@@ -412,7 +416,7 @@ def encode_snapshot(state: MasterState) -> bytes:
         header["dataset"] = ds_header
         blobs.update(ds_blobs)
     if state.mix is not None:
-        header["mixture"] = _mixture_header(state.mix)
+        header["mixture"] = _mixture_header(state.mix, state.ledger)
         for p, plan in state.mix.passes.items():
             if plan.units is not None:
                 blobs[f"plan{p}"] = plan.units
@@ -428,8 +432,13 @@ def _version(state: MasterState) -> int:
     return SNAPSHOT_VERSION_MIXTURE
 
 
-def _mixture_header(mix: MixtureState) -> dict[str, Any]:
+def _mixture_header(mix: MixtureState, ledger: dict[int, PassLedger]) -> dict[str, Any]:
     return {
+        "ledger": [
+            [p, [[s, *_counts_row(c)] for s, c in led.sources.items()]]
+            for p, led in ledger.items()
+            if led.sources
+        ],
         "units": mix.units,
         "weights": weights_json(mix.weights),
         "cursors": [cursor_json(c) for c in mix.cursors],
@@ -479,16 +488,29 @@ def _session_row(sid: str, s: Session) -> list[Any]:
 
 
 def _ledger_row(p: int, led: PassLedger) -> list[Any]:
+    return [p, *_counts_row(led)]
+
+
+def _counts_row(c: RecordCounts) -> list[Any]:
     return [
-        p,
-        led.dispatched,
-        led.consumed,
-        led.committed,
-        led.redispatched,
-        led.quarantined,
-        led.dropped,
-        led.padded,
+        c.dispatched,
+        c.consumed,
+        c.committed,
+        c.redispatched,
+        c.quarantined,
+        c.dropped,
+        c.padded,
     ]
+
+
+def _counts_from(row: list[Any], into: _C) -> _C:
+    """A ledger row's counts (quarantined, dropped and padded are absent before version 3)."""
+    d, c, k, r, *more = row
+    into.dispatched, into.consumed, into.committed = int(d), int(c), int(k)
+    into.redispatched = {str(w): int(n) for w, n in r.items()}
+    for name, x in zip(("quarantined", "dropped", "padded"), more, strict=False):
+        setattr(into, name, int(x))
+    return into
 
 
 def decode_snapshot(data: bytes) -> MasterState:
@@ -539,16 +561,12 @@ def decode_snapshot(data: bytes) -> MasterState:
         st.restored_from = str(header["restored_from"])
         st.restore_key = str(header.get("restore_key", ""))
         st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
-        st.ledger = {
-            int(p): PassLedger(
-                int(d),
-                int(c),
-                int(k),
-                {str(w): int(n) for w, n in r.items()},
-                *(int(x) for x in more),
-            )
-            for p, d, c, k, r, *more in header["ledger"]
-        }
+        st.ledger = {int(p): _counts_from(row, PassLedger()) for p, *row in header["ledger"]}
+        if "mixture" in header:
+            for p, sources in header["mixture"].get("ledger", ()):
+                st.ledger[int(p)].sources = {
+                    int(s): _counts_from(row, RecordCounts()) for s, *row in sources
+                }
         if header.get("error_budget") is not None:
             st.error_budget = _budget_from(header["error_budget"])
         if header.get("stopped") is not None:

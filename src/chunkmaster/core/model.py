@@ -77,8 +77,8 @@ class Failure:
 
 
 @dataclass(slots=True)
-class PassLedger:
-    """Record counts of one pass: what was handed out, consumed, committed, and handed out
+class RecordCounts:
+    """Record counts of a pass: what was handed out, consumed, committed, and handed out
     again (by why: a record handed out again was maybe read twice, at most up to where its
     previous holder got beyond its last report)."""
 
@@ -89,6 +89,14 @@ class PassLedger:
     quarantined: int = 0  # records not delivered: their task went over failure_max
     dropped: int = 0  # equal steps: records not handed out in the pass
     padded: int = 0  # equal steps: records handed out again to even the trainers up
+
+
+@dataclass(slots=True)
+class PassLedger(RecordCounts):
+    """The record counts of one pass, and in a mixture the same counts of each source (by its
+    index; a source that had nothing in the pass is absent): they add up to the pass's."""
+
+    sources: dict[int, RecordCounts] = field(default_factory=dict)
 
 
 class FailedPolicy(enum.StrEnum):

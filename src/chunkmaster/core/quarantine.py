@@ -22,7 +22,7 @@ from typing import Protocol
 from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import JobStoppedError
-from chunkmaster.core.model import Chunk, FailedPolicy, Failure, PassLedger
+from chunkmaster.core.model import Chunk, FailedPolicy, Failure, PassLedger, RecordCounts
 
 __all__ = [
     "ErrorBudget",
@@ -63,6 +63,7 @@ class Records(Protocol):
     def task_records(self, task_id: int, pass_id: int | None = None) -> int: ...
     def task_chunks(self, unit: int, pass_id: int | None = None) -> tuple[Chunk, ...]: ...
     def pass_ledger(self, pass_id: int | None = None) -> PassLedger: ...
+    def ledgers(self, unit: int, pass_id: int | None = None) -> tuple[RecordCounts, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +112,17 @@ def note_quarantined(state: Records, task_id: int) -> None:
     """A task went over failure_max in this pass: count the records it did not deliver (from
     its known position on) and hold the pass to the budget. Call before its position goes."""
     missing = state.task_records(task_id) - state.progress.get(task_id, 0)
-    state.pass_ledger().quarantined += missing
+    for led in state.ledgers(task_id):
+        led.quarantined += missing
     _hold_to_budget(state)
 
 
 def note_pass_started(state: Records) -> None:
     """A pass began: under the keep policy the tasks kept out are its quarantined records."""
     if state.failed_policy is FailedPolicy.KEEP and state.failed:
-        state.pass_ledger().quarantined += sum(state.task_records(t) for t in state.failed)
+        for t in state.failed:
+            for led in state.ledgers(t):
+                led.quarantined += state.task_records(t)
         _hold_to_budget(state)
 
 

@@ -65,6 +65,7 @@ from chunkmaster.core.model import (
     Failure,
     PassLedger,
     Position,
+    RecordCounts,
     Task,
     TaskMeta,
 )
@@ -270,6 +271,21 @@ class MasterState:
             led = self.ledger[p] = PassLedger()
         return led
 
+    def ledgers(
+        self, unit: int, pass_id: int | None = None, source: int | None = None
+    ) -> tuple[RecordCounts, ...]:
+        """The counts a unit's (or piece's) records of a pass (default: this one) go to: the
+        pass's ledger, and in a mixture its source's in that pass too (`source`, when the
+        caller knows it already)."""
+        led = self.pass_ledger(pass_id)
+        if self.mix is None:
+            return (led,)
+        s = self.unit_source(unit, pass_id) if source is None else source
+        counts = led.sources.get(s)
+        if counts is None:
+            counts = led.sources[s] = RecordCounts()
+        return led, counts
+
     def held_by(self, session: str) -> list[int]:
         return [t for t, p in self.pending.items() if p.session == session]
 
@@ -435,11 +451,14 @@ def _dispatch(state: MasterState, ev: Dispatch) -> Task | None:
     if ev.request:
         state.requests[ev.request] = task_id
     handed = state.task_records(task_id) - start
-    state.pass_ledger().dispatched += handed
+    source = None
     if state.mix is not None:
         unit = task_id if task_id < len(state.epochs) else state.steps.pieces[task_id].task
         state.mix.reach(state.cur_pass, unit)
-        state.mix.handed[state.unit_source(task_id)] += handed
+        source = state.unit_source(task_id)
+        state.mix.handed[source] += handed
+    for led in state.ledgers(task_id, source=source):
+        led.dispatched += handed
     return state.task(task_id)
 
 
@@ -543,8 +562,8 @@ def _redispatched(state: MasterState, task_id: int, why: str) -> None:
     """Count the records of a task that will be handed out again, from its known position."""
     n = steps.remaining(state, task_id)
     if n > 0:
-        red = state.pass_ledger().redispatched
-        red[why] = red.get(why, 0) + n
+        for led in state.ledgers(task_id):
+            led.redispatched[why] = led.redispatched.get(why, 0) + n
 
 
 def _consumed(state: MasterState, task_id: int, records: int) -> int:
@@ -555,9 +574,12 @@ def _consumed(state: MasterState, task_id: int, records: int) -> int:
         return 0
     state.progress[task_id] = records
     gained = records - old
-    state.pass_ledger().consumed += gained
+    source = None
     if state.mix is not None:
-        state.mix.consumed[state.unit_source(task_id)] += gained
+        source = state.unit_source(task_id)
+        state.mix.consumed[source] += gained
+    for led in state.ledgers(task_id, source=source):
+        led.consumed += gained
     session = state.sessions.get(p.session) if p.session else None
     if session is not None:
         session.consumed += gained
@@ -715,7 +737,8 @@ def _commit_records(state: MasterState, pos: Position) -> int:
     old = state.commits.get(pos.pass_id, {}).get(pos.task_id, 0)
     if pos.records <= old:
         return 0
-    state.pass_ledger(pos.pass_id).committed += pos.records - old
+    for led in state.ledgers(pos.task_id, pos.pass_id):
+        led.committed += pos.records - old
     steps.cover(state, pos.pass_id, pos.task_id, 0, pos.records)
     return 1
 
@@ -782,7 +805,8 @@ def _restore(state: MasterState, ev: Restore) -> bool:
         state.commits.setdefault(pass_id, {})[task_id] = records
         if records == state.task_records(task_id, pass_id):
             state.full_commits[pass_id] = state.full_commits.get(pass_id, 0) + 1
-        state.pass_ledger(pass_id).committed += records
+        for led in state.ledgers(task_id, pass_id):
+            led.committed += records
     state.todo = state.pass_queue(
         None if not kept else (t for t in range(state.num_tasks) if t not in kept)
     )

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from chunkmaster.core.model import PassLedger
+from chunkmaster.core.model import PassLedger, RecordCounts
 
 PIECES_KEPT = 16  # passes whose pieces are remembered (for late commits), as the ledger's
 
@@ -124,6 +124,7 @@ class Pass(Protocol):
     def sessions(self) -> Mapping[str, Member]: ...
     def task_records(self, task_id: int, pass_id: int | None = None) -> int: ...
     def pass_ledger(self, pass_id: int | None = None) -> PassLedger: ...
+    def ledgers(self, unit: int, pass_id: int | None = None) -> tuple[RecordCounts, ...]: ...
 
 
 def quota(total: int, trainers: int, mode: StepsMode) -> int:
@@ -302,13 +303,15 @@ def _queue_pads(state: Pass, records: int) -> None:
 def _drop_todo(state: Pass) -> None:
     """Every member has its quota: what is left in Todo is not handed out in this pass."""
     st = state.steps
-    led = state.pass_ledger()
+    state.pass_ledger()  # the pass has its entry once it drops, even nothing
     for unit in state.todo:
         piece = st.pieces.get(unit) if unit >= state.num_tasks else None
         if piece is not None and piece.pad:
             del st.pieces[unit]
             continue
-        led.dropped += remaining(state, unit)
+        n = remaining(state, unit)
+        for led in state.ledgers(unit):
+            led.dropped += n
         state.progress.pop(unit, None)
         if piece is None:
             cover(state, state.cur_pass, unit, 0, unit_end(state, unit))
@@ -365,7 +368,8 @@ def take(state: Pass, session: str) -> int | None:
     st.unassigned -= n
     if unit in st.pieces and st.pieces[unit].pad:
         st.queued_pads -= n
-        state.pass_ledger().padded += n
+        for led in state.ledgers(unit):
+            led.padded += n
     _settle(state)
     return unit
 
@@ -494,7 +498,8 @@ def commit_piece(state: Pass, unit: int, pass_id: int, records: int) -> int:
     if records <= old:
         return 0
     piece.committed = records
-    state.pass_ledger(pass_id).committed += records - old
+    for led in state.ledgers(unit, pass_id):
+        led.committed += records - old
     cover(state, pass_id, piece.task, piece.start, records)
     return 1
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunkmaster.core.dataset import Dataset
-from chunkmaster.core.model import Failure
+from chunkmaster.core.model import Failure, PassLedger, RecordCounts
 from chunkmaster.core.quarantine import budget_limit, describe
 from chunkmaster.core.state import MasterState, task_deadline
 from chunkmaster.core.steps import missing_ranks, world_size
@@ -31,6 +31,7 @@ STATUS_LIST_LIMIT = 100
 
 
 PASS = {"json": "pass"}  # a field's metadata: named `pass` on the wire
+OMITTED_IF_NONE = {"omit_none": True}  # a field's metadata: left out of the JSON while None
 
 
 def to_json(value: Any) -> Any:
@@ -40,6 +41,7 @@ def to_json(value: Any) -> Any:
         return {
             f.metadata.get("json", f.name): to_json(getattr(value, f.name))
             for f in dataclasses.fields(value)
+            if not (f.metadata.get("omit_none") and getattr(value, f.name) is None)
         }
     if isinstance(value, dict):
         return {k: to_json(v) for k, v in value.items()}
@@ -189,6 +191,19 @@ class StepsView:
 
 
 @dataclass(frozen=True)
+class SourceRecords:
+    """One source's records in one pass (the pass's counts, of its tasks only)."""
+
+    dispatched: int
+    consumed: int
+    committed: int
+    redispatched: dict[str, int]
+    quarantined: int
+    dropped: int
+    padded: int
+
+
+@dataclass(frozen=True)
 class PassRecords:
     pass_id: int = field(metadata=PASS)
     dispatched: int
@@ -198,6 +213,10 @@ class PassRecords:
     quarantined: int
     dropped: int
     padded: int
+    #: A mixture's counts of each source in the pass, by name (every source, in the
+    #: mixture's order, as `mixture.sources`): they add up to the pass's. Absent from the
+    #: JSON of a job that is not a mixture.
+    sources: dict[str, SourceRecords] | None = field(default=None, metadata=OMITTED_IF_NONE)
 
 
 @dataclass(frozen=True)
@@ -487,10 +506,27 @@ def _ledger(st: MasterState) -> list[PassRecords]:
             led.quarantined,
             led.dropped,
             led.padded,
+            None if st.mix is None else _source_records(st.mix.names, led),
         )
         for p in sorted(st.ledger)[-2:]
         for led in (st.ledger[p],)
     ]
+
+
+def _source_records(names: Sequence[str], led: PassLedger) -> dict[str, SourceRecords]:
+    out = {}
+    for i, name in enumerate(names[:STATUS_LIST_LIMIT]):
+        c = led.sources.get(i) or RecordCounts()
+        out[name] = SourceRecords(
+            c.dispatched,
+            c.consumed,
+            c.committed,
+            dict(c.redispatched),
+            c.quarantined,
+            c.dropped,
+            c.padded,
+        )
+    return out
 
 
 def _store(ledger: Ledger, kind: str) -> StoreView:
