@@ -29,7 +29,7 @@ from helpers.trainers import Trainer
 
 from chunkmaster.client import Client, Source
 from chunkmaster.client.connection import MasterConnection
-from chunkmaster.core.checkpoint import decode
+from chunkmaster.core.checkpoint import DataCheckpoint, decode
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import AddSources, MixturePosition, Restore, SetDataset, SetWeights
 from chunkmaster.core.mixture import Weights
@@ -283,17 +283,11 @@ class SessionTrainer:
         self.proc.wait(10)
 
 
-def test_a_whole_job_restored_with_new_weights_delivers_what_was_not_committed_once(
-    tmp_path: Path,
-) -> None:
-    """Trainers commit as they read; the data checkpoint is saved; everything is SIGKILLed. A
-    fresh master restores the checkpoint, is given new weights, and fresh trainers read two
-    passes: in each, what was committed before plus what is delivered after is exactly the
-    records of the pass's plan (as the checkpoint recorded it up to the last commit, the new
-    weights after), as many times as planned; the plans are whole source epochs."""
-    src = Sources(tmp_path / "data", numbered=True)
-    ckpt = tmp_path / "job.ckpt"
-    flags = ["--chunk-per-task", "1", "--shuffle-seed", str(SEED)]
+def checkpointed_mid_job(
+    tmp_path: Path, src: Sources, flags: list[str], ckpt: Path
+) -> DataCheckpoint:
+    """Three trainers commit as they read the three-source mixture; the data checkpoint is
+    saved to `ckpt` while they do; everything is SIGKILLed. The checkpoint, decoded."""
     first = MasterProcess(["--store", str(tmp_path / "a.db"), *flags]).start()
     try:
         with Client(first.addr) as client:
@@ -313,7 +307,21 @@ def test_a_whole_job_restored_with_new_weights_delivers_what_was_not_committed_o
             t.kill()
     finally:
         first.kill()
-    cp = decode(ckpt.read_bytes())
+    return decode(ckpt.read_bytes())
+
+
+def test_a_whole_job_restored_with_new_weights_delivers_what_was_not_committed_once(
+    tmp_path: Path,
+) -> None:
+    """Trainers commit as they read; the data checkpoint is saved; everything is SIGKILLed. A
+    fresh master restores the checkpoint, is given new weights, and fresh trainers read two
+    passes: in each, what was committed before plus what is delivered after is exactly the
+    records of the pass's plan (as the checkpoint recorded it up to the last commit, the new
+    weights after), as many times as planned; the plans are whole source epochs."""
+    src = Sources(tmp_path / "data", numbered=True)
+    ckpt = tmp_path / "job.ckpt"
+    flags = ["--chunk-per-task", "1", "--shuffle-seed", str(SEED)]
+    cp = checkpointed_mid_job(tmp_path, src, flags, ckpt)
     assert cp.mixture is not None
     fresh = MasterProcess(
         ["--store", str(tmp_path / "b.db"), *flags, "--restore", str(ckpt)]
@@ -518,26 +526,7 @@ def test_a_whole_job_restored_with_an_added_source_delivers_what_was_not_committ
     extra = Extra(tmp_path / "data", numbered=True)
     ckpt = tmp_path / "job.ckpt"
     flags = ["--chunk-per-task", "1", "--shuffle-seed", str(SEED)]
-    first = MasterProcess(["--store", str(tmp_path / "a.db"), *flags]).start()
-    try:
-        with Client(first.addr) as client:
-            client.set_dataset(src.spec(FIRST))
-        common = ["--passes", "2", "--commit-every", "23", "--step-time", "0.001"]
-        olds = [SessionTrainer(first.addr, tmp_path / f"a{i}.out", *common) for i in range(3)]
-        deadline = time.monotonic() + 120
-        while not all(t.read() >= 300 for t in olds):
-            assert time.monotonic() < deadline, "the trainers never got going"
-            time.sleep(0.05)
-        save = ["checkpoint", "save", "--addr", first.addr, str(ckpt)]
-        out = subprocess.run(
-            [sys.executable, "-m", "chunkmaster", *save], capture_output=True, text=True, timeout=60
-        )
-        assert out.returncode == 0, out.stderr
-        for t in olds:
-            t.kill()
-    finally:
-        first.kill()
-    cp = decode(ckpt.read_bytes())
+    cp = checkpointed_mid_job(tmp_path, src, flags, ckpt)
     assert cp.mixture is not None and len(cp.mixture.sources) == 3
     fresh = MasterProcess(
         ["--store", str(tmp_path / "b.db"), *flags, "--restore", str(ckpt)]
