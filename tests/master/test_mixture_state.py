@@ -20,10 +20,12 @@ from chunkmaster.core.events import (
     Configure,
     Dispatch,
     EndSession,
+    EqualSteps,
     Event,
     Fail,
     Finish,
     OpenSession,
+    Progress,
     Restore,
     SetDataset,
     SetWeights,
@@ -501,3 +503,66 @@ def mixture_plan(ds: Dataset, position: object, pass_id: int) -> list[int]:
 
     assert isinstance(position, MixturePosition)
     return list(MixtureState.of(ds).compute(dict(position.passes)[pass_id])[0])
+
+
+def check_equal_steps(st_: MasterState, unequal: bool) -> None:
+    """The two promises test_state_events.py checks after every event: the pass can end (Todo
+    and Pending never both empty while Done or Failed hold units: RETRY), and no trainer of
+    the pass has more than its quota (all have it exactly once Todo is empty, unless a
+    quarantine took records out of the pass: `unequal`)."""
+    if not st_.todo and not st_.pending:
+        assert not st_.done and not st_.failed, "the pass can never end"
+    steps = st_.steps
+    if steps.fixed:
+        assert all(got <= steps.target for got in steps.members.values()), steps
+        if not st_.todo and not unequal:
+            assert all(got == steps.target for got in steps.members.values()), steps
+
+
+@pytest.mark.parametrize("read", [None, 0, 2], ids=["no failure", "failed unread", "failed read"])
+def test_a_weight_change_with_equal_steps_keeps_the_quotas_and_the_pass_ends(
+    read: int | None,
+) -> None:
+    """Found by tests/master/test_state_events.py: equal steps (drop) on a mixture of a
+    retired source and another, two trainers, the first takes a unit (2 records) and it fails
+    at once (failure_max 0: quarantined, unread or read to its end) or not at all, then the
+    weights retire the other source. The re-plan makes the pass's last unit a 1-record one:
+    the pass must still end (it stalled, its unit dropped with nothing to roll the pass over),
+    no trainer may be left over its quota (the first had 2 of a quota now of 1), the pass ends
+    with every trainer equal, and a replay and a snapshot give the same state."""
+    ds = mixture([("a", [1], 0.0), ("b", [2], 0.5)])
+    run = Journaled(ds)
+    st_ = run.state
+    run.do(Configure(0, FailedPolicy.RETRY))
+    run.do(EqualSteps("drop"))
+    for sid in ("s0", "s1"):
+        run.do(OpenSession(sid, "t", "h", 1))
+    unit = run.take("s0")
+    assert unit == 0 and st_.steps.members == {"s0": 2, "s1": 0}
+    if read is not None:
+        epoch = st_.pending[unit].epoch
+        if read:
+            run.do(Progress((Position(unit, epoch, 0, read),), 0.0))
+        run.do(Fail(unit, epoch, "bad"))
+        assert st_.failed == [unit]
+    unequal = bool(st_.ledger[0].quarantined)
+    check_equal_steps(st_, unequal)
+    plan = list(run.plans[0])
+    effect = run.do(SetWeights(Weights.fixed([0.5, 0.0])))
+    check_equal_steps(st_, unequal)
+    if read == 0:  # 1 record for 2 trainers: a quota of 0, the unit dropped, the pass over
+        assert effect == 2 and st_.cur_pass == 1 and st_.ledger[0].dropped == 1
+        assert run.plans[1] == [0, 0]  # the next pass under the new weights
+    else:  # a quota of 1 would leave s0 over it: the weights take effect at the next pass
+        assert effect == 4 and st_.cur_pass == 0 and run.plans[0] == plan == [1, 1]
+        assert st_.steps.target == 2 and st_.mix is not None and st_.mix.weights.at(0)[0] == 1
+    assert dump(replayed(run.journal)) == dump(st_)
+    assert dump(decode_snapshot(encode_snapshot(st_))) == dump(st_)
+    while st_.cur_pass == 0:  # the trainers read on: the pass ends, each with its quota
+        took = [u for u in (run.take(sid) for sid in ("s0", "s1")) if u is not None]
+        for u in [*st_.pending]:
+            run.finish(u)
+        check_equal_steps(st_, unequal)
+        assert took or st_.cur_pass == 1, "nothing to hand out, and the pass goes on"
+    assert dump(replayed(run.journal)) == dump(st_)
+    assert dump(decode_snapshot(encode_snapshot(st_))) == dump(st_)

@@ -217,6 +217,22 @@ class Replan:
     weights: Weights
 
 
+@dataclass(frozen=True, slots=True)
+class Replanned:
+    """Units `at`.. of pass `pass_id` planned again under `weights` (`MixtureState.plan_again`):
+    the re-plans before `at` it keeps, the records planned before `at` over the whole job, the
+    sources' cursors after the pass, and the new units' global tasks (None: the pass's units
+    are not computed, or `at` is its end)."""
+
+    pass_id: int
+    at: int
+    weights: Weights
+    kept: tuple[Replan, ...]
+    effect: int
+    cursors: list[Cursor]
+    tail: array[int] | None
+
+
 @dataclass(slots=True)
 class PassPlan:
     """How one pass of a mixture is planned: from `start` (the sources' cursors when it began)
@@ -427,24 +443,39 @@ class MixtureState:
         out: the weights in force are the schedule's there."""
         return sum(c.planned for c in self.passes[pass_id].start) + sum(self.reached_records)
 
-    def replan(self, pass_id: int, at: int, weights: Weights, current: bool) -> int:
-        """Plan units `at`.. of `pass_id` again under `weights`, which are in force from now
-        on; `current`: it is the pass being handed out. Returns the records planned before unit
-        `at`: where the change takes effect, counted over the whole job."""
+    def plan_again(self, pass_id: int, at: int, weights: Weights) -> Replanned:
+        """Units `at`.. of `pass_id` planned again under `weights`, not yet in force: what
+        `replan` puts in force (a caller may first look at what the re-plan would change)."""
         p = self.passes[pass_id]
         kept = tuple(r for r in p.replans if r.at < at)
         _, cursors = self.compute(PassPlan(p.start, p.weights, kept), at)
         effect = sum(c.planned for c in cursors)
-        p.replans = kept + ((Replan(at, weights),) if at < self.units else ())
+        tail = None
         if p.units is not None and at < self.units:
             first = self.first_task
-            tail = self.planner.plan(cursors, weights, self.units - at)
-            p.units[at:] = array("I", [first[u.source] + u.task for u in tail])
+            units = self.planner.plan(cursors, weights, self.units - at)  # moves the cursors
+            tail = array("I", [first[u.source] + u.task for u in units])
+        return Replanned(pass_id, at, weights, kept, effect, cursors, tail)
+
+    def replan(self, pass_id: int, at: int, weights: Weights, current: bool) -> int:
+        """Plan units `at`.. of `pass_id` again under `weights`, which are in force from now
+        on; `current`: it is the pass being handed out. Returns the records planned before unit
+        `at`: where the change takes effect, counted over the whole job."""
+        return self.put_in_force(self.plan_again(pass_id, at, weights), current)
+
+    def put_in_force(self, again: Replanned, current: bool) -> int:
+        """`again` (`plan_again`) in force, its weights from now on (`replan`)."""
+        p = self.passes[again.pass_id]
+        p.replans = again.kept + (
+            (Replan(again.at, again.weights),) if again.at < self.units else ()
+        )
+        if p.units is not None and again.tail is not None:
+            p.units[again.at :] = again.tail
             if current:
-                self.cursors = cursors
+                self.cursors = again.cursors
                 self.records = self.records_of(p.units)
-        self.weights = weights
-        return effect
+        self.weights = again.weights
+        return again.effect
 
     def epoch(self, pass_id: int, source: int) -> int:
         """The epoch of `source` at the current pass's next unit to hand out."""

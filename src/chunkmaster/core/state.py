@@ -916,6 +916,8 @@ def replan_point(state: MasterState) -> int:
 def _set_weights(state: MasterState, weights: Weights) -> int:
     """New weights: the units of the current pass nobody had are planned again under them (or,
     after a restore that recorded later passes, the last of those from after its last commit).
+    With equal steps, a re-plan that would leave a trainer of the pass over its new quota (drop:
+    fewer records to share than it got) is not made: the weights take effect at the next pass.
     Returns the records planned before the first unit planned again: where they take effect,
     counted over the whole job."""
     mix = state.mix
@@ -924,15 +926,19 @@ def _set_weights(state: MasterState, weights: Weights) -> int:
     if len(weights.points[0].weights) != len(mix.names):
         raise InvalidEvent(f"{len(weights.points[0].weights)} weights for {len(mix.names)} sources")
     last = max(mix.passes)
-    current = last == state.cur_pass
-    if current:
-        at = replan_point(state)
-        before = _records_from(state, at) if state.steps.on else 0
-    else:
+    if last != state.cur_pass:
         at = 1 + max(state.commits.get(last, {}), default=-1)
-    effect = mix.replan(last, at, weights, current)
-    if current and state.steps.on:
-        steps.replanned(state, _records_from(state, at) - before)
+        return mix.replan(last, at, weights, False)
+    at = replan_point(state)
+    again = mix.plan_again(last, at, weights)
+    if not state.steps.on or again.tail is None:
+        return mix.put_in_force(again, True)
+    delta = mix.records_of(again.tail) - _records_from(state, at)
+    if not steps.replan_keeps_quotas(state, delta):
+        return mix.replan(last, mix.units, weights, True)
+    effect = mix.put_in_force(again, True)
+    steps.replanned(state, delta)
+    _maybe_roll_over(state)  # the quotas shared again may drop what is left in Todo
     return effect
 
 

@@ -440,6 +440,17 @@ def _piece_closed(state: Pass, piece: Piece) -> None:
         state.done.append(piece.task)
 
 
+def replan_keeps_quotas(state: Pass, delta: int) -> bool:
+    """Whether Todo holding `delta` records more (or fewer) after a mixture's re-plan leaves
+    every trainer of the pass within its quota: with `drop`, fewer records lower the quota,
+    and a trainer cannot give back what it got (`pad` pads the others up instead)."""
+    st = state.steps
+    if not st.fixed or st.mode is not StepsMode.DROP or delta >= 0:
+        return True
+    total = st.unassigned - st.queued_pads + delta + sum(st.members.values())
+    return max(st.members.values()) <= quota(total, len(st.members), st.mode)
+
+
 def replanned(state: Pass, delta: int) -> None:
     """A mixture's units not handed out yet were planned again (new weights): Todo holds
     `delta` records more (or fewer), which the pass's trainers share again."""

@@ -255,15 +255,17 @@ class JobDataset:
         if st.mix is None:
             raise NotAMixtureError()
         weights = weights_of(st.mix.names, points, mode)
-        return self._reweighted(await self._ledger.commit(SetWeights(weights)), weights)
+        last = max(st.mix.passes)
+        return self._reweighted(last, await self._ledger.commit(SetWeights(weights)), weights)
 
-    def _reweighted(self, records: object, weights: Weights) -> Reweighted:
-        """Where `weights`, just applied, took effect (and the log line that says so)."""
+    def _reweighted(self, last: int, records: object, weights: Weights) -> Reweighted:
+        """Where `weights`, just applied to pass `last` (the last planned before them: with
+        equal steps they may end it, dropping the rest), took effect (and the log line)."""
         assert isinstance(records, int)
         st = self._ledger.state
         assert st.mix is not None
-        last = max(st.mix.passes)
-        replans = st.mix.passes[last].replans
+        plan = st.mix.passes.get(last)
+        replans = () if plan is None else plan.replans
         unit = replans[-1].at if replans and replans[-1].weights is weights else st.mix.units
         log.info(
             "weights %s from pass %d unit %d on (%d records planned before it)",
@@ -313,7 +315,10 @@ class JobDataset:
                 f"{s.name} ({len(s.globs)} pattern(s), {s.format or 'by name'})" for s in sources
             ),
         )
-        return self._reweighted(await self._ledger.commit(AddSources(added, weights)), weights)
+        last = max(st.mix.passes)
+        return self._reweighted(
+            last, await self._ledger.commit(AddSources(added, weights)), weights
+        )
 
     def _refuse_known(self, sources: Sequence[SourceSpec]) -> None:
         """Refuse a name the job has, and more sources than a trainer may name (its
