@@ -386,7 +386,8 @@ class TrainerSession:
     def finished(self, task: Task, *, last: bool = False) -> None:
         """Queue the finish of `task`: it rides on the next NextTask, or goes alone soon;
         `last` (the trainer holds no other task, so no other finish is coming to share the
-        message, and the pass may be waiting for this one to end): alone at once."""
+        message, and the pass may be waiting for this one to end) while a task request is in
+        flight (a long poll, maybe, that nothing rides on): alone at once."""
         meta = task.meta
         pos = pb.TaskPosition(
             task_id=meta.id, epoch=meta.epoch, pass_id=task.pass_id, records=task_records(task)
@@ -394,10 +395,11 @@ class TrainerSession:
         with self._lock:
             self._finishes.append(pos)
             # A task request in flight may be a long poll: the finish does not wait for it.
-            if last:
+            asking = self._asking()
+            if last and asking:
                 sooner = self._arm_flush(0.0)
             else:
-                sooner = self._arm_flush(FINISH_FLUSH_ASKING if self._asking() else FINISH_FLUSH)
+                sooner = self._arm_flush(FINISH_FLUSH_ASKING if asking else FINISH_FLUSH)
         if sooner:  # the session's thread sleeps until the time it knew: wake it
             self._wake.set()
 
