@@ -110,6 +110,22 @@ class Run:
         self.consumed.append((source, left))
         self.done[(pass_id, source)] += left
 
+    def step(self, kind: str, x: int) -> None:
+        """One of the ops both property tests draw that do not depend on the sources: take
+        (D), finish (F) or fail (X) a unit, lose (E) or open (O) the session "s"."""
+        st = self.state
+        if kind == "D":
+            self.take("s" if x % 2 else "")
+        elif kind == "F" and st.pending:
+            self.finish(sorted(st.pending)[x % len(st.pending)])
+        elif kind == "X" and st.pending:
+            unit = sorted(st.pending)[x % len(st.pending)]
+            self.do(Fail(unit, st.pending[unit].epoch, "bad"))
+        elif kind == "E":
+            self.do(EndSession("s", "trainer lost", (), x % 2 == 0))
+        elif kind == "O" and "s" not in st.sessions:
+            self.do(OpenSession("s", "t", "h", 1))
+
     def check_ledger(self) -> None:
         """Each pass's ledger, source by source, holds what was handed out and finished in
         it, and the sources' counts add up to the pass's."""
@@ -179,20 +195,11 @@ def test_weight_changes_failures_and_lost_trainers_lose_and_repeat_nothing(
     st_.failure_max = 100
     apply(st_, OpenSession("s", "t", "h", 1))
     for kind, x in ops:
-        if kind == "D":
-            run.take("s" if x % 2 else "")
-        elif kind == "F" and st_.pending:
-            run.finish(sorted(st_.pending)[x % len(st_.pending)])
-        elif kind == "X" and st_.pending:
-            unit = sorted(st_.pending)[x % len(st_.pending)]
-            run.do(Fail(unit, st_.pending[unit].epoch, "bad"))
-        elif kind == "W":
+        if kind == "W":
             w = (x % 4, 1 + x % 3, x % 5)
             run.do(SetWeights(Weights.fixed(w if sum(w) else (1, 1, 1))))
-        elif kind == "E":
-            run.do(EndSession("s", "trainer lost", (), x % 2 == 0))
-        elif kind == "O" and "s" not in st_.sessions:
-            run.do(OpenSession("s", "t", "h", 1))
+        else:
+            run.step(kind, x)
     assert max(run.finished.values(), default=1) == 1
     for p in range(st_.cur_pass):
         assert {u for q, u in run.finished if q == p} == set(range(ds.num_tasks))
@@ -420,25 +427,17 @@ def test_sources_added_with_failures_and_lost_trainers_lose_and_repeat_nothing(
     run.do(OpenSession("s", "t", "h", 1))
     for kind, x in ops:
         n = len(st_.dataset.sources) if st_.dataset is not None else 0
-        if kind == "D":
-            run.take("s" if x % 2 else "")
-        elif kind == "F" and st_.pending:
-            run.finish(sorted(st_.pending)[x % len(st_.pending)])
-        elif kind == "X" and st_.pending:
-            unit = sorted(st_.pending)[x % len(st_.pending)]
-            run.do(Fail(unit, st_.pending[unit].epoch, "bad"))
-        elif kind == "W":
+        if kind == "W":
             w = [(x + i) % 4 for i in range(n)]
             run.do(SetWeights(Weights.fixed(w if sum(w) else [1] * n)))
-        elif kind == "A" and n < 5:
-            name = "abcde"[n]
-            added = mixture([(name, [1 + (t * x) % 9 for t in range(1 + x % 11)], 1)])
-            w = [1 + (x + i) % 3 for i in range(n + 1)]
-            run.do(AddSources(added, Weights.fixed(w)))
-        elif kind == "E":
-            run.do(EndSession("s", "trainer lost", (), x % 2 == 0))
-        elif kind == "O" and "s" not in st_.sessions:
-            run.do(OpenSession("s", "t", "h", 1))
+        elif kind == "A":
+            if n < 5:
+                name = "abcde"[n]
+                added = mixture([(name, [1 + (t * x) % 9 for t in range(1 + x % 11)], 1)])
+                w = [1 + (x + i) % 3 for i in range(n + 1)]
+                run.do(AddSources(added, Weights.fixed(w)))
+        else:
+            run.step(kind, x)
     assert max(run.finished.values(), default=1) == 1
     for p in range(st_.cur_pass):
         assert {u for q, u in run.finished if q == p} == set(range(ds.num_tasks))
