@@ -310,6 +310,36 @@ def checkpointed_mid_job(
     return decode(ckpt.read_bytes())
 
 
+def restored(
+    ds: Dataset, cp: DataCheckpoint
+) -> tuple[MasterState, tuple[tuple[int, int, int], ...]]:
+    """The state a master restoring `cp` onto the mixture `ds` holds (as the pure core
+    builds it), and the checkpoint's commits as (pass, unit, records; -1: the whole unit)."""
+    state = MasterState()
+    apply(state, SetDataset(ds))
+    commits = tuple(
+        (p.pass_id, t, r)
+        for p in cp.passes
+        for t, r in sorted([(t, -1) for t in p.full] + list(p.partial.items()))
+    )
+    assert cp.mixture is not None
+    position = MixturePosition(cp.mixture.passes, cp.mixture.weights)
+    apply(state, Restore(cp.floor, _whole(state, commits, position), "ckpt", "", position))
+    return state, commits
+
+
+def planned_passes(state: MasterState, passes: Sequence[int]) -> dict[int, list[int]]:
+    """Each pass's plan (its units' tasks), planning the passes not begun yet as the master
+    will."""
+    assert state.mix is not None
+    out: dict[int, list[int]] = {}
+    for p in passes:
+        if p not in state.mix.passes:
+            state.mix.begin(p)
+        out[p] = list(state.mix.plan(p))
+    return out
+
+
 def test_a_whole_job_restored_with_new_weights_delivers_what_was_not_committed_once(
     tmp_path: Path,
 ) -> None:
@@ -337,22 +367,10 @@ def test_a_whole_job_restored_with_new_weights_delivers_what_was_not_committed_o
         fresh.kill()
 
     ds = src.dataset(FIRST)
-    state = MasterState()
-    apply(state, SetDataset(ds))
-    commits = tuple(
-        (p.pass_id, t, r)
-        for p in cp.passes
-        for t, r in sorted([(t, -1) for t in p.full] + list(p.partial.items()))
-    )
-    position = MixturePosition(cp.mixture.passes, cp.mixture.weights)
-    apply(state, Restore(cp.floor, _whole(state, commits, position), "ckpt", "", position))
+    state, commits = restored(ds, cp)
     apply(state, SetWeights(Weights.fixed([LATER[n] for n in NAMES])))
     assert state.mix is not None
-    expected: dict[int, list[int]] = {}
-    for p in (cp.floor, cp.floor + 1):
-        if p not in state.mix.passes:
-            state.mix.begin(p)
-        expected[p] = list(state.mix.plan(p))
+    expected = planned_passes(state, (cp.floor, cp.floor + 1))
     assert (change.pass_id, change.unit) != (cp.floor, 0) or not cp.passes
     check_source_epochs(ds, expected)
     committed: dict[int, list[int]] = defaultdict(list)
@@ -544,23 +562,11 @@ def test_a_whole_job_restored_with_an_added_source_delivers_what_was_not_committ
         fresh.kill()
 
     ds = src.dataset(FIRST)
-    state = MasterState()
-    apply(state, SetDataset(ds))
-    commits = tuple(
-        (p.pass_id, t, r)
-        for p in cp.passes
-        for t, r in sorted([(t, -1) for t in p.full] + list(p.partial.items()))
-    )
-    position = MixturePosition(cp.mixture.passes, cp.mixture.weights)
-    apply(state, Restore(cp.floor, _whole(state, commits, position), "ckpt", "", position))
+    state, commits = restored(ds, cp)
     apply(state, AddSources(extra.added(), Weights.fixed(list(FOURTH.values()))))
     assert state.mix is not None and state.dataset is not None
     grown = state.dataset
-    expected: dict[int, list[int]] = {}
-    for p in (cp.floor, cp.floor + 1):
-        if p not in state.mix.passes:
-            state.mix.begin(p)
-        expected[p] = list(state.mix.plan(p))
+    expected = planned_passes(state, (cp.floor, cp.floor + 1))
     assert (change.pass_id, change.unit) != (cp.floor, 0) or not cp.passes
     assert mix["units"] == ds.num_tasks and mix["sources"][3]["name"] == "extra"
     check_source_epochs(grown, expected)
