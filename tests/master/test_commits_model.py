@@ -23,6 +23,7 @@ from chunkmaster.core.events import (
     OpenSession,
     Progress,
     Restore,
+    ReturnTasks,
     SetDataset,
 )
 from chunkmaster.core.model import RETURNED_REASON, TRAINER_LOST_REASON, Position, Task
@@ -31,6 +32,7 @@ from chunkmaster.core.state import (
     MasterState,
     apply,
     check_get_task,
+    commit_refused,
     committed_position,
 )
 
@@ -111,10 +113,18 @@ class Job:
             h = tr.held.pop(0)
             apply(self.state, Finish(h.task.meta.id, h.task.meta.epoch, h.task.pass_id))
 
+    def hand_back(self, tr: Trainer) -> None:
+        """The trainer stops reading (a `break`): its tasks go back at their positions; what
+        it consumed of them stays owed to its next commit."""
+        if tr.held:
+            apply(self.state, ReturnTasks(tr.sid, tuple(tr.positions())))
+            tr.held.clear()
+
     def commit(self, tr: Trainer) -> None:
         ps = tuple(Position(t, e, p, r) for (p, t), (e, r) in sorted(tr.uncommitted.items()))
-        applied = apply(self.state, Commit(ps))
-        assert applied == len(ps)  # nothing stale: no trainer is ever lost here
+        for pos in ps:  # nothing stale: no trainer is ever lost here
+            assert commit_refused(self.state, pos) is None, pos
+        apply(self.state, Commit(ps))
         self.committed.update(tr.consumed_uncommitted)
         tr.uncommitted.clear()
         tr.consumed_uncommitted.clear()
@@ -126,7 +136,7 @@ class Job:
     cpt=st.integers(1, 3),
     trainers=st.integers(1, 3),
     steps=st.lists(
-        st.tuples(st.sampled_from("gcpfk"), st.integers(0, 2), st.integers(1, 3)), max_size=120
+        st.tuples(st.sampled_from("gcpfkb"), st.integers(0, 2), st.integers(1, 3)), max_size=120
     ),
 )
 def test_restore_delivers_exactly_what_was_not_committed(
@@ -144,6 +154,8 @@ def test_restore_delivers_exactly_what_was_not_committed(
             job.progress(tr)
         elif op == "f":
             job.finish(tr)
+        elif op == "b":
+            job.hand_back(tr)
         else:
             job.commit(tr)
 
@@ -242,6 +254,32 @@ def test_a_commit_for_a_task_taken_from_its_trainer_is_refused_once_its_pass_is_
         why = commit_refused(job.state, pos)
         assert why is not None and f"task {pos.task_id} (epoch {pos.epoch}) was taken" in why
     assert apply(job.state, Commit(tuple(stale))) == 0
+
+
+def test_a_task_handed_back_is_committed_by_its_holder_up_to_where_it_handed_it_back() -> None:
+    """Issue 27, 2: a trainer that leaves its loop (a `break`) hands its tasks back at the
+    records it took; its next commit covers them, also once the task went on with another
+    trainer. Past that position, or from another trainer, the commit is refused."""
+    from chunkmaster.master.owners import commit_position_refused
+
+    job = small_job()
+    a, b = job.trainers
+    job.get(a)
+    job.consume(a, 3)
+    task = a.held[0].task
+    job.hand_back(a)
+    job.get(b)
+    assert b.held[0].task.start == 3
+    job.consume(b, 1)
+    job.commit(b)  # b commits [0, 4): its dispatch started at 3
+    at = Position(task.meta.id, task.meta.epoch, 0, 3)
+    assert commit_refused(job.state, at) is None
+    assert commit_position_refused(job.state, at, a.sid, None) is None
+    assert "another trainer" in str(commit_position_refused(job.state, at, b.sid, None))
+    beyond = Position(task.meta.id, task.meta.epoch, 0, 4)
+    assert "handed back at record 3" in str(commit_refused(job.state, beyond))
+    job.commit(a)
+    assert job.state.commits[0] == {task.meta.id: 4}
 
 
 def test_the_floor_moves_once_every_task_of_a_pass_is_committed() -> None:

@@ -137,7 +137,8 @@ def test_a_commit_covers_the_batches_taken_not_what_the_workers_read_ahead(
 def test_load_state_dict_takes_the_running_job_back_once_per_restart(tmp_path: Path) -> None:
     """A job restarted from its checkpoint: every rank of the restart calls load_state_dict
     with the same key; the master goes back once, and the records after the checkpoint come
-    again, each once."""
+    again, each once (ranks told apart: the one that asks second repeats the restore, whether
+    the first began reading or not; tests/torch/test_restore_keys.py has the rest)."""
     n = 120
     write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(n)], max_chunk_size=30)
     data = str(tmp_path / "d.rio")
@@ -150,12 +151,18 @@ def test_load_state_dict_takes_the_running_job_back_once_per_restart(tmp_path: P
         assert (len(before), len(after)) == (30, 20)
         got: list[int] = []
 
-        def rank() -> None:  # each rank of the restart: load the state, then read
-            with Loader(m.addr, transform=record_id, batch_size=10, restore_key="r1") as loader:
+        def rank(r: int) -> None:  # each rank of the restart: load the state, then read
+            with Loader(
+                m.addr,
+                transform=record_id,
+                batch_size=10,
+                restore_key="r1",
+                session=Session(world_size=2, rank=r),
+            ) as loader:
                 loader.load_state_dict(state)
                 got.extend(i for batch in loader for i in ids_of(batch))
 
-        ranks = [threading.Thread(target=rank) for _ in range(2)]
+        ranks = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
         for t in ranks:
             t.start()
         for t in ranks:

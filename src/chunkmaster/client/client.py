@@ -403,13 +403,15 @@ class Client:
         """The master's status (pass, queues, failed tasks with their reasons)."""
         return self._call("status", lambda c: c.status())
 
-    def restore(self, checkpoint: bytes, key: str) -> bool:
+    def restore(self, checkpoint: bytes, key: str, rank: int | None = None) -> bool:
         """Take the running job back to a data checkpoint, for a training job restarted from
         the model checkpoint saved beside it: every session ends (this one opens a new one),
         the passes go on from the checkpoint's position. `key` names the restart: every rank
-        of one restart may ask with the same key, and only the first call restores (True).
+        of one restart may ask with the same key, and only the first call restores (True);
+        `rank` (the caller's, if it has one) tells a rank asking again, which is a new restart
+        that reused the key, from the other ranks of the same one.
         Raises CheckpointRefusedError naming the problem (another dataset, a damaged blob)."""
-        applied, _ = self._call("restore", lambda c: c.restore(checkpoint, key))
+        applied, _ = self._call("restore", lambda c: c.restore(checkpoint, key, rank))
         return applied
 
     def data_checkpoint(self) -> bytes:
@@ -598,6 +600,8 @@ class Client:
         session = self._session
         if session is None:
             raise RuntimeError("a feed needs a session: create the Client with session=True")
+        if self._feed is not None:  # an iteration left suspended: its tasks go back first
+            self._feed.abandon()
         with self._lock:
             self._check_open()
             old = self._pass

@@ -343,12 +343,11 @@ class MasterConnection:
         reply = self._call("DataCheckpoint", pb.DataCheckpointRequest(), self.timeout)
         return bytes(reply.checkpoint)
 
-    def restore(self, checkpoint: bytes, key: str) -> tuple[bool, int]:
-        """Take the running job back to `checkpoint` (once per `key`): whether this call did
-        it, and the job's pass after it."""
-        reply = self._call(
-            "Restore", pb.RestoreRequest(checkpoint=checkpoint, key=key), self.timeout
-        )
+    def restore(self, checkpoint: bytes, key: str, rank: int | None = None) -> tuple[bool, int]:
+        """Take the running job back to `checkpoint` (once per `key`; `rank`: the asking
+        trainer's): whether this call did it, and the job's pass after it."""
+        request = pb.RestoreRequest(checkpoint=checkpoint, key=key, rank=rank)
+        reply = self._call("Restore", request, self.timeout)
         return bool(reply.applied), int(reply.pass_id)
 
     def close(self) -> None:

@@ -81,6 +81,7 @@ class PassFeed:
         self.dry = False
         self.end: BaseException | None = None
         self.got_task = False
+        self._abandoned = False
         self._thread = threading.Thread(
             target=self._loop, name=f"chunkmaster-feed-{worker}-pass{pass_id}", daemon=True
         )
@@ -167,7 +168,12 @@ class PassFeed:
 
     def abandon(self) -> None:
         """Stop fetching; hand every task of the pass this trainer holds back to the master at
-        the position the training loop took it to."""
+        the position the training loop took it to. Once: a later call (the iteration that read
+        this feed collected after a newer one began) hands back nothing of the newer one's."""
+        with self._cond:
+            if self._abandoned:
+                return
+            self._abandoned = True
         self.cancel.cancel()
         with self._cond:
             self._stock.clear()
@@ -241,12 +247,12 @@ class PassFeed:
                 continue
             waiting = None
             with self._cond:
-                for task in tasks:
-                    self._progress.add(task)
                 if self.cancel.cancelled:  # abandoned meanwhile: hand them straight back
-                    back = self._progress.release(self.pass_id)
+                    back = [Position(t.meta.id, t.meta.epoch, t.pass_id, t.start) for t in tasks]
                 else:
                     back = []
+                    for task in tasks:
+                        self._progress.add(task)
                     self._stock.extend(tasks)
                     self.got_task = True
                     self.dry = False

@@ -76,7 +76,9 @@ class Progress:
         self._keep_finished = keep_finished
         self._held: dict[TaskKey, HeldTask] = {}
         self._finished: dict[TaskKey, Position] = {}  # finished since the last commit, at their end
-        self._lost: list[Position] = []  # held when the session was lost: the next commit's
+        #: Consumed past their last commit, no longer held: handed back (the master takes
+        #: their commit up to there) or lost with the session (it refuses it). The next commit's.
+        self._owed: list[Position] = []
         self._run: _Run | None = None
         self._consumed = 0  # records taken in runs that are over
         self._reported_at = 0  # `consumed` when progress was last sent
@@ -134,7 +136,7 @@ class Progress:
             if (pos := self.position(held)) > max(held.committed, held.task.start)
         ]
         self._held.clear()
-        self._lost += lost
+        self._owed += lost
         return lost
 
     def _forget(self, task: Task) -> HeldTask | None:
@@ -200,13 +202,19 @@ class Progress:
         return out
 
     def release(self, pass_id: int) -> list[Position]:
-        """Forget the held tasks of `pass_id` (handed back): their exact positions."""
+        """Forget the held tasks of `pass_id` (handed back): their exact positions. Those
+        consumed past their last commit stay owed to the next commit (the trainer took those
+        records, whichever way its loop ended)."""
         if self._run is not None and self._run.held.task.pass_id == pass_id:
             self._close_run()
         out = []
         for key in [k for k in self._held if k[0] == pass_id]:
-            held = self._held.pop(key)
-            out.append(held.at(self.position(held)))
+            held = self._held[key]
+            pos = self.position(held)
+            del self._held[key]
+            out.append(held.at(pos))
+            if pos > max(held.committed, held.task.start):
+                self._owed.append(held.at(pos))
         return out
 
     def held_positions(self) -> list[Position]:
@@ -220,7 +228,7 @@ class Progress:
         if self.clip is not None:  # finished at the source, but records still buffered: later
             clip = self.clip
             out = [p for p in out if clip(p.task_id, p.epoch) is None]
-        out += self._lost
+        out += self._owed
         for held in self._held.values():
             pos = self.position(held)
             if pos > max(held.committed, held.task.start):
@@ -230,8 +238,8 @@ class Progress:
     def committed(self, positions: list[Position]) -> None:
         """These positions were committed (or refused: they are not sent again)."""
         for pos in positions:
-            if pos in self._lost:
-                self._lost.remove(pos)
+            if pos in self._owed:
+                self._owed.remove(pos)
                 continue
             key = (pos.pass_id, pos.task_id)
             fin = self._finished.get(key)

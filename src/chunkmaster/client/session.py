@@ -1002,6 +1002,9 @@ class TrainerSession:
             return
         if kind == "task":  # its request was given up on: hand the task to whoever can use it
             self._on_unclaimed(task_from_pb(resp.task))
+        elif kind == "tasks":  # the same, for a request of several
+            for t in resp.tasks.tasks:
+                self._on_unclaimed(task_from_pb(t))
         elif kind == "error" and entry.reply.kind in ("failed", "next"):
             log.warning(
                 "session %s: %s report: %s",

@@ -249,13 +249,15 @@ def encode_event(ev: Event) -> bytes:
             return b"G" + _dumps([d, _positions(ps)]) if d else b"P" + _dumps(_positions(ps))
         case Commit(positions=ps):
             return b"K" + _dumps(_positions(ps))
-        case Restore(floor=f, commits=cs, source=src, key=key, mixture=mix):
+        case Restore(floor=f, commits=cs, source=src, key=key, mixture=mix, rank=rank):
+            asker = [rank] if rank >= 0 else []
             if mix is not None:  # a tag of its own: an older build refuses it
                 plans = [[p, plan_json(plan)] for p, plan in mix.passes]
                 return b"A" + _dumps(
-                    [f, [list(c) for c in cs], src, key, weights_json(mix.weights), plans]
+                    [f, [list(c) for c in cs], src, key, weights_json(mix.weights), plans, *asker]
                 )
-            return b"B" + _dumps([f, [list(c) for c in cs], src, *([key] if key else [])])
+            tail = [key, *asker] if key else []
+            return b"B" + _dumps([f, [list(c) for c in cs], src, *tail])
         case SetWeights(weights=w):
             return b"W" + _dumps(weights_json(w))
         case AddSources(dataset=ds, weights=w):
@@ -313,6 +315,7 @@ def decode_event(data: bytes) -> Event:
                 tuple((int(p), int(t), int(r)) for p, t, r in v[1]),
                 str(v[2]),
                 str(v[3]) if len(v) > 3 else "",
+                rank=int(v[4]) if len(v) > 4 else -1,
             )
         if tag == b"A":
             return Restore(
@@ -324,6 +327,7 @@ def decode_event(data: bytes) -> Event:
                     tuple((int(p), plan_from_json(plan)) for p, plan in v[5]),
                     weights_from_json(v[4]),
                 ),
+                rank=int(v[6]) if len(v) > 6 else -1,
             )
         if tag == b"W":
             return SetWeights(weights_from_json(v))
@@ -373,6 +377,7 @@ def encode_snapshot(state: MasterState) -> bytes:
         ],
         "sessions": [_session_row(sid, s) for sid, s in state.sessions.items()],
         "taken": [[t, e, p] for (t, e), p in state.taken.items()],
+        "returned": [[t, e, sid, r] for (t, e), (sid, r) in state.returned.items()],
         "finishers": [
             [p, list(fin.ids.items()), list(fin.pieces.items())]
             for p, fin in state.finishers.items()
@@ -382,6 +387,8 @@ def encode_snapshot(state: MasterState) -> bytes:
         "commit_floor": state.commit_floor,
         "restored_from": state.restored_from,
         "restore_key": state.restore_key,
+        "restore_ranks": list(state.restore_ranks),
+        "restore_moved": state.restore_moved,
         "pass_done": list(state.pass_done.items()),
         "ledger": [_ledger_row(p, led) for p, led in state.ledger.items()],
         "error_budget": _budget(state.error_budget),
@@ -544,6 +551,9 @@ def decode_snapshot(data: bytes) -> MasterState:
             for sid, n, h, pid, every, consumed, *more in header["sessions"]
         }
         st.taken = {(int(t), int(e)): int(p) for t, e, p in header.get("taken", ())}
+        st.returned = {
+            (int(t), int(e)): (str(sid), int(r)) for t, e, sid, r in header.get("returned", ())
+        }
         for p, ids, pieces in header.get("finishers", ()):
             st.finishers[int(p)] = Finishers(
                 {str(name): int(n) for name, n in ids},
@@ -560,6 +570,8 @@ def decode_snapshot(data: bytes) -> MasterState:
         st.commit_floor = int(header["commit_floor"])
         st.restored_from = str(header["restored_from"])
         st.restore_key = str(header.get("restore_key", ""))
+        st.restore_ranks = frozenset(int(r) for r in header.get("restore_ranks", ()))
+        st.restore_moved = bool(header.get("restore_moved", True))
         st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
         st.ledger = {int(p): _counts_from(row, PassLedger()) for p, *row in header["ledger"]}
         if "mixture" in header:

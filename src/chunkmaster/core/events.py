@@ -197,6 +197,7 @@ class Restore:
     source: str = ""  # the checkpoint's identity: restoring the same one again is a no-op
     key: str = ""  # the restart that asked for it: one restore per key (every rank may ask)
     mixture: MixturePosition | None = None  # a mixture's plans (None: not a mixture)
+    rank: int = -1  # the rank that asked (-1: a trainer without a rank, or the operator)
 
 
 Event = (

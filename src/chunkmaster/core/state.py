@@ -166,6 +166,8 @@ class MasterState:
     ledger: dict[int, PassLedger] = field(default_factory=dict)  # the last LEDGER_PASSES passes
     restored_from: str = ""  # the data checkpoint this state was started from, if any
     restore_key: str = ""  # the restart that asked for the last restore (one per key)
+    restore_ranks: frozenset[int] = frozenset()  # the ranks that asked with that key
+    restore_moved: bool = False  # a task was handed out since the last restore
     error_budget: ErrorBudget = field(default_factory=ErrorBudget)  # quarantine.py
     stopped: JobStop | None = None  # the error budget was exceeded: no more tasks
     steps: steps.StepsState = field(default_factory=steps.StepsState)  # equal steps
@@ -173,6 +175,10 @@ class MasterState:
     #: (task or piece, epoch) -> pass, for the last COMMIT_PASSES passes: a commit naming one
     #: is refused, even once its pass is over or wholly committed by others.
     taken: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: Of those, the dispatches their holder handed back (a trainer that stopped reading a
+    #: pass): (task or piece, epoch) -> (session, position handed back at). The holder
+    #: consumed the records before that position, so its commits of them are taken.
+    returned: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
     #: Passes not yet wholly committed (COMMIT_PASSES at most) -> who finished what in them.
     finishers: dict[int, Finishers] = field(default_factory=dict)
     #: A mixture's plans and per-source counts (None: one plain dataset).
@@ -448,6 +454,7 @@ def _dispatch(state: MasterState, ev: Dispatch) -> Task | None:
     state.pending[task_id] = Pending(
         epoch, ev.deadline, ev.worker, ev.request, ev.session, start, owner
     )
+    state.restore_moved = True
     if ev.request:
         state.requests[ev.request] = task_id
     handed = state.task_records(task_id) - start
@@ -663,6 +670,7 @@ def _return_tasks(state: MasterState, ev: ReturnTasks) -> int:
             continue  # not this session's dispatch (any more): nothing to hand back
         _progress(state, pos)
         back.append(pos.task_id)
+        state.returned[(pos.task_id, pos.epoch)] = (ev.session, pos.records)
     for task_id in reversed(back):
         _leave_pending(state, task_id)
         state.todo.appendleft(task_id)
@@ -682,7 +690,8 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
     if pos.pass_id > state.cur_pass:
         return f"pass {pos.pass_id} has not started (the master is in pass {state.cur_pass})"
     lost = state.taken.get((pos.task_id, pos.epoch))
-    if lost is not None:
+    handed_back = returned_at(state, pos)
+    if lost is not None and handed_back is None:
         return (
             f"task {pos.task_id} (epoch {pos.epoch}) was taken from this trainer in pass {lost} "
             f"(its lease ran out, or it timed out or failed) and handed to another trainer; "
@@ -709,12 +718,24 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
         if pos.epoch > state.epochs[pos.task_id]:
             return f"epoch {pos.epoch} of task {pos.task_id} was never dispatched"
     p = state.pending.get(pos.task_id)
-    if pos.pass_id == state.cur_pass and p is not None and p.epoch != pos.epoch:
+    if handed_back is not None:
+        if pos.records > handed_back:
+            return (
+                f"task {pos.task_id} (epoch {pos.epoch}) was handed back at record "
+                f"{handed_back}: records past it are not this trainer's to commit"
+            )
+    elif pos.pass_id == state.cur_pass and p is not None and p.epoch != pos.epoch:
         return (
             f"task {pos.task_id} was handed to another trainer (epoch {p.epoch}); records "
             f"this trainer consumed past its last report are delivered again"
         )
     return None
+
+
+def returned_at(state: MasterState, pos: Position) -> int | None:
+    """Where the dispatch `pos` names was handed back by its holder (None: it was not)."""
+    back = state.returned.get((pos.task_id, pos.epoch))
+    return None if back is None else back[1]
 
 
 def _commit(state: MasterState, pos: Position) -> int:
@@ -758,9 +779,30 @@ def _close_committed_passes(state: MasterState) -> None:
             state.mix.forget(state.commit_floor, state.cur_pass - COMMIT_PASSES)
 
 
-def restore_repeated(state: MasterState, key: str) -> bool:
-    """Whether the restart `key` restored the job already (its other ranks ask too)."""
-    return bool(key) and key == state.restore_key
+def restore_repeated(state: MasterState, key: str, source: str, rank: int = -1) -> bool | str:
+    """Whether a restore of the checkpoint `source` asked by `rank` (-1: none) of the restart
+    `key` repeats the last one (True: another trainer of that restart asks too, nothing to
+    do), is a restore of its own (False), or is refused (why).
+
+    A key names one restore of one checkpoint: another checkpoint is another restore. Each rank
+    of a restart asks once, so a rank asking again with the same key is a new restart that
+    reused the key (torchrun's run ID and restart count are the same from one launch of a
+    command to the next): it restores. A trainer without a rank cannot be told apart: once a
+    task was handed out since the restore, its repeat is refused, naming the key, rather than
+    skipped (the job has moved past the checkpoint the caller's model is at)."""
+    if not key or key != state.restore_key or source != state.restored_from:
+        return False
+    if rank >= 0:
+        return rank not in state.restore_ranks
+    if not state.restore_moved:
+        return True
+    return (
+        f"the restart key {key!r} took the job back to this data checkpoint already, and tasks "
+        "were handed out since: either this trainer is of that restart and came after the "
+        "others began reading (every trainer of a restart loads the state before any reads), "
+        "or it is another restart that reused the key; give each restart a key of its own "
+        "(Loader(restore_key=...)), or declare ranks (Session(world_size=, rank=))"
+    )
 
 
 def _restore(state: MasterState, ev: Restore) -> bool:
@@ -769,7 +811,10 @@ def _restore(state: MasterState, ev: Restore) -> bool:
     and the dataset stay. False when this restart's key restored the job already."""
     if state.dataset is None:
         raise InvalidEvent("a data checkpoint restores onto a state with its dataset")
-    if restore_repeated(state, ev.key):
+    repeated = restore_repeated(state, ev.key, ev.source, ev.rank)
+    if repeated is True and ev.rank >= 0:
+        state.restore_ranks |= {ev.rank}
+    if repeated is not False:  # a repeat, or refused (the shell said why before journaling)
         return False
     if (state.mix is None) != (ev.mixture is None):  # refused before anything changes
         raise InvalidEvent("a mixture's data checkpoint restores onto a mixture, and only it")
@@ -781,6 +826,7 @@ def _restore(state: MasterState, ev: Restore) -> bool:
     kept = set(keep_failed)
     for task_id, p in state.pending.items():  # their holders' commits must be refused
         state.taken[(task_id, p.epoch)] = state.cur_pass
+    state.returned = {}  # what was handed back before the restore is not committed now
     state.sessions.clear()
     state.pending.clear()
     state.finishers = {}
@@ -799,6 +845,8 @@ def _restore(state: MasterState, ev: Restore) -> bool:
     state.cur_pass = state.commit_floor = ev.floor
     state.restored_from = ev.source
     state.restore_key = ev.key
+    state.restore_ranks = frozenset([ev.rank] if ev.rank >= 0 else [])
+    state.restore_moved = False
     if state.mix is not None and ev.mixture is not None:
         _restore_plans(state.mix, ev.floor, ev.mixture.passes, ev.mixture.weights)
     for pass_id, task_id, records in ev.commits:
@@ -895,6 +943,7 @@ def _forget_old_holders(state: MasterState) -> None:
         state.mix.forget(state.commit_floor, horizon)
     if state.taken and min(state.taken.values()) <= horizon:
         state.taken = {k: p for k, p in state.taken.items() if p > horizon}
+        state.returned = {k: r for k, r in state.returned.items() if k in state.taken}
 
 
 def replan_point(state: MasterState) -> int:

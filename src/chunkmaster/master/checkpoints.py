@@ -124,7 +124,13 @@ class Checkpoints:
         return checkpoint.encode(cp)
 
     async def restore(
-        self, blob: bytes, *, replace: bool = False, other_job: bool = False, key: str = ""
+        self,
+        blob: bytes,
+        *,
+        replace: bool = False,
+        other_job: bool = False,
+        key: str = "",
+        rank: int = -1,
     ) -> bool:
         """Go to a data checkpoint's position. Raises CheckpointError (a bad blob, another
         job's unless `other_job`, changed files, a store that holds a job) or the dataset's
@@ -136,11 +142,12 @@ class Checkpoints:
         was started from it already. With `key` (the Restore RPC: a training job restarted
         from its model checkpoint): on the running job, whose dataset must be the
         checkpoint's; every session ends. False if this key restored the job already (each
-        rank of one restart asks)."""
+        rank of one restart asks: `rank`, -1 without one); refused when that cannot be told
+        (core/state.py `restore_repeated`)."""
         cp = checkpoint.decode(blob)
         source = hashlib.blake2b(blob, digest_size=16).hexdigest()
         if key:
-            return await self._restore_running(cp, source, key)
+            return await self._restore_running(cp, source, key, rank)
         return await self._restore_at_start(cp, source, replace, other_job)
 
     async def _restore_at_start(
@@ -213,10 +220,17 @@ class Checkpoints:
         added = await self._dataset.index_mixture(sources[k:], cpt) if k < len(sources) else None
         return first, added
 
-    async def _restore_running(self, cp: checkpoint.DataCheckpoint, source: str, key: str) -> bool:
+    async def _restore_running(
+        self, cp: checkpoint.DataCheckpoint, source: str, key: str, rank: int
+    ) -> bool:
         st = self._ledger.state
-        if restore_repeated(st, key):
-            log.info("restore %r was made already (another rank of the same restart)", key)
+        repeated = restore_repeated(st, key, source, rank)
+        if isinstance(repeated, str):
+            raise checkpoint.CheckpointError(repeated)
+        if repeated:
+            log.info("restore %r was made already (another trainer of the same restart)", key)
+            if rank >= 0:  # the rank asked: a second ask of it is a new restart
+                await self._ledger.commit(Restore(0, (), source, key, rank=rank))
             return False
         ds = st.dataset
         if ds is None:
@@ -235,7 +249,7 @@ class Checkpoints:
         if not self._ledger.available:
             raise self._ledger.unavailable()
         await self._ledger.commit(
-            Restore(cp.floor, _commits_of(cp, ds, units), source, key, _plans_of(cp))
+            Restore(cp.floor, _commits_of(cp, ds, units), source, key, _plans_of(cp), rank)
         )
         st = self._ledger.state
         self._sessions.reset()

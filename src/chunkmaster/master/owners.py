@@ -69,6 +69,14 @@ def commit_position_refused(
     """A commit position of `session` naming a dispatch another trainer holds now or (under
     mutual TLS) a task another certificate finished. A dispatch that is no longer its
     holder's is the state's to refuse (`commit_refused`: CheckpointRefusedError)."""
+    back = state.returned.get((pos.task_id, pos.epoch))
+    if back is not None:  # handed back: only by its holder, whoever read on
+        if back[0] != session:
+            return (
+                f"permission denied: commit refused: task {pos.task_id} (epoch {pos.epoch}) "
+                "was handed back by another trainer"
+            )
+        return None
     p = state.pending.get(pos.task_id)
     if pos.pass_id == state.cur_pass and p is not None:
         if p.epoch == pos.epoch and p.session != session:

@@ -183,7 +183,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             if not key:
                 raise InvalidArgumentError("invalid argument: a restore needs the restart's key")
             try:
-                return await self.service.restore(request.checkpoint, key=key)
+                rank = request.rank if request.HasField("rank") else -1
+                return await self.service.restore(request.checkpoint, key=key, rank=rank)
             except CheckpointError as exc:
                 raise CheckpointRefusedError(f"restore refused: {exc}") from None
 

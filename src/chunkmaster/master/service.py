@@ -319,11 +319,19 @@ class Service:
         return await self._checkpoints.data_checkpoint()
 
     async def restore(
-        self, blob: bytes, *, replace: bool = False, other_job: bool = False, key: str = ""
+        self,
+        blob: bytes,
+        *,
+        replace: bool = False,
+        other_job: bool = False,
+        key: str = "",
+        rank: int = -1,
     ) -> bool:
         """Go to a data checkpoint's position (master/checkpoints.py)."""
         self._check_started()
-        return await self._checkpoints.restore(blob, replace=replace, other_job=other_job, key=key)
+        return await self._checkpoints.restore(
+            blob, replace=replace, other_job=other_job, key=key, rank=rank
+        )
 
     def few_tasks(self) -> str | None:
         """A warning when the pass has fewer tasks than trainers with sessions; else None."""

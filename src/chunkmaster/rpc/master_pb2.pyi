@@ -291,12 +291,14 @@ class Ack(_message.Message):
     def __init__(self, applied: _Optional[int] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("checkpoint", "key")
+    __slots__ = ("checkpoint", "key", "rank")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     checkpoint: bytes
     key: str
-    def __init__(self, checkpoint: _Optional[bytes] = ..., key: _Optional[str] = ...) -> None: ...
+    rank: int
+    def __init__(self, checkpoint: _Optional[bytes] = ..., key: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
     __slots__ = ("applied", "pass_id")

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, default_collate
 
-from chunkmaster.client.client import Client
+from chunkmaster.client.client import Client, declared_world
 from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.feed import PassFeed
@@ -214,11 +214,12 @@ class Loader:
 
     def _restore_job(self, blob: bytes) -> None:
         key = self.restore_key or _restart_key(blob)
-        opts = self._options  # a plain client: no session, no rank, nothing read
+        opts = self._options  # a plain client: no session, nothing read
+        world, rank = declared_world(opts.session_options.world_size, opts.session_options.rank)
         with Client(
             opts.addr, etcd_endpoints=opts.etcd_endpoints, connection=opts.connection, session=False
         ) as plain:
-            applied = plain.restore(blob, key)
+            applied = plain.restore(blob, key, rank if world else None)
         log.info(
             "the job %s its data checkpoint (restart %s)",
             "went back to" if applied else "was already back at",
@@ -248,7 +249,12 @@ class Loader:
                 started = time.monotonic()
                 if not feed.wait_ready():
                     end = feed.end
-                    if end is None or isinstance(end, EndOfPass):
+                    if end is None:  # abandoned: not read to its end here
+                        raise RuntimeError(
+                            f"this iteration of pass {p} was left: a newer iteration of the "
+                            "loader began, or the loader was closed"
+                        )
+                    if isinstance(end, EndOfPass):
                         break
                     raise end
                 run.waited = time.monotonic() - started
