@@ -69,7 +69,7 @@ def test_weights_status_and_read_of_a_mixture(master: MasterProcess, tmp_path: P
     assert {n: s["records"] for n, s in pass_line["sources"].items()} == {"a": 30, "b": 10}
 
     line = one_line(run_cli("weights", "--addr", addr, "a=1,c=1"))
-    assert "c is none of them" in line and "b has none" in line
+    assert "'c' is none of them" in line and "'b' has none" in line
     line = one_line(run_cli("weights", "--addr", addr, "a=1,b=1", "0:a=2,b=1"))
     assert "first point" in line or "grow" in line
     out = run_cli("weights", "--addr", addr, "--json", "a=1,b=1")
@@ -178,7 +178,7 @@ def test_adding_a_source_that_cannot_be_is_one_line_and_changes_nothing(
     line = one_line(run_cli(*base, "--add", f"c={tmp_path}/none-*.recordio"))
     assert "source 'c'" in line and "none-*.recordio" in line
     line = one_line(run_cli(*base, "--add", f"c={c}", "a=1,b=1"))
-    assert "c has none" in line
+    assert "'c' has none" in line
     line = one_line(run_cli(*base, "--add", f"c={c}", "--add", f"c={c}@2"))
     assert "--add" in line and "source 'c' has weight 1" in line
     line = one_line(run_cli(*base, "--add", "c"))
@@ -191,6 +191,37 @@ def test_adding_a_source_that_cannot_be_is_one_line_and_changes_nothing(
     with Client(addr) as client, pytest.raises(DatasetError, match="source 'c'.*nope"):
         client.add_sources({"c": Source(c, format="nope")})
     assert mixture_status(addr) == before
+
+
+def test_weights_and_names_out_of_bounds_are_one_line_and_change_nothing(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    """Weights whose sum overflows (1e308 each: the master failed with UNKNOWN IndexError and
+    held a job of 0 tasks), a share that rounds to 0, a source name with a control character
+    (it was escaped and set): refused in one line naming the source; the next correct call
+    works."""
+    a = numbered_records(tmp_path / "a.recordio", 30)
+    b = numbered_records(tmp_path / "b.recordio", 10, b"b%05d")
+    addr = master.addr or ""
+    base = ["read", "--addr", addr, "--passes", "1"]
+    line = one_line(run_cli(*base, "--source", f"a={a}@1e308", "--source", f"b={b}@1e308"))
+    assert "source 'a' has weight 1e+308 at record 0: a weight is 0 or a number from" in line
+    line = one_line(run_cli(*base, "--source", f"a\x1b[31m={a}", "--source", f"b={b}"))
+    assert "source name 'a\\x1b[31m' holds U+001B (Cc" in line and "at character 2:" in line
+    with MasterConnection(addr) as c:
+        assert c.status()["ready"] is False  # nothing was set
+    read_pass(addr, 0, f"a={a}@3", f"b={b}@1")
+    before = mixture_status(addr)
+    line = one_line(run_cli("weights", "--addr", addr, "a=1e308,b=1e308"))
+    assert "source 'a' has weight 1e+308 at record 0" in line
+    line = one_line(run_cli("weights", "--addr", addr, "a=1,b=1e-13"))
+    assert "source 'b' has weight 1e-13 at record 0, 1e-13 of their sum" in line
+    line = one_line(run_cli("weights", "--addr", addr, "--add", f"c\u2028={b}"))
+    assert "holds U+2028 (Zl" in line and "at character 2:" in line
+    assert mixture_status(addr) == before
+    out = run_cli("weights", "--addr", addr, "--json", "a=1,b=0")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["pass"] == 1
 
 
 def test_adding_a_source_needs_the_token_as_weights_do(tmp_path: Path) -> None:

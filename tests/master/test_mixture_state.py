@@ -34,6 +34,7 @@ from chunkmaster.core.mixture import Breakpoint, Weights
 from chunkmaster.core.model import FailedPolicy, Position
 from chunkmaster.core.state import (
     Availability,
+    InvalidEvent,
     MasterState,
     apply,
     check_get_task,
@@ -565,3 +566,20 @@ def test_a_weight_change_with_equal_steps_keeps_the_quotas_and_the_pass_ends(
         assert took or st_.cur_pass == 1, "nothing to hand out, and the pass goes on"
     assert dump(replayed(run.journal)) == dump(st_)
     assert dump(decode_snapshot(encode_snapshot(st_))) == dump(st_)
+
+
+def test_weights_the_planner_cannot_use_are_refused_by_the_core_changing_nothing() -> None:
+    """The shell checks first; the core too, before it changes anything: a SetDataset whose
+    weights overflow (1e308 three times) left the dataset set and no task."""
+    state = MasterState()
+    overflow = mixture([(n, [5] * 4, 1e308) for n in ("a", "b", "c")])
+    with pytest.raises(InvalidEvent, match="source 'a' has weight 1e\\+308"):
+        apply(state, SetDataset(overflow))
+    assert state.dataset is None and state.mix is None and not state.todo
+    apply(state, SetDataset(mixture([(n, [5] * 4, 1) for n in ("a", "b", "c")])))
+    before = dump(state)
+    for bad in ([1e308] * 3, [1, 1e-13, 0], [0, 0, 0], [1, 1]):
+        with pytest.raises(InvalidEvent):
+            apply(state, SetWeights(Weights.fixed(bad)))
+        assert dump(state) == before
+    assert len(state.todo) == 12

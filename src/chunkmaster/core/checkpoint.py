@@ -60,6 +60,7 @@ from chunkmaster.core.mixture import (
     MixtureState,
     PassPlan,
     Weights,
+    name_problem,
     plan_from_json,
     plan_json,
     weights_from_json,
@@ -458,9 +459,9 @@ def _check_mixture(cp: DataCheckpoint, mix: MixtureCheckpoint) -> None:
             f"dataset {len(cp.dataset.files)}"
         )
     for i, s in enumerate(mix.sources):
-        _text(s.name, f"source {i} name", _MAX_NAME)
-        if not s.name or _CONTROL.search(s.name):
-            raise CheckpointError(f"source {i} name is empty or holds control characters")
+        problem = name_problem(s.name)
+        if problem is not None:
+            raise CheckpointError(f"source {i}: {problem}")
         for g in s.globs:
             _text(g, f"source {s.name!r} glob")
         _ranged(s.num_files, f"source {s.name!r} file count", 1, _MAX_I64, "2**63-1")
@@ -470,8 +471,6 @@ def _check_mixture(cp: DataCheckpoint, mix: MixtureCheckpoint) -> None:
             )
         if s.chunk_size is not None:
             _ranged(s.chunk_size, f"source {s.name!r} chunk size", 1, _MAX_I64, "2**63-1")
-        if not math.isfinite(s.weight) or s.weight < 0:
-            raise CheckpointError(f"source {s.name!r} weight {_shown(s.weight)} is not >= 0")
     tasks = [
         count_tasks(f.num_chunks, cp.dataset.chunks_per_task)
         for f in mix.source_fingerprints(cp.dataset)
@@ -479,9 +478,10 @@ def _check_mixture(cp: DataCheckpoint, mix: MixtureCheckpoint) -> None:
     if 0 in tasks:
         raise CheckpointError(f"source {names[tasks.index(0)]!r} has no chunk")
     try:
-        mix.weights.check(len(names))
+        Weights.fixed([s.weight for s in mix.sources]).check(names)  # as set_dataset's
+        mix.weights.check(names)
         for p, plan in mix.passes:
-            _check_plan(p, plan, tasks, cp.num_tasks)
+            _check_plan(p, plan, names, tasks, cp.num_tasks)
     except MixtureError as exc:
         raise CheckpointError(f"mixture: {exc}") from None
     planned = [p for p, _ in mix.passes]
@@ -494,7 +494,9 @@ def _check_mixture(cp: DataCheckpoint, mix: MixtureCheckpoint) -> None:
             raise CheckpointError(f"pass {c.pass_id} has commits and no plan")
 
 
-def _check_plan(pass_id: int, plan: PassPlan, tasks: list[int], units: int) -> None:
+def _check_plan(
+    pass_id: int, plan: PassPlan, names: list[str], tasks: list[int], units: int
+) -> None:
     _ranged(pass_id, "pass", 0, _MAX_PASS, "2**62")
     if len(plan.start) != len(tasks):
         raise MixtureError(f"pass {pass_id}: {len(plan.start)} cursors for {len(tasks)} sources")
@@ -503,13 +505,13 @@ def _check_plan(pass_id: int, plan: PassPlan, tasks: list[int], units: int) -> N
             raise MixtureError(f"pass {pass_id}: a cursor out of range")
         if not math.isfinite(c.ahead):
             raise MixtureError(f"pass {pass_id}: a cursor's lead is not finite")
-    plan.weights.check(len(tasks))
+    plan.weights.check(names)
     last = -1
     for r in plan.replans:
         if not last < r.at < units:
             raise MixtureError(f"pass {pass_id}: re-plans out of order or past its {units} units")
         last = r.at
-        r.weights.check(len(tasks))
+        r.weights.check(names)
 
 
 def unit_records(cp: DataCheckpoint, ds: Dataset) -> dict[int, list[int]]:

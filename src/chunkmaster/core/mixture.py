@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import unicodedata
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -32,16 +33,49 @@ from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.shuffle import Permutation
 
 LINEAR_STEP = 1000  # records between two evaluations of a linear schedule
+#: A weight is 0 or within these: 10,000 sources of the largest add up to a finite sum (and so
+#: does any point between two of a linear schedule), and none is subnormal.
+MIN_WEIGHT = 1e-300
+MAX_WEIGHT = 1e300
+#: The least share of its point's sum a weight above 0 may be: below it a source would be
+#: planned (almost) never while its weight says otherwise.
+MIN_SHARE = 1e-12
+MAX_NAME = 255
+"""Characters (code points, as the journal's and a checkpoint's JSON holds them) of a
+source's name."""
+#: Unicode categories a source's name may not hold: controls, format characters (zero-width,
+#: bidirectional overrides), line and paragraph separators, surrogates: a name is shown in
+#: logs, status, metrics' labels and terminals, one line as sent.
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 class MixtureError(ValueError):
     """A mixture that cannot be planned (the text says why)."""
 
 
+def name_problem(name: str) -> str | None:
+    """What makes `name` no source's name (None: nothing): its length in characters, or the
+    first character of a refused category and its position (1-based)."""
+    if not 1 <= len(name) <= MAX_NAME:
+        return (
+            f"source name {name[:40]!r} is {len(name)} characters long: a source's name is 1 "
+            f"to {MAX_NAME} characters"
+        )
+    for i, ch in enumerate(name):
+        category = unicodedata.category(ch)
+        if category in _REFUSED_CATEGORIES:
+            return (
+                f"source name {name[:40]!r} holds U+{ord(ch):04X} ({category}, a control or "
+                f"invisible character) at character {i + 1}: a source's name may not"
+            )
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Breakpoint:
     """From `at` records planned (counted over the whole job), these weights (one per source,
-    any non-negative numbers; they are normalised)."""
+    0 or from MIN_WEIGHT to MAX_WEIGHT, each above 0 at least MIN_SHARE of their sum; they
+    are normalised)."""
 
     at: int
     weights: tuple[float, ...]
@@ -59,8 +93,13 @@ class Weights:
     def fixed(weights: Sequence[float]) -> Weights:
         return Weights((Breakpoint(0, tuple(float(w) for w in weights)),))
 
-    def check(self, sources: int) -> Weights:
-        """Raises MixtureError naming what is wrong; returns self."""
+    def check(self, names: Sequence[str]) -> Weights:
+        """Raises MixtureError naming what is wrong (the source and its value); returns self.
+
+        Every entry point holds weights to this before anything changes: a weight the
+        planner cannot use (a sum that overflows to inf normalises every weight to 0 and
+        leaves it nothing to choose; a share that rounds to 0 plans a source never) would
+        otherwise fail or mislead mid-event."""
         if self.mode not in ("step", "linear"):
             raise MixtureError(f"weight schedule mode {self.mode!r} is neither step nor linear")
         if not self.points or self.points[0].at != 0:
@@ -70,14 +109,28 @@ class Weights:
             if p.at <= last:
                 raise MixtureError(f"weight breakpoints must grow: {p.at} after {last}")
             last = p.at
-            if len(p.weights) != sources:
+            if len(p.weights) != len(names):
                 raise MixtureError(
-                    f"{len(p.weights)} weight(s) at record {p.at} for {sources} source(s)"
+                    f"{len(p.weights)} weight(s) at record {p.at} for {len(names)} source(s)"
                 )
-            if any(not math.isfinite(w) or w < 0 for w in p.weights):
-                raise MixtureError(f"weights at record {p.at} must be finite and >= 0")
-            if not sum(p.weights) > 0:
+            for name, w in zip(names, p.weights, strict=True):
+                if not (w == 0 or MIN_WEIGHT <= w <= MAX_WEIGHT):  # NaN fails both
+                    raise MixtureError(
+                        f"source {name!r} has weight {w!r} at record {p.at}: a weight is 0 or "
+                        f"a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}"
+                    )
+            total = sum(p.weights)  # as `at` adds them
+            if not total > 0:
                 raise MixtureError(f"weights at record {p.at} are all zero")
+            if not math.isfinite(total):
+                raise MixtureError(f"weights at record {p.at} add up to more than a float holds")
+            for name, w in zip(names, p.weights, strict=True):
+                if w and w / total < MIN_SHARE:
+                    raise MixtureError(
+                        f"source {name!r} has weight {w!r} at record {p.at}, {w / total:.3g} "
+                        f"of their sum: a source's share is 0 (retired) or at least "
+                        f"{MIN_SHARE:g}"
+                    )
         return self
 
     def at(self, records: int) -> tuple[float, ...]:
@@ -307,7 +360,7 @@ class MixtureState:
         for tasks in task_records:
             first.append(first[-1] + len(tasks))
         n = len(names)
-        weights.check(n)
+        weights.check(names)
         return cls(
             planner,
             tuple(first),

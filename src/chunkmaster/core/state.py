@@ -368,12 +368,18 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
         case SetDataset(dataset=ds):
             if state.dataset is not None:
                 return False
+            mix = None
+            if ds.sources:  # refused before anything changes: nothing half set
+                try:
+                    mix = MixtureState.of(ds)
+                except MixtureError as exc:
+                    raise InvalidEvent(str(exc)) from None
             state.dataset = ds
             units = ds.num_tasks
-            if ds.sources:
-                state.mix = MixtureState.of(ds)
-                state.mix.begin(state.cur_pass)
-                units = state.mix.units
+            if mix is not None:
+                state.mix = mix
+                mix.begin(state.cur_pass)
+                units = mix.units
             state.epochs = array("Q", bytes(8 * units))
             state.todo = state.pass_queue()
             return True
@@ -972,8 +978,10 @@ def _set_weights(state: MasterState, weights: Weights) -> int:
     mix = state.mix
     if mix is None:
         raise InvalidEvent("weights for a job that is not a mixture")
-    if len(weights.points[0].weights) != len(mix.names):
-        raise InvalidEvent(f"{len(weights.points[0].weights)} weights for {len(mix.names)} sources")
+    try:
+        weights.check(mix.names)
+    except MixtureError as exc:
+        raise InvalidEvent(str(exc)) from None
     last = max(mix.passes)
     if last != state.cur_pass:
         at = 1 + max(state.commits.get(last, {}), default=-1)
@@ -1005,7 +1013,7 @@ def _add_sources(state: MasterState, ev: AddSources) -> int:
         raise InvalidEvent(f"{len(ev.weights.points[0].weights)} weights for the sources added")
     try:
         grown = ds.grown(ev.dataset)
-        ev.weights.check(len(mix.names) + len(names))
+        ev.weights.check([*mix.names, *names])
     except (ValueError, MixtureError) as exc:
         raise InvalidEvent(str(exc)) from None
     records = grown.task_records

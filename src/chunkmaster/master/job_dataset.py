@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,7 +27,7 @@ from chunkmaster.core.errors import (
     NotReadyError,
 )
 from chunkmaster.core.events import AddSources, SetDataset, SetWeights
-from chunkmaster.core.mixture import Breakpoint, MixtureError, Weights
+from chunkmaster.core.mixture import Breakpoint, MixtureError, Weights, name_problem
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.reconcile import KEEP_REFUSED
 from chunkmaster.master.datasets import (
@@ -49,7 +47,9 @@ from chunkmaster.master.status import TaskShare
 log = logging.getLogger("chunkmaster.service")
 
 MAX_SOURCES = 10_000
-_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,255}")
+#: Weights by source name at one point: a mapping, or (name, weight) pairs as the wire has
+#: them (where a name may come twice, which is refused).
+ByName = Mapping[str, float] | Sequence[tuple[str, float]]
 
 
 @dataclass(frozen=True)
@@ -76,30 +76,27 @@ class Reweighted:
 
 def check_sources(sources: Sequence[SourceSpec], *, weighted: bool = True) -> None:
     """Refuse a mixture that cannot be one, naming the source and what is wrong (`weighted`:
-    some weight must be above 0; sources added to a job may all be 0)."""
+    the weights are the job's, held to `Weights.check`; sources added to a job have theirs
+    checked with the job's by `add_sources`)."""
     if len(sources) > MAX_SOURCES:
         raise DatasetError(
             f"no valid dataset specified: {len(sources)} sources, over {MAX_SOURCES}"
         )
     seen: set[str] = set()
     for s in sources:
-        if not _NAME.fullmatch(s.name):
-            raise DatasetError(
-                f"no valid dataset specified: source name {s.name[:40]!r} must be 1 to 255 "
-                "characters, without control characters"
-            )
+        problem = name_problem(s.name)
+        if problem is not None:
+            raise DatasetError(f"no valid dataset specified: {problem}")
         if s.name in seen:
             raise DatasetError(f"no valid dataset specified: source {s.name!r} is named twice")
         seen.add(s.name)
         if not s.globs:
             raise DatasetError(f"no valid dataset specified: source {s.name!r} has no pattern")
-        if not (math.isfinite(s.weight) and s.weight >= 0):
-            raise DatasetError(
-                f"no valid dataset specified: source {s.name!r} has weight {s.weight}, not a "
-                "finite number >= 0"
-            )
-    if weighted and not sum(s.weight for s in sources) > 0:
-        raise DatasetError("no valid dataset specified: every source has weight 0")
+    if weighted:
+        try:
+            Weights.fixed([s.weight for s in sources]).check([s.name for s in sources])
+        except MixtureError as exc:
+            raise DatasetError(f"no valid dataset specified: {exc}") from None
 
 
 class JobDataset:
@@ -245,7 +242,7 @@ class JobDataset:
             self._share.check()
 
     async def set_weights(
-        self, points: Sequence[tuple[int, Mapping[str, float]]], mode: str = "step"
+        self, points: Sequence[tuple[int, ByName]], mode: str = "step"
     ) -> Reweighted:
         """A mixture's weights from now on: a schedule of (records planned, weight by source
         name), every source named. The units of the pass nobody had are planned again."""
@@ -279,7 +276,7 @@ class JobDataset:
     async def add_sources(
         self,
         sources: Sequence[SourceSpec],
-        points: Sequence[tuple[int, Mapping[str, float]]] = (),
+        points: Sequence[tuple[int, ByName]] = (),
         mode: str = "step",
     ) -> Reweighted:
         """Sources added to a running mixture, after its own, each indexed as set_dataset
@@ -295,20 +292,14 @@ class JobDataset:
         check_sources(sources, weighted=False)
         self._refuse_known(sources)
         names = [*st.mix.names, *(s.name for s in sources)]
-        if points:
-            weights_of(names, points, mode)  # refused before any file is read
+        _weights_with(names, st.mix.weights, sources, points, mode)  # before any file is read
         await in_daemon_thread(self.roots.check_all, [g for s in sources for g in s.globs])
         added = await self.index_mixture(sources, st.dataset.chunks_per_task)
         st = self._ledger.state  # the job may have been restored or grown meanwhile
         assert st.mix is not None
         self._refuse_known(sources)
         names = [*st.mix.names, *(s.name for s in sources)]
-        if points:
-            weights = weights_of(names, points, mode)
-        else:
-            extra = tuple(s.weight for s in sources)
-            w = st.mix.weights
-            weights = Weights(tuple(Breakpoint(p.at, p.weights + extra) for p in w.points), w.mode)
+        weights = _weights_with(names, st.mix.weights, sources, points, mode)
         log.info(
             "sources added: %s",
             ", ".join(
@@ -343,24 +334,52 @@ class JobDataset:
             self._loading.cancel()
 
 
-def weights_of(
-    names: Sequence[str], points: Sequence[tuple[int, Mapping[str, float]]], mode: str
-) -> Weights:
-    """A schedule from weights by source name; InvalidArgumentError naming what is wrong."""
+def weights_of(names: Sequence[str], points: Sequence[tuple[int, ByName]], mode: str) -> Weights:
+    """A schedule from weights by source name, held to `Weights.check`; InvalidArgumentError
+    naming what is wrong (a name unknown, missing or given twice in a point, a bad value)."""
     out = []
-    for at, by_name in points:
+    for at, given in points:
+        pairs = list(given.items()) if isinstance(given, Mapping) else list(given)
+        by_name: dict[str, float] = {}
+        for name, w in pairs:
+            if name in by_name:
+                raise InvalidArgumentError(
+                    f"invalid argument: the weights at record {at} name source {name!r} twice "
+                    f"({by_name[name]!r} and {w!r}): name each source once"
+                )
+            by_name[name] = w
         unknown = sorted(set(by_name) - set(names))
         missing = [n for n in names if n not in by_name]
         if unknown or missing:
             raise InvalidArgumentError(
                 "invalid argument: weights name every source of the mixture "
-                f"({', '.join(names)}; 0 retires one)"
-                + (f": {', '.join(unknown)} is none of them" if unknown else "")
-                + (f": {', '.join(missing)} has none" if missing else "")
+                f"({', '.join(map(repr, names))}; 0 retires one)"
+                + (f": {', '.join(map(repr, unknown))} is none of them" if unknown else "")
+                + (f": {', '.join(map(repr, missing))} has none" if missing else "")
             )
         out.append(Breakpoint(at, tuple(float(by_name[n]) for n in names)))
     try:
-        return Weights(tuple(out), mode or "step").check(len(names))
+        return Weights(tuple(out), mode or "step").check(names)
+    except MixtureError as exc:
+        raise InvalidArgumentError(f"invalid argument: {exc}") from None
+
+
+def _weights_with(
+    names: Sequence[str],
+    now: Weights,
+    sources: Sequence[SourceSpec],
+    points: Sequence[tuple[int, ByName]],
+    mode: str,
+) -> Weights:
+    """The weights sources added to a job bring (`names`: the job's, then theirs): `points`
+    as `weights_of`, or none: `now`, the schedule in force, each added source at its own
+    weight at every point; held to `Weights.check` alike."""
+    if points:
+        return weights_of(names, points, mode)
+    extra = tuple(s.weight for s in sources)
+    weights = Weights(tuple(Breakpoint(p.at, p.weights + extra) for p in now.points), now.mode)
+    try:
+        return weights.check(names)
     except MixtureError as exc:
         raise InvalidArgumentError(f"invalid argument: {exc}") from None
 

@@ -120,7 +120,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.SetDatasetResponse()
 
     async def SetWeights(self, request: Any, context: Any) -> Any:
-        points = [(p.records, {w.name: w.weight for w in p.weights}) for p in request.points]
+        # (name, weight) pairs, as sent: a point naming a source twice is refused, not merged
+        points = [(p.records, [(w.name, w.weight) for w in p.weights]) for p in request.points]
         add = [SourceSpec(s.name, tuple(s.globs), s.weight, s.format or None) for s in request.add]
         done = await _answer(context, lambda: self.service.set_weights(points, request.mode, add))
         return pb.SetWeightsResponse(pass_id=done.pass_id, unit=done.unit, records=done.records)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from chunkmaster.core.dataset import size_text
@@ -30,7 +30,7 @@ from chunkmaster.core.reconcile import reconcile
 from chunkmaster.logs import about
 from chunkmaster.master.checkpoints import Checkpoints
 from chunkmaster.master.dispatch import Dispatcher
-from chunkmaster.master.job_dataset import JobDataset, Reweighted, SourceSpec
+from chunkmaster.master.job_dataset import ByName, JobDataset, Reweighted, SourceSpec
 from chunkmaster.master.leases import DataWait, LeaseKeeper
 from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.reports import Reports
@@ -158,7 +158,7 @@ class Service:
 
     async def set_weights(
         self,
-        points: Sequence[tuple[int, Mapping[str, float]]],
+        points: Sequence[tuple[int, ByName]],
         mode: str = "step",
         add: Sequence[SourceSpec] = (),
     ) -> Reweighted:

@@ -47,8 +47,11 @@ MAX_TEXT = 1000
 """Bytes (UTF-8) kept of a free-text field of a request (FREE_TEXT: a trainer's name and host,
 a worker ID, a failure reason): the master keeps, journals, logs and shows these, so each is
 cut here, once, with its control characters escaped (`logs.printable`). A status holds a few
-thousand of them at most, well within a gRPC message."""
+thousand of them at most, well within a gRPC message. A source's name (Source.name,
+SourceWeight.name) is no free text: it names what it names, and a name that is not one is
+refused as it was sent (core/mixture.py `name_problem`), never escaped or cut into another."""
 FREE_TEXT = frozenset({"name", "host", "worker", "reason"})
+_NAMES = frozenset({"Source", "SourceWeight"})  # messages whose `name` is a source's
 MAX_STRING = 4096
 """Bytes of any other string of a request (a dataset pattern, a request, session or trainer
 ID): one that is longer is refused (INVALID_ARGUMENT): cutting it would change what it names."""
@@ -70,7 +73,7 @@ def tidy_request(msg: Message) -> str | None:
                 problem = tidy_request(item)
                 if problem is not None:
                     return problem
-        elif name in FREE_TEXT and not field.is_repeated:
+        elif name in FREE_TEXT and not field.is_repeated and msg.DESCRIPTOR.name not in _NAMES:
             text = getattr(msg, name)
             if text:
                 setattr(msg, name, clip_text(text))
