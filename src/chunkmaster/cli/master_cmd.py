@@ -27,6 +27,7 @@ from chunkmaster.core.mixture import MixtureError
 from chunkmaster.core.shuffle import ShuffleSeedError
 from chunkmaster.master.config import ConfigError, MasterConfig
 from chunkmaster.store.base import StoreError
+from chunkmaster.tokens import TOKEN_ENV, TOKEN_FILE_ENV
 
 log = logging.getLogger("chunkmaster.cli.master")
 
@@ -106,10 +107,10 @@ SETTINGS = (
     Setting(
         "token_file",
         ("--token-file",),
-        ("CHUNKMASTER_TOKEN_FILE",),
+        (TOKEN_FILE_ENV,),
         "every call must carry the token held in this file (as 'authorization: Bearer "
-        "TOKEN'); or set CHUNKMASTER_TOKEN. Never a command-line value: other users could "
-        "read it",
+        "TOKEN'; one line of printable ASCII); or set CHUNKMASTER_TOKEN. Never a "
+        "command-line value: other users could read it",
         "PATH",
     ),
     Setting(
@@ -401,7 +402,7 @@ RETIRED_ENV = {
 }
 
 #: Settings that come only from the environment.
-ENV_ONLY = {"etcd_password": ("CHUNKMASTER_ETCD_PASSWORD",), "token": ("CHUNKMASTER_TOKEN",)}
+ENV_ONLY = {"etcd_password": ("CHUNKMASTER_ETCD_PASSWORD",), "token": (TOKEN_ENV,)}
 
 
 def register(sub: Any) -> None:

@@ -20,9 +20,10 @@ from chunkmaster.core.shuffle import MAX_SEED
 from chunkmaster.core.steps import StepsMode
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
-from chunkmaster.master.auth import is_loopback, read_token
+from chunkmaster.master.auth import is_loopback
 from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.settings import DEFAULTS, MAX_CHUNK_SIZE, SettingError, Settings
+from chunkmaster.tokens import given_token, read_token
 
 __all__ = [
     "ETCD_FIELDS",
@@ -401,12 +402,12 @@ def _token(texts: Mapping[str, str]) -> str | None:
     path, token = texts.get("token_file") or None, texts.get("token") or None
     if path is not None and token is not None:
         raise ConfigError(("token_file", "token"), "give the token one way, not both")
-    if path is None:
-        return None if token is None else token.strip() or None
+    if path is None and token is None:
+        return None
     try:
-        return read_token(path)
+        return read_token(path) if path is not None else given_token((token or "").strip())
     except ValueError as exc:
-        raise ConfigError(("token_file",), str(exc)) from None
+        raise ConfigError(("token_file" if path is not None else "token",), str(exc)) from None
 
 
 def _etcd_options(texts: Mapping[str, str]) -> EtcdOptions | None:
