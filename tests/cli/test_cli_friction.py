@@ -138,6 +138,25 @@ def test_a_port_in_use_is_one_line_naming_it(flag: str, taken_port: int) -> None
     assert out.stderr.strip().splitlines() == [err], out.stderr
 
 
+# ---- a store folder that cannot be one -------------------------------------------------------
+
+
+def test_a_store_whose_folder_is_a_file_is_one_line_saying_so(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    out = run_cli(["master", "--store", str(tmp_path / "afile" / "sub" / "state.db")])
+    assert out.returncode == 2, out.stderr
+    err = error_line(out.stderr)
+    assert err.startswith("chunkmaster: error: --store: "), err
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in err, err
+    assert "File exists" not in out.stderr and out.stderr.strip() == err, out.stderr
+    # The default store's folder (under XDG_STATE_HOME) is checked by the store itself.
+    out = run_cli(["master", "--port", "0"], env={"XDG_STATE_HOME": str(tmp_path / "afile")})
+    assert out.returncode == 1, out.stderr
+    err = error_line(out.stderr)
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in err, err
+    assert "File exists" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 # ---- misspelt variables ----------------------------------------------------------------------
 
 

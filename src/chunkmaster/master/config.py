@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from chunkmaster.core.budget import ErrorBudget
@@ -23,6 +24,7 @@ from chunkmaster.formats import options as storage_opts
 from chunkmaster.master.auth import is_loopback
 from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.settings import DEFAULTS, MAX_CHUNK_SIZE, SettingError, Settings
+from chunkmaster.store.sqlite import folder_problem
 from chunkmaster.tokens import given_token, read_token
 
 __all__ = [
@@ -296,6 +298,10 @@ class MasterConfig:
             raise ConfigError(
                 ("store", "endpoints"), "cannot both be set (the state lives in one place)"
             )
+        if self.store not in (None, ":memory:"):
+            problem = folder_problem(Path(self.store).expanduser().resolve())
+            if problem is not None:
+                raise ConfigError(("store",), f"cannot keep the store at {self.store}: {problem}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError(("tls_cert", "tls_key"), "a certificate and its key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
