@@ -414,7 +414,8 @@ def register(sub: Any) -> None:
             "store (--store); with --endpoints it runs as a leader or hot standby on etcd. "
             "Every flag can be set from the environment as CHUNKMASTER_<FLAG> or the "
             "original's <FLAG> (e.g. PORT, TASK_TIMOUT_DUR); a CHUNKMASTER_* variable that "
-            "is none of these is warned about, naming the closest one."
+            "is none of these is warned about, naming the closest one (save the Slurm "
+            "recipe's own: CHUNKMASTER_SLURM_* and CHUNKMASTER_ADDR)."
         ),
     )
     for s in SETTINGS:
@@ -523,12 +524,22 @@ KNOWN_VARIABLES = frozenset(
 )
 
 
+#: What the Slurm recipe (deploy/slurm/chunkmaster.sbatch) sets or reads for itself and its
+#: trainer steps: its own namespace, and the master's address it hands the steps. Not
+#: chunkmaster's settings, but not misspelt ones either.
+RECIPE_PREFIX = "CHUNKMASTER_SLURM_"
+RECIPE_VARIABLES = frozenset({"CHUNKMASTER_ADDR"})
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A warning for each CHUNKMASTER_* variable chunkmaster does not read (a misspelt one
-    would otherwise be ignored without a word), naming the closest known one."""
+    would otherwise be ignored without a word), naming the closest known one; the Slurm
+    recipe's own (RECIPE_PREFIX, RECIPE_VARIABLES) are not warned about."""
     warnings = []
     for name in sorted(environ):
         if not name.startswith("CHUNKMASTER_") or name in KNOWN_VARIABLES:
+            continue
+        if name.startswith(RECIPE_PREFIX) or name in RECIPE_VARIABLES:
             continue
         # Alike after the prefix they all share: CHUNKMASTER_XYZZY is like none of them.
         known = {v.removeprefix("CHUNKMASTER_"): v for v in KNOWN_VARIABLES}
