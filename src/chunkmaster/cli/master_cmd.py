@@ -338,7 +338,8 @@ SETTINGS = (
         "store",
         ("--store",),
         _env("STORE"),
-        "embedded store file (default ~/.local/state/chunkmaster/<job>.db); "
+        "embedded store file (default ~/.local/state/chunkmaster/<job>.db; missing folders "
+        "are made, a folder that is a file or not writable stops the master at start); "
         "':memory:' keeps state in memory only",
     ),
     Setting(
