@@ -138,6 +138,25 @@ def test_a_port_in_use_is_one_line_naming_it(flag: str, taken_port: int) -> None
     assert out.stderr.strip().splitlines() == [err], out.stderr
 
 
+# ---- a store folder that cannot be one -------------------------------------------------------
+
+
+def test_a_store_whose_folder_is_a_file_is_one_line_saying_so(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    out = run_cli(["master", "--store", str(tmp_path / "afile" / "sub" / "state.db")])
+    assert out.returncode == 2, out.stderr
+    err = error_line(out.stderr)
+    assert err.startswith("chunkmaster: error: --store: "), err
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in err, err
+    assert "File exists" not in out.stderr and out.stderr.strip() == err, out.stderr
+    # The default store's folder (under XDG_STATE_HOME) is checked by the store itself.
+    out = run_cli(["master", "--port", "0"], env={"XDG_STATE_HOME": str(tmp_path / "afile")})
+    assert out.returncode == 1, out.stderr
+    err = error_line(out.stderr)
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in err, err
+    assert "File exists" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 # ---- misspelt variables ----------------------------------------------------------------------
 
 
@@ -173,6 +192,20 @@ def test_commands_other_than_master_warn_about_misspelt_variables_too() -> None:
     )
     warned = [line for line in out.stderr.splitlines() if "CHUNKMASTER_TOKNE" in line]
     assert len(warned) == 1 and "did you mean CHUNKMASTER_TOKEN" in warned[0], out.stderr
+
+
+def test_the_slurm_recipes_own_variables_are_not_warned_about() -> None:
+    """Every CHUNKMASTER_* name deploy/slurm/chunkmaster.sbatch sets or reads, on a command
+    of a trainer step; a misspelt one beside them still warns."""
+    recipe = (Path(__file__).resolve().parents[2] / "deploy/slurm/chunkmaster.sbatch").read_text()
+    names = set(re.findall(r"\bCHUNKMASTER_[A-Z_]+[A-Z]\b", recipe)) - {"CHUNKMASTER_TOKEN_FILE"}
+    assert {"CHUNKMASTER_SLURM_TRAINER", "CHUNKMASTER_SLURM_HEAD", "CHUNKMASTER_ADDR"} <= names
+    env = dict.fromkeys(names, "1") | {"CHUNKMASTER_SLURM_MINE": "x", "CHUNKMASTER_TOKN_FILE": "t"}
+    out = run_cli(["status", "--addr", f"127.0.0.1:{closed_port()}", "--timeout", "1"], env=env)
+    warned = [line for line in out.stderr.splitlines() if "not a chunkmaster variable" in line]
+    assert len(warned) == 1, out.stderr  # CHUNKMASTER_SLURM_*: the recipe's namespace
+    assert warned[0].startswith("chunkmaster: warning: CHUNKMASTER_TOKN_FILE "), warned
+    assert "did you mean CHUNKMASTER_TOKEN_FILE" in warned[0], warned
 
 
 # ---- relative patterns -----------------------------------------------------------------------

@@ -113,7 +113,7 @@ def test_health_stays_open_and_the_token_is_never_logged(
     with pytest.raises(UnauthenticatedError):
         _status(token_master.addr, ChannelSecurity(token=secret))
     assert _status(token_master.addr, ChannelSecurity(token=TOKEN))["ready"] is False
-    assert "missing or wrong token" in caplog.text
+    assert "refused /chunkmaster.v1.Master/Status: wrong token" in caplog.text
     assert secret not in caplog.text and TOKEN not in caplog.text
 
 

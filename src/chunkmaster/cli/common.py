@@ -48,7 +48,8 @@ def add_security_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--token-file",
         metavar="PATH",
-        help="file holding the master's token (default: the CHUNKMASTER_TOKEN variable)",
+        help="file holding the master's token (default: the file CHUNKMASTER_TOKEN_FILE "
+        "names, or the CHUNKMASTER_TOKEN variable)",
     )
     p.add_argument(
         "--tls-ca", metavar="FILE", help="talk TLS; this CA (PEM) signs the master's certificate"
@@ -60,29 +61,40 @@ def add_security_flags(p: argparse.ArgumentParser) -> None:
 def channel_security(args: argparse.Namespace) -> ChannelSecurity:
     """What the flags of `add_security_flags` ask for, or a CliError naming the bad one."""
     from chunkmaster.client.connection import ChannelSecurity
-    from chunkmaster.master.auth import read_token
 
     try:
-        token = None if args.token_file is None else read_token(args.token_file)
-        return ChannelSecurity.load(token, args.tls_ca, args.tls_cert, args.tls_key)
+        return ChannelSecurity.load(_token(args), args.tls_ca, args.tls_cert, args.tls_key)
     except ValueError as exc:
         raise CliError(str(exc), 2) from None
 
 
 def security_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The same, as `Client` keyword arguments (paths, the token read from its file)."""
-    from chunkmaster.master.auth import read_token
+    """The same, as `Client` keyword arguments (paths, the token read from its file, or the
+    environment's: a bad variable is a CliError here, not an error of the Client's)."""
+    from chunkmaster.tokens import environment_token
 
-    try:
-        token = None if args.token_file is None else read_token(args.token_file)
-    except ValueError as exc:
-        raise CliError(str(exc), 2) from None
+    token = _token(args)
+    if token is None:
+        try:
+            token = environment_token()
+        except ValueError as exc:
+            raise CliError(str(exc), 2) from None
     return {
         "token": token,
         "tls_ca": args.tls_ca,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
     }
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The token in the --token-file file, None without the flag; a CliError naming it."""
+    from chunkmaster.tokens import read_token
+
+    try:
+        return None if args.token_file is None else read_token(args.token_file)
+    except ValueError as exc:
+        raise CliError(f"--token-file: {exc}", 2) from None
 
 
 def ask_master(args: argparse.Namespace, call: Callable[[MasterConnection], T]) -> T:

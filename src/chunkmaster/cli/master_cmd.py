@@ -27,6 +27,7 @@ from chunkmaster.core.mixture import MixtureError
 from chunkmaster.core.shuffle import ShuffleSeedError
 from chunkmaster.master.config import ConfigError, MasterConfig
 from chunkmaster.store.base import StoreError
+from chunkmaster.tokens import TOKEN_ENV, TOKEN_FILE_ENV
 
 log = logging.getLogger("chunkmaster.cli.master")
 
@@ -106,10 +107,10 @@ SETTINGS = (
     Setting(
         "token_file",
         ("--token-file",),
-        ("CHUNKMASTER_TOKEN_FILE",),
+        (TOKEN_FILE_ENV,),
         "every call must carry the token held in this file (as 'authorization: Bearer "
-        "TOKEN'); or set CHUNKMASTER_TOKEN. Never a command-line value: other users could "
-        "read it",
+        "TOKEN'; one line of printable ASCII); or set CHUNKMASTER_TOKEN. Never a "
+        "command-line value: other users could read it",
         "PATH",
     ),
     Setting(
@@ -337,7 +338,8 @@ SETTINGS = (
         "store",
         ("--store",),
         _env("STORE"),
-        "embedded store file (default ~/.local/state/chunkmaster/<job>.db); "
+        "embedded store file (default ~/.local/state/chunkmaster/<job>.db; missing folders "
+        "are made, a folder that is a file or not writable stops the master at start); "
         "':memory:' keeps state in memory only",
     ),
     Setting(
@@ -401,7 +403,7 @@ RETIRED_ENV = {
 }
 
 #: Settings that come only from the environment.
-ENV_ONLY = {"etcd_password": ("CHUNKMASTER_ETCD_PASSWORD",), "token": ("CHUNKMASTER_TOKEN",)}
+ENV_ONLY = {"etcd_password": ("CHUNKMASTER_ETCD_PASSWORD",), "token": (TOKEN_ENV,)}
 
 
 def register(sub: Any) -> None:
@@ -413,7 +415,8 @@ def register(sub: Any) -> None:
             "store (--store); with --endpoints it runs as a leader or hot standby on etcd. "
             "Every flag can be set from the environment as CHUNKMASTER_<FLAG> or the "
             "original's <FLAG> (e.g. PORT, TASK_TIMOUT_DUR); a CHUNKMASTER_* variable that "
-            "is none of these is warned about, naming the closest one."
+            "is none of these is warned about, naming the closest one (save the Slurm "
+            "recipe's own: CHUNKMASTER_SLURM_* and CHUNKMASTER_ADDR)."
         ),
     )
     for s in SETTINGS:
@@ -522,12 +525,22 @@ KNOWN_VARIABLES = frozenset(
 )
 
 
+#: What the Slurm recipe (deploy/slurm/chunkmaster.sbatch) sets or reads for itself and its
+#: trainer steps: its own namespace, and the master's address it hands the steps. Not
+#: chunkmaster's settings, but not misspelt ones either.
+RECIPE_PREFIX = "CHUNKMASTER_SLURM_"
+RECIPE_VARIABLES = frozenset({"CHUNKMASTER_ADDR"})
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A warning for each CHUNKMASTER_* variable chunkmaster does not read (a misspelt one
-    would otherwise be ignored without a word), naming the closest known one."""
+    would otherwise be ignored without a word), naming the closest known one; the Slurm
+    recipe's own (RECIPE_PREFIX, RECIPE_VARIABLES) are not warned about."""
     warnings = []
     for name in sorted(environ):
         if not name.startswith("CHUNKMASTER_") or name in KNOWN_VARIABLES:
+            continue
+        if name.startswith(RECIPE_PREFIX) or name in RECIPE_VARIABLES:
             continue
         # Alike after the prefix they all share: CHUNKMASTER_XYZZY is like none of them.
         known = {v.removeprefix("CHUNKMASTER_"): v for v in KNOWN_VARIABLES}

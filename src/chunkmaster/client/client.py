@@ -155,9 +155,9 @@ class Client:
     Give either `addr` ("host:port") or `etcd_endpoints` (the master is looked up at
     `/master/addr` and followed when it moves). `name`: the trainer's name in the master's
     status (default host:pid:N, N telling apart the clients of one process). `token`: the
-    master's shared token (default: the CHUNKMASTER_TOKEN variable; a shortcut for
-    `Connection(token=...)`). `on_task_done(task)` is called in the trainer's thread when a
-    task's last record is taken.
+    master's shared token (default: the file CHUNKMASTER_TOKEN_FILE names, or the
+    CHUNKMASTER_TOKEN variable; a shortcut for `Connection(token=...)`).
+    `on_task_done(task)` is called in the trainer's thread when a task's last record is taken.
 
     The other options come in three groups (client/options.py): `connection=Connection(...)`
     (TLS, deadlines, retries, etcd), `session=Session(...)` (progress reports, the trainer's

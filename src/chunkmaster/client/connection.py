@@ -7,7 +7,6 @@ deadline, so nothing in this module can block forever.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import weakref
@@ -23,15 +22,13 @@ from chunkmaster.core.model import Task, TaskMeta
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc import master_pb2_grpc as pb_grpc
 from chunkmaster.rpc.wire import error_from_rpc, task_from_pb
+from chunkmaster.tokens import environment_token, given_token
 
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 10.0
 DATASET_TIMEOUT = 600.0
 """SetDataset's default deadline: indexing ten thousand files on a network filesystem is slow."""
-
-
-TOKEN_ENV = "CHUNKMASTER_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -53,12 +50,13 @@ class ChannelSecurity:
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ) -> ChannelSecurity:
-        """Read the files (paths); the token comes from CHUNKMASTER_TOKEN if not given.
-        TLS is on once a CA or a client certificate is given. ValueError names a bad file."""
+        """Read the files (paths); without a token, the environment's (the file
+        CHUNKMASTER_TOKEN_FILE names, or CHUNKMASTER_TOKEN: chunkmaster.tokens), as the
+        master takes it. TLS is on once a CA or a client certificate is given. ValueError
+        names a bad file, variable or token."""
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("tls_cert and tls_key go together (the client's certificate)")
-        if token is None:
-            token = os.environ.get(TOKEN_ENV, "").strip() or None
+        token = environment_token() if token is None else given_token(token)
         return cls(
             token=token,
             tls=tls_ca is not None or tls_cert is not None,

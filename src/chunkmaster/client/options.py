@@ -32,9 +32,10 @@ from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 class Connection:
     """How the trainer reaches its master, and proves who it is.
 
-    `token`: the master's shared token, sent with every call (default: the CHUNKMASTER_TOKEN
-    variable). `tls_ca` (a PEM file) turns TLS on and names the CA that signs the master's
-    certificate; `tls_cert` and `tls_key` are the trainer's own, for mutual TLS.
+    `token`: the master's shared token, sent with every call (default: the file
+    CHUNKMASTER_TOKEN_FILE names, or the CHUNKMASTER_TOKEN variable; chunkmaster.tokens).
+    `tls_ca` (a PEM file) turns TLS on and names the CA that signs the master's certificate;
+    `tls_cert` and `tls_key` are the trainer's own, for mutual TLS.
     `rpc_timeout`: seconds each call may take (a long poll adds `poll_wait`, the seconds the
     master may hold a task request open). `retry_timeout`: give up (TransportError) once the
     master has been unreachable this long (default: wait for it for ever, logging why).

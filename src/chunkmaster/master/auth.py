@@ -20,36 +20,30 @@ import grpc
 
 from chunkmaster.core.errors import UnauthenticatedError
 from chunkmaster.rpc.wire import ERROR_KEY
+from chunkmaster.tokens import HOW_TO_GIVE, check_token
 
 log = logging.getLogger("chunkmaster.auth")
 
 __all__ = [
-    "TOKEN_ENV",
+    "NO_TOKEN",
+    "WRONG_TOKEN",
     "TokenInterceptor",
     "is_loopback",
     "peer_identity",
-    "read_token",
     "server_credentials",
     "server_ssl_context",
 ]
 
-#: The environment variable that holds the token (master and clients alike).
-TOKEN_ENV = "CHUNKMASTER_TOKEN"
 #: Methods of these services need no token.
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 
-
-def read_token(path: str) -> str:
-    """The token held in `path` (surrounding whitespace dropped); ValueError naming the file
-    if it cannot be read or is empty. Its content is never quoted."""
-    try:
-        token = Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ValueError(f"cannot read the token file {path}: {reason}") from None
-    if not token:
-        raise ValueError(f"the token file {path} is empty")
-    return token
+#: What a caller is told when it sent no token, and when it sent one that is not this
+#: master's: which of the two it was (the caller knows that already), nothing more.
+NO_TOKEN = f"unauthenticated: no token was sent: give one with {HOW_TO_GIVE}"
+WRONG_TOKEN = (
+    "unauthenticated: the token sent is not this master's (check that the trainer reads the "
+    "token file the master was started with, and that the file was not written again since)"
+)
 
 
 def _read_bytes(path: str, what: str) -> bytes:
@@ -108,23 +102,28 @@ Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Refuses, with UNAUTHENTICATED, every call without `authorization: Bearer <token>`."""
+    """Refuses, with UNAUTHENTICATED, every call without `authorization: Bearer <token>`,
+    telling a call that sent no token from one that sent another."""
 
     def __init__(self, token: str) -> None:
-        if not token:
-            raise ValueError("an empty token protects nothing")
+        problem = check_token(token)
+        if problem is not None:  # no client could ever send it
+            raise ValueError(f"the master's token {problem}")
         self._expected = f"Bearer {token}".encode()
 
-    def _allowed(self, details: grpc.HandlerCallDetails) -> bool:
+    def _refusal(self, details: grpc.HandlerCallDetails) -> str | None:
+        """Why the call is refused (NO_TOKEN or WRONG_TOKEN), or None if it may go on."""
         method = details.method or ""
         if method.startswith(OPEN_SERVICES):
-            return True
+            return None
         given = b""
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else bytes(value)
                 break
-        return hmac.compare_digest(given, self._expected)
+        if hmac.compare_digest(given, self._expected):
+            return None
+        return NO_TOKEN if given.strip() in (b"", b"Bearer") else WRONG_TOKEN
 
     async def intercept_service(
         self,
@@ -132,32 +131,35 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler:
         handler = await continuation(handler_call_details)
-        if handler is None or self._allowed(handler_call_details):
+        if handler is None:
             return handler
-        log.warning("refused %s: missing or wrong token", handler_call_details.method)
-        return _refusing(handler)
+        refusal = self._refusal(handler_call_details)
+        if refusal is None:
+            return handler
+        why = "no token" if refusal == NO_TOKEN else "wrong token"
+        log.warning("refused %s: %s", handler_call_details.method, why)
+        return _refusing(handler, refusal)
 
 
-async def _deny(request: Any, context: Any) -> None:
-    context.set_trailing_metadata(((ERROR_KEY, UnauthenticatedError.__name__),))
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UnauthenticatedError.message)
+def _refusing(handler: Handler, message: str) -> Handler:
+    """A handler of the same kind as `handler` that only refuses, saying `message`."""
 
+    async def deny(request: Any, context: Any) -> None:
+        context.set_trailing_metadata(((ERROR_KEY, UnauthenticatedError.__name__),))
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-async def _deny_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-    """The refusal as a response stream: an async generator, like the handler it replaces
-    (an interceptor that wraps it iterates it: RpcMetrics)."""
-    await _deny(request, context)
-    return  # abort raised already: nothing is ever sent
-    yield  # (what makes this function an async generator)
+    async def deny_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+        """The refusal as a response stream: an async generator, like the handler it
+        replaces (an interceptor that wraps it iterates it: RpcMetrics)."""
+        await deny(request, context)
+        return  # abort raised already: nothing is ever sent
+        yield  # (what makes this function an async generator)
 
-
-def _refusing(handler: Handler) -> Handler:
-    """A handler of the same kind as `handler` that only refuses."""
     de, ser = handler.request_deserializer, handler.response_serializer
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(_deny_stream, de, ser)
+        return grpc.stream_stream_rpc_method_handler(deny_stream, de, ser)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(_deny, de, ser)
+        return grpc.stream_unary_rpc_method_handler(deny, de, ser)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(_deny_stream, de, ser)
-    return grpc.unary_unary_rpc_method_handler(_deny, de, ser)
+        return grpc.unary_stream_rpc_method_handler(deny_stream, de, ser)
+    return grpc.unary_unary_rpc_method_handler(deny, de, ser)

@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from chunkmaster.core.budget import ErrorBudget
@@ -20,9 +21,11 @@ from chunkmaster.core.shuffle import MAX_SEED
 from chunkmaster.core.steps import StepsMode
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
-from chunkmaster.master.auth import is_loopback, read_token
+from chunkmaster.master.auth import is_loopback
 from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.settings import DEFAULTS, MAX_CHUNK_SIZE, SettingError, Settings
+from chunkmaster.store.sqlite import folder_problem
+from chunkmaster.tokens import given_token, read_token
 
 __all__ = [
     "ETCD_FIELDS",
@@ -295,6 +298,10 @@ class MasterConfig:
             raise ConfigError(
                 ("store", "endpoints"), "cannot both be set (the state lives in one place)"
             )
+        if self.store not in (None, ":memory:"):
+            problem = folder_problem(Path(self.store).expanduser().resolve())
+            if problem is not None:
+                raise ConfigError(("store",), f"cannot keep the store at {self.store}: {problem}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError(("tls_cert", "tls_key"), "a certificate and its key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -401,12 +408,12 @@ def _token(texts: Mapping[str, str]) -> str | None:
     path, token = texts.get("token_file") or None, texts.get("token") or None
     if path is not None and token is not None:
         raise ConfigError(("token_file", "token"), "give the token one way, not both")
-    if path is None:
-        return None if token is None else token.strip() or None
+    if path is None and token is None:
+        return None
     try:
-        return read_token(path)
+        return read_token(path) if path is not None else given_token((token or "").strip())
     except ValueError as exc:
-        raise ConfigError(("token_file",), str(exc)) from None
+        raise ConfigError(("token_file" if path is not None else "token",), str(exc)) from None
 
 
 def _etcd_options(texts: Mapping[str, str]) -> EtcdOptions | None:

@@ -258,6 +258,9 @@ class SqliteStore:
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
+            problem = folder_problem(self.path)
+            if problem is not None:
+                raise StoreError(f"SQLite store {self.path}: {problem}")
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._take_file_lock()
             try:
@@ -679,6 +682,20 @@ class SqliteStore:
 
     def describe(self) -> str:
         return f"embedded SQLite store at {self.path} (synchronous={self._synchronous})"
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why a store file at `path` could not be made or written beside (SQLite adds its journal
+    files next to it), in words naming the folder at fault; None if nothing is known to be
+    wrong. The OS's own word for a folder that is a file is "File exists"."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # the store makes the missing folders: its nearest one counts
+    if not folder.is_dir():
+        return f"{folder} is a file, not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the directory {folder} is not writable by this user"
+    return None
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
