@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -212,6 +213,7 @@ def submit(
     name: str,
     step_time: str,
     where: str = '--addr "$CHUNKMASTER_ADDR"',
+    hold: bool = False,
     **env: str,
 ) -> tuple[str, Path]:
     run_dir = tmp / name
@@ -233,7 +235,7 @@ def submit(
     slurm.env.update(env)
     out = slurm.run(
         "sbatch", "--parsable", f"--ntasks={TRAINERS}", f"--output={tmp / name}.out",
-        str(SBATCH), "sh", "-c", trainer,
+        *(["--hold"] if hold else []), str(SBATCH), "sh", "-c", trainer,
     )  # fmt: skip
     return out.stdout.strip().split(";")[0], run_dir
 
@@ -295,6 +297,7 @@ def test_a_trainer_step_cancelled_mid_pass_and_the_pass_still_completes(
     # The store stays on the node for a requeued job to resume from.
     (store,) = (tmp_path / "node-tmp").iterdir()
     assert (store / "state.db").exists()
+    assert store.stat().st_mode & 0o777 == 0o700  # made private
     # Pass 0 is complete: every task was completed, and each task's line is a tail of its
     # records. A task trainer 1 was reading went to another from the position trainer 1 had
     # reported (records it consumed are not delivered again, but those after its last report
@@ -320,6 +323,34 @@ def test_a_trainer_step_cancelled_mid_pass_and_the_pass_still_completes(
     assert partial <= 1  # only the task trainer 1 was reading
     # Pass 1, the two left: every record exactly once.
     assert pass_total([outs[0], outs[2]], 1) == digest(records)
+
+
+@pytest.mark.parametrize("made", ["by another user", "open to others"])
+def test_a_store_directory_made_by_someone_else_fails_the_job(
+    slurm: Slurm, tmp_path: Path, made: str
+) -> None:
+    """The store's directory on the node's temporary disk, made before the job ran by another
+    user (or open to them), who could then rename or delete the store: the job refuses it,
+    saying what is wrong and how to fix it, and starts no master."""
+    dataset(tmp_path / "data")
+    job, run_dir = submit(slurm, tmp_path, "job", "0", hold=True)
+    store = tmp_path / "node-tmp" / f"chunkmaster-chunkmastertest-{job}"
+    store.mkdir()
+    if made == "by another user":
+        os.chown(store, pwd.getpwnam("nobody").pw_uid, -1)
+        store.chmod(0o700)
+        wrong = f"is owned by uid {pwd.getpwnam('nobody').pw_uid}, not this job's user (uid 0)"
+    else:
+        store.chmod(0o777)
+        wrong = "has mode 777: its group or others can write it"
+    slurm.run("scontrol", "release", job)
+    state = slurm.wait_job(job)
+    job_out = (tmp_path / "job.out").read_text()
+    assert state == "FAILED", f"{state}\n{job_out}"
+    assert f"chunkmaster.sbatch: the store directory {store} {wrong}: remove it (rm -r " in job_out
+    assert "or set CHUNKMASTER_STORE" in job_out
+    assert not (run_dir / "master-0.log").exists()  # no master step was started
+    assert list(store.iterdir()) == []
 
 
 def test_two_masters_on_etcd_the_leader_killed_and_the_trainers_follow(

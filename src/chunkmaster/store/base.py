@@ -25,6 +25,11 @@ class StoreInUseError(StoreError):
     """Another master holds this store: two masters must never write one journal."""
 
 
+class StoreUnsafeError(StoreError):
+    """The store's directory lets another user rename, replace or delete its files: the master
+    does not start on it. The message names the directory, its mode and owner, and the fix."""
+
+
 class StoreDamagedError(StoreError):
     """The store on disk is damaged, foreign, or older than it was: the master must not start
     from it (it would start empty or at an older state). The message names the file, what is

@@ -13,6 +13,10 @@ SQLite's `quick_check`, its application_id and format version, its tables, its j
 that it holds at least the witness's entry. Any failure raises StoreDamagedError naming the
 file, what is wrong and the ways out (`on_damage`); nothing is ever deleted.
 
+The store's directory must be the master's own: owned by its user (or root) and writable by no
+one else, since whoever can write a directory can rename, replace or delete the files in it
+(`unsafe_directory`).
+
 One master per store, however its path is spelled (symlink, hard link, bind mount, `/./`,
 relative): the lock is an exclusive flock on the database file's inode.
 """
@@ -25,7 +29,9 @@ import errno
 import fcntl
 import logging
 import os
+import pwd
 import sqlite3
+import stat
 import struct
 import threading
 import time
@@ -38,7 +44,13 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote
 
-from chunkmaster.store.base import Recovered, StoreDamagedError, StoreError, StoreInUseError
+from chunkmaster.store.base import (
+    Recovered,
+    StoreDamagedError,
+    StoreError,
+    StoreInUseError,
+    StoreUnsafeError,
+)
 
 T = TypeVar("T")
 
@@ -178,6 +190,48 @@ class _Damage(Exception):
         self.accept = accept
 
 
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def unsafe_directory(
+    directory: Path, st: os.stat_result, uid: int | None = None, gid: int | None = None
+) -> str | None:
+    """Why `directory` (whose stat is `st`) may not hold a store for the user `uid` with the
+    group `gid` (default: this process's effective ones), or None if it may.
+
+    Refused: a directory another user owns (root aside), and one others or its group can
+    write, sticky bit or not: a sticky bit keeps others from renaming the store's files but
+    not from making its `-wal`, `-shm` or `.witness` file before the master does. Accepted
+    as group-writable: a directory root owns whose group is the master's own, for a master
+    not running as root, which is what Kubernetes makes of a volume with fsGroup (and
+    runAsGroup) 10001: there the group is the pod's. (A directory of the master's own user
+    it can make private itself.)"""
+    uid = os.geteuid() if uid is None else uid
+    gid = os.getegid() if gid is None else gid
+    mode = stat.S_IMODE(st.st_mode)
+    what = f"store directory {directory} (mode {mode:04o}, owner {_user(st.st_uid)})"
+    if st.st_uid not in (uid, 0):
+        return (
+            f"{what} belongs to another user, who could rename, replace or delete the "
+            f"store's files: choose another --store, in a directory {_user(uid)} owns"
+        )
+    platform_group = uid != 0 and st.st_uid == 0 and st.st_gid == gid  # a volume for a group
+    if mode & 0o002 or (mode & 0o020 and not platform_group):
+        who = "others" if mode & 0o002 else f"its group (gid {st.st_gid})"
+        could = "rename, replace or delete the store's files"
+        if mode & stat.S_ISVTX:  # they cannot rename what is not theirs, but can make it first
+            could = "make the store's files (-wal, -shm, .witness) before the master does"
+        return (
+            f"{what} can be written by {who}, who could {could}: chmod 700 {directory}, "
+            "or choose another --store"
+        )
+    return None
+
+
 class SqliteStore:
     """Journal and snapshot in one SQLite database at `path`.
 
@@ -262,6 +316,9 @@ class SqliteStore:
             if problem is not None:
                 raise StoreError(f"SQLite store {self.path}: {problem}")
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            unsafe = unsafe_directory(self.path.parent, os.stat(self.path.parent))
+            if unsafe is not None:
+                raise StoreUnsafeError(unsafe)
             self._take_file_lock()
             try:
                 self._conn = self._open()
