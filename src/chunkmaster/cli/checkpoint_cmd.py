@@ -68,6 +68,7 @@ def describe(cp: Any) -> dict[str, Any]:
     ds = cp.dataset
     return {
         "job": cp.job,
+        "job_id": cp.job_id or None,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cp.created)),
         "dataset": {
             "globs": list(ds.globs),
@@ -100,7 +101,7 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     ds = info["dataset"]
     size = "" if ds["chunk_size"] is None else f" of up to {size_text(ds['chunk_size'])}"
-    print(f"job      {info['job']} (saved {info['created']})")
+    print(f"job      {info['job']} (saved {info['created']}, id {info['job_id'] or 'none'})")
     print(
         f"dataset  {ds['globs']}: {plural(ds['files'], ds['format'] + ' file')}, "
         f"{plural(ds['chunks'], 'chunk')}{size}, {plural(info['tasks'], 'task')} of up to "

@@ -403,15 +403,18 @@ class Client:
         """The master's status (pass, queues, failed tasks with their reasons)."""
         return self._call("status", lambda c: c.status())
 
-    def restore(self, checkpoint: bytes, key: str, rank: int | None = None) -> bool:
+    def restore(
+        self, checkpoint: bytes, key: str, rank: int | None = None, *, other_job: bool = False
+    ) -> bool:
         """Take the running job back to a data checkpoint, for a training job restarted from
         the model checkpoint saved beside it: every session ends (this one opens a new one),
         the passes go on from the checkpoint's position. `key` names the restart: every rank
         of one restart may ask with the same key, and only the first call restores (True);
         `rank` (the caller's, if it has one) tells a rank asking again, which is a new restart
-        that reused the key, from the other ranks of the same one.
+        that reused the key, from the other ranks of the same one. A checkpoint of another job
+        (another dataset, or a job started anew) is refused unless `other_job`.
         Raises CheckpointRefusedError naming the problem (another dataset, a damaged blob)."""
-        applied, _ = self._call("restore", lambda c: c.restore(checkpoint, key, rank))
+        applied, _ = self._call("restore", lambda c: c.restore(checkpoint, key, rank, other_job))
         return applied
 
     def data_checkpoint(self) -> bytes:

@@ -341,10 +341,13 @@ class MasterConnection:
         reply = self._call("DataCheckpoint", pb.DataCheckpointRequest(), self.timeout)
         return bytes(reply.checkpoint)
 
-    def restore(self, checkpoint: bytes, key: str, rank: int | None = None) -> tuple[bool, int]:
+    def restore(
+        self, checkpoint: bytes, key: str, rank: int | None = None, other_job: bool = False
+    ) -> tuple[bool, int]:
         """Take the running job back to `checkpoint` (once per `key`; `rank`: the asking
-        trainer's): whether this call did it, and the job's pass after it."""
-        request = pb.RestoreRequest(checkpoint=checkpoint, key=key, rank=rank)
+        trainer's; `other_job`: a checkpoint of another job too): whether this call did it,
+        and the job's pass after it."""
+        request = pb.RestoreRequest(checkpoint=checkpoint, key=key, rank=rank, other_job=other_job)
         reply = self._call("Restore", request, self.timeout)
         return bool(reply.applied), int(reply.pass_id)
 

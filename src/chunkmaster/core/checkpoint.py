@@ -23,7 +23,9 @@ No pickle: reading a checkpoint must not mean running code. Layout (little-endia
                  weights (the schedule in force: [mode, [[records, weight, ...], ...]]),
                  passes [[pass_id, [cursors, weights, re-plans]]] from the floor to the
                    last pass with commits: how each was planned (core/mixture.py)
-               passes [[pass_id, full count, bitmap bytes, partial count]], ascending
+               passes [[pass_id, full count, bitmap bytes, partial count]], ascending,
+               job_id (absent in checkpoints older than it: the job's identity, hex, which a
+                 running job checks a checkpoint restored onto it against)
              then per pass, in order: bitmap (zlib of ceil(num_tasks/8) bytes, task t is bit
                t % 8 of byte t // 8, padding bits 0), partial task ids u32[n] ascending,
                partial records u64[n]
@@ -89,6 +91,7 @@ _MAX_TEXT = 4096  # characters of a path or a glob
 _MAX_NAME = 255  # characters of a job name
 _FORMAT_NAME = re.compile(r"[a-z0-9_-]{1,32}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_JOB_ID = re.compile(r"[0-9a-f]{0,64}")
 #: {mixture: {passes: [[p, [cursors, [mode, [[at, w]]], [[at, [mode, [[at, w]]]]]]]]}}: a
 #: deeper header is no checkpoint's.
 _HEAD_DEPTH = 10
@@ -184,6 +187,7 @@ class DataCheckpoint:
     passes: tuple[PassCommits, ...]  # passes >= floor that have commits, ascending
     shuffle_seed: int | None = None  # the job's seed: the pass layouts the commits are in
     mixture: MixtureCheckpoint | None = None  # a mixture's sources and plans
+    job_id: str = ""  # the job's identity ("": written before jobs had one)
 
 
 def _prefix_tasks(cp: DataCheckpoint) -> list[int]:
@@ -374,6 +378,8 @@ def _check(cp: DataCheckpoint) -> None:
     _text(cp.job, "job", _MAX_NAME)
     if _CONTROL.search(cp.job):
         raise CheckpointError("job holds control characters")
+    if not isinstance(cp.job_id, str) or not _JOB_ID.fullmatch(cp.job_id):
+        raise CheckpointError("job_id must be up to 64 lowercase hex digits")
     if not math.isfinite(cp.created):
         raise CheckpointError("created must be a finite time")
     if not 0 <= cp.created <= _MAX_CREATED:
@@ -678,6 +684,7 @@ def encode(cp: DataCheckpoint) -> bytes:
             "passes": passes,
             **({} if cp.shuffle_seed is None else {"shuffle_seed": cp.shuffle_seed}),
             **({} if cp.mixture is None else {"mixture": _mixture_json(cp.mixture)}),
+            **({} if not cp.job_id else {"job_id": cp.job_id}),
         }
     )
     if len(head) > MAX_HEAD_SIZE:
@@ -941,6 +948,7 @@ def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, in
             (),
             None if seed is None else _int(seed, "shuffle seed"),
             mixture,
+            _str(head.get("job_id", ""), "job_id"),
         )
     except KeyError as exc:
         raise CheckpointError(f"header lacks the field {exc}") from None

@@ -249,14 +249,14 @@ def encode_event(ev: Event) -> bytes:
             return b"G" + _dumps([d, _positions(ps)]) if d else b"P" + _dumps(_positions(ps))
         case Commit(positions=ps):
             return b"K" + _dumps(_positions(ps))
-        case Restore(floor=f, commits=cs, source=src, key=key, mixture=mix, rank=rank):
-            asker = [rank] if rank >= 0 else []
+        case Restore(floor=f, commits=cs, source=src, key=key, mixture=mix, rank=rank, job_id=jid):
+            asker = [rank, jid] if jid else [rank] if rank >= 0 else []
             if mix is not None:  # a tag of its own: an older build refuses it
                 plans = [[p, plan_json(plan)] for p, plan in mix.passes]
                 return b"A" + _dumps(
                     [f, [list(c) for c in cs], src, key, weights_json(mix.weights), plans, *asker]
                 )
-            tail = [key, *asker] if key else []
+            tail = [key, *asker] if key or asker else []
             return b"B" + _dumps([f, [list(c) for c in cs], src, *tail])
         case SetWeights(weights=w):
             return b"W" + _dumps(weights_json(w))
@@ -265,8 +265,10 @@ def encode_event(ev: Event) -> bytes:
             return b"N" + pack({**header, "weights": weights_json(w)}, blobs)
         case SetErrorBudget(budget=b):
             return b"Q" + _dumps(_budget(b))
-        case SetDataset(dataset=ds):
+        case SetDataset(dataset=ds, job_id=job_id):
             header, blobs = _dataset_parts(ds)
+            if job_id:
+                header = {**header, "job_id": job_id}
             # A seeded dataset, and a mixture, have tags of their own: an older build refuses
             # them.
             tag = b"M" if ds.sources else b"T" if ds.shuffle_seed is None else b"H"
@@ -316,6 +318,7 @@ def decode_event(data: bytes) -> Event:
                 str(v[2]),
                 str(v[3]) if len(v) > 3 else "",
                 rank=int(v[4]) if len(v) > 4 else -1,
+                job_id=str(v[5]) if len(v) > 5 else "",
             )
         if tag == b"A":
             return Restore(
@@ -328,6 +331,7 @@ def decode_event(data: bytes) -> Event:
                     weights_from_json(v[4]),
                 ),
                 rank=int(v[6]) if len(v) > 6 else -1,
+                job_id=str(v[7]) if len(v) > 7 else "",
             )
         if tag == b"W":
             return SetWeights(weights_from_json(v))
@@ -362,7 +366,7 @@ def _dataset_entry(tag: bytes, body: bytes) -> Event:
         raise CodecError("a dataset entry's tag and its sources disagree")
     if tag != b"M" and (tag == b"H") != (ds.shuffle_seed is not None):
         raise CodecError("a dataset entry's tag and shuffle seed disagree")
-    return SetDataset(ds)
+    return SetDataset(ds, str(header.get("job_id", "")))
 
 
 def encode_snapshot(state: MasterState) -> bytes:
@@ -387,6 +391,7 @@ def encode_snapshot(state: MasterState) -> bytes:
         "commit_floor": state.commit_floor,
         "restored_from": state.restored_from,
         "restore_key": state.restore_key,
+        "job_id": state.job_id,
         "restore_ranks": list(state.restore_ranks),
         "restore_moved": state.restore_moved,
         "pass_done": list(state.pass_done.items()),
@@ -570,6 +575,7 @@ def decode_snapshot(data: bytes) -> MasterState:
         st.commit_floor = int(header["commit_floor"])
         st.restored_from = str(header["restored_from"])
         st.restore_key = str(header.get("restore_key", ""))
+        st.job_id = str(header.get("job_id", ""))
         st.restore_ranks = frozenset(int(r) for r in header.get("restore_ranks", ()))
         st.restore_moved = bool(header.get("restore_moved", True))
         st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}

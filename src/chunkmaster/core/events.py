@@ -39,9 +39,11 @@ class EqualSteps:
 
 @dataclass(frozen=True, slots=True)
 class SetDataset:
-    """The first dataset wins; later ones are not journaled."""
+    """The first dataset wins; later ones are not journaled. `job_id`: the job's identity
+    from now on (random, made by the shell), which its data checkpoints carry."""
 
     dataset: Dataset
+    job_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +200,7 @@ class Restore:
     key: str = ""  # the restart that asked for it: one restore per key (every rank may ask)
     mixture: MixturePosition | None = None  # a mixture's plans (None: not a mixture)
     rank: int = -1  # the rank that asked (-1: a trainer without a rank, or the operator)
+    job_id: str = ""  # the checkpoint's job identity, which a job started from it takes
 
 
 Event = (

@@ -165,6 +165,7 @@ class MasterState:
     pass_done: dict[int, int] = field(default_factory=dict)  # ended pass -> tasks done in it
     ledger: dict[int, PassLedger] = field(default_factory=dict)  # the last LEDGER_PASSES passes
     restored_from: str = ""  # the data checkpoint this state was started from, if any
+    job_id: str = ""  # the job's identity (SetDataset; a job started from a checkpoint: its)
     restore_key: str = ""  # the restart that asked for the last restore (one per key)
     restore_ranks: frozenset[int] = frozenset()  # the ranks that asked with that key
     restore_moved: bool = False  # a task was handed out since the last restore
@@ -365,9 +366,10 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
         case ApproveSave(trainer_id=tid, until=until):
             state.saver = SaveApproval(tid, until)
             return True
-        case SetDataset(dataset=ds):
+        case SetDataset(dataset=ds, job_id=job_id):
             if state.dataset is not None:
                 return False
+            state.job_id = job_id
             mix = None
             if ds.sources:  # refused before anything changes: nothing half set
                 try:
@@ -851,6 +853,8 @@ def _restore(state: MasterState, ev: Restore) -> bool:
     state.cur_pass = state.commit_floor = ev.floor
     state.restored_from = ev.source
     state.restore_key = ev.key
+    if ev.job_id and not ev.key:  # a job started from the checkpoint continues its job
+        state.job_id = ev.job_id
     state.restore_ranks = frozenset([ev.rank] if ev.rank >= 0 else [])
     state.restore_moved = False
     if state.mix is not None and ev.mixture is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 
 from chunkmaster.core import checkpoint
@@ -120,6 +121,7 @@ class Checkpoints:
             else checkpoint.MixtureCheckpoint(
                 checkpoint.mixture_parts(ds), mix.weights, mix.passes
             ),
+            job_id=st.job_id,
         )
         return checkpoint.encode(cp)
 
@@ -147,7 +149,7 @@ class Checkpoints:
         cp = checkpoint.decode(blob)
         source = hashlib.blake2b(blob, digest_size=16).hexdigest()
         if key:
-            return await self._restore_running(cp, source, key, rank)
+            return await self._restore_running(cp, source, key, rank, other_job)
         return await self._restore_at_start(cp, source, replace, other_job)
 
     async def _restore_at_start(
@@ -176,10 +178,19 @@ class Checkpoints:
         first, added = await self._index(cp)
         dataset = first if added is None else first.grown(added)
         units = checkpoint.check_restorable(cp, dataset, dataset.file_sizes, first.num_tasks)
-        events: list[Event] = [SetDataset(first)]
+        events: list[Event] = [SetDataset(first, uuid.uuid4().hex)]
         if added is not None and cp.mixture is not None:  # as the job had them: set, added
             events.append(AddSources(added, cp.mixture.weights))
-        events.append(Restore(cp.floor, _commits_of(cp, dataset, units), source, "", _plans_of(cp)))
+        events.append(
+            Restore(
+                cp.floor,
+                _commits_of(cp, dataset, units),
+                source,
+                "",
+                _plans_of(cp),
+                job_id=cp.job_id,
+            )
+        )
         if st.dataset is None:
             for ev in events:
                 await self._ledger.commit(ev)
@@ -221,9 +232,21 @@ class Checkpoints:
         return first, added
 
     async def _restore_running(
-        self, cp: checkpoint.DataCheckpoint, source: str, key: str, rank: int
+        self, cp: checkpoint.DataCheckpoint, source: str, key: str, rank: int, other_job: bool
     ) -> bool:
         st = self._ledger.state
+        if cp.job_id and st.job_id and cp.job_id != st.job_id and not other_job:
+            raise checkpoint.CheckpointError(
+                f"the data checkpoint is of another job (job {cp.job!r}, id {cp.job_id}, "
+                f"dataset {list(cp.dataset.globs)}, saved "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cp.created))}) than the "
+                f"one this master runs (job {self._settings.job!r}, id {st.job_id}, dataset "
+                f"{[] if st.dataset is None else list(st.dataset.globs)}): a running job goes "
+                "back only to its own checkpoints. To take this job to the other's position "
+                "anyway, restore with other_job=True (Loader.load_state_dict(state, "
+                "other_job=True)); to continue the other job, start a master on it with "
+                "chunkmaster master --restore FILE"
+            )
         repeated = restore_repeated(st, key, source, rank)
         if isinstance(repeated, str):
             raise checkpoint.CheckpointError(repeated)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -238,7 +239,7 @@ class JobDataset:
         else:
             dataset = await self.index(globs, s.chunks_per_task, s.dataset_format)
         if self._ledger.state.dataset is None:
-            await self._ledger.commit(SetDataset(dataset))
+            await self._ledger.commit(SetDataset(dataset, uuid.uuid4().hex))
             self._share.check()
 
     async def set_weights(

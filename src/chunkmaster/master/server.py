@@ -185,7 +185,9 @@ class MasterServicer(pb_grpc.MasterServicer):
                 raise InvalidArgumentError("invalid argument: a restore needs the restart's key")
             try:
                 rank = request.rank if request.HasField("rank") else -1
-                return await self.service.restore(request.checkpoint, key=key, rank=rank)
+                return await self.service.restore(
+                    request.checkpoint, key=key, rank=rank, other_job=request.other_job
+                )
             except CheckpointError as exc:
                 raise CheckpointRefusedError(f"restore refused: {exc}") from None
 

@@ -291,14 +291,16 @@ class Ack(_message.Message):
     def __init__(self, applied: _Optional[int] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("checkpoint", "key", "rank")
+    __slots__ = ("checkpoint", "key", "rank", "other_job")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    OTHER_JOB_FIELD_NUMBER: _ClassVar[int]
     checkpoint: bytes
     key: str
     rank: int
-    def __init__(self, checkpoint: _Optional[bytes] = ..., key: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+    other_job: bool
+    def __init__(self, checkpoint: _Optional[bytes] = ..., key: _Optional[str] = ..., rank: _Optional[int] = ..., other_job: _Optional[bool] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
     __slots__ = ("applied", "pass_id")

@@ -127,6 +127,7 @@ class Loader:
         self._completed = -1  # the last pass this loader read to its end
         self._client: Client | None = None
         self._restore: bytes | None = None
+        self._other_job = False
         self._rounds = 0
         self._readers = Readers(
             transform=transform,
@@ -193,11 +194,12 @@ class Loader:
             "checkpoint": client.data_checkpoint(),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, other_job: bool = False) -> None:
         """Resume from `state_dict()`'s value: the master goes back to its data checkpoint
         before this loader reads (every rank of one restart may call it: the master restores
         once per restart; under torchrun the restart is told by its variables, else give
-        every rank the same `restore_key`)."""
+        every rank the same `restore_key`). A state of another job is refused naming both,
+        unless `other_job`."""
         if not isinstance(state, Mapping) or state.get("chunkmaster") != STATE_VERSION:
             raise ValueError(
                 "not a chunkmaster.torch.Loader state (a state_dict() value of this version)"
@@ -207,6 +209,7 @@ class Loader:
             raise ValueError("the loader state holds no data checkpoint")
         self.pass_id = None  # the master's pass after the restore
         self._completed = -1
+        self._other_job = other_job
         if self._client is None:
             self._restore = bytes(blob)
         else:
@@ -219,7 +222,7 @@ class Loader:
         with Client(
             opts.addr, etcd_endpoints=opts.etcd_endpoints, connection=opts.connection, session=False
         ) as plain:
-            applied = plain.restore(blob, key, rank if world else None)
+            applied = plain.restore(blob, key, rank if world else None, other_job=self._other_job)
         log.info(
             "the job %s its data checkpoint (restart %s)",
             "went back to" if applied else "was already back at",
