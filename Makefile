@@ -4,7 +4,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench peers fuzz soak soak-hostile clean proto image test-cluster
+.PHONY: demo test test-fast lint bench peers fuzz soak soak-hostile soak-loader clean proto image test-cluster
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	sh scripts/bootstrap.sh $(VENV)
@@ -52,6 +52,12 @@ soak: $(STAMP)
 # under three committing trainers, then a connection flood (needs root for the tmpfs).
 soak-hostile: $(STAMP)
 	$(PY) bench/hostile_soak.py
+
+# Issue 27's Loader soak: a ranked Loader trainer that breaks out of its loop before every
+# checkpoint, SIGKILLed and restarted under the same restore key, the master SIGKILLed, stray
+# ranks beside it; every record of every pass trained on once in the model it ends with.
+soak-loader: $(STAMP)
+	$(PY) bench/loader_soak.py
 
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_rpc.py --examples 3000

@@ -5,6 +5,7 @@ step and, with --checkpoint, the model and the loader's state saved together eve
     python torch_trainer.py --addr A --dataset PATTERN --records N --passes P --out FILE
         [--workers 2] [--batch-size 8] [--prefetch-factor 2] [--checkpoint FILE --save-every K]
         [--die-at-step S] [--transform record_id|slow_record_id] [--name NAME]
+        [--restore-key KEY] [--break-to-save]
 
 Started again with the same --checkpoint after a SIGKILL (--die-at-step kills it once: a file
 beside the checkpoint remembers it did), it loads the model and the loader's state, so the
@@ -47,6 +48,12 @@ def main() -> None:
     ap.add_argument(
         "--freeze-after-step", type=int, help="SIGSTOP the process group after this step's commit"
     )
+    ap.add_argument("--restore-key", help="the Loader's restore_key (the same at every restart)")
+    ap.add_argument(
+        "--break-to-save",
+        action="store_true",
+        help="leave the loop with `break` before each save, save, then go on with the pass",
+    )
     args = ap.parse_args()
     batches = open(args.log, "a") if args.log else None  # noqa: SIM115 - closed at exit
 
@@ -59,6 +66,7 @@ def main() -> None:
         persistent_workers=args.workers > 0,
         prefetch_factor=args.prefetch_factor,
         name=args.name,
+        restore_key=args.restore_key,
     )
     counts = torch.zeros(args.passes, args.records, dtype=torch.int64)
     step = 0
@@ -71,29 +79,43 @@ def main() -> None:
     first = int(loader.client.status()["cur_pass"])  # type: ignore[call-overload]
     for p in range(first, args.passes):
         loader.set_pass(p)
-        for batch in loader:
-            ids = torch_parts.ids_of(batch)
-            for i in ids:
-                counts[p, i] += 1  # "training" on the batch
-            if batches is not None:
-                batches.write(f"{p} {' '.join(map(str, ids))}\n")
-                batches.flush()
-            loader.commit()
-            step += 1
-            if step == args.freeze_after_step:  # frozen, workers and all, until SIGCONT
-                os.killpg(os.getpgid(0), signal.SIGSTOP)
-            if args.die_at_step == step and died is not None and not died.exists():
-                died.write_text("")
-                os.kill(os.getpid(), signal.SIGKILL)
-            if ckpt is not None and step % args.save_every == 0:
-                state = {"counts": counts, "step": step, "loader": loader.state_dict()}
-                torch.save(state, f"{ckpt}.tmp")
-                os.replace(f"{ckpt}.tmp", ckpt)
+        read_to_end = False
+        while not read_to_end:  # with --break-to-save, the loop is left before each save
+            for batch in loader:
+                ids = torch_parts.ids_of(batch)
+                for i in ids:
+                    counts[p, i] += 1  # "training" on the batch
+                if batches is not None:
+                    batches.write(f"{p} {' '.join(map(str, ids))}\n")
+                    batches.flush()
+                loader.commit()
+                step += 1
+                if step == args.freeze_after_step:  # frozen, workers and all, until SIGCONT
+                    os.killpg(os.getpgid(0), signal.SIGSTOP)
+                if args.die_at_step == step and died is not None and not died.exists():
+                    died.write_text("")
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if ckpt is not None and step % args.save_every == 0:
+                    if args.break_to_save:
+                        break
+                    save(ckpt, counts, step, loader)
+            else:
+                read_to_end = True
+                continue
+            save(ckpt, counts, step, loader)  # after a break: the loop's batches, no more
         loader.commit()  # the pass's last batches (a no-op when nothing is left to commit)
     Path(args.out).write_text(
         json.dumps({"counts": counts.tolist(), "read_errors": loader.read_errors})
     )
     loader.close()
+
+
+def save(ckpt: Path | None, counts: torch.Tensor, step: int, loader: Loader) -> None:
+    """The model and the loader's state in one file, atomically."""
+    assert ckpt is not None
+    state = {"counts": counts, "step": step, "loader": loader.state_dict()}
+    torch.save(state, f"{ckpt}.tmp")
+    os.replace(f"{ckpt}.tmp", ckpt)
 
 
 if __name__ == "__main__":
