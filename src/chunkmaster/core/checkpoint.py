@@ -484,8 +484,8 @@ def _check_mixture(cp: DataCheckpoint, mix: MixtureCheckpoint) -> None:
     if 0 in tasks:
         raise CheckpointError(f"source {names[tasks.index(0)]!r} has no chunk")
     try:
-        Weights.fixed([s.weight for s in mix.sources]).check(names)  # as set_dataset's
-        mix.weights.check(names)
+        Weights.fixed([s.weight for s in mix.sources]).check(names, bounds=False)
+        mix.weights.check(names, bounds=False)
         for p, plan in mix.passes:
             _check_plan(p, plan, names, tasks, cp.num_tasks)
     except MixtureError as exc:
@@ -511,13 +511,13 @@ def _check_plan(
             raise MixtureError(f"pass {pass_id}: a cursor out of range")
         if not math.isfinite(c.ahead):
             raise MixtureError(f"pass {pass_id}: a cursor's lead is not finite")
-    plan.weights.check(names)
+    plan.weights.check(names, bounds=False)
     last = -1
     for r in plan.replans:
         if not last < r.at < units:
             raise MixtureError(f"pass {pass_id}: re-plans out of order or past its {units} units")
         last = r.at
-        r.weights.check(names)
+        r.weights.check(names, bounds=False)
 
 
 def unit_records(cp: DataCheckpoint, ds: Dataset) -> dict[int, list[int]]:

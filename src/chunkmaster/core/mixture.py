@@ -93,13 +93,15 @@ class Weights:
     def fixed(weights: Sequence[float]) -> Weights:
         return Weights((Breakpoint(0, tuple(float(w) for w in weights)),))
 
-    def check(self, names: Sequence[str]) -> Weights:
+    def check(self, names: Sequence[str], *, bounds: bool = True) -> Weights:
         """Raises MixtureError naming what is wrong (the source and its value); returns self.
 
         Every entry point holds weights to this before anything changes: a weight the
         planner cannot use (a sum that overflows to inf normalises every weight to 0 and
         leaves it nothing to choose; a share that rounds to 0 plans a source never) would
-        otherwise fail or mislead mid-event."""
+        otherwise fail or mislead mid-event. `bounds` False (the core applying an event, a
+        journal replayed, a checkpoint read): only what the planner cannot use at all is
+        refused, so weights an older build took are still read."""
         if self.mode not in ("step", "linear"):
             raise MixtureError(f"weight schedule mode {self.mode!r} is neither step nor linear")
         if not self.points or self.points[0].at != 0:
@@ -114,6 +116,8 @@ class Weights:
                     f"{len(p.weights)} weight(s) at record {p.at} for {len(names)} source(s)"
                 )
             for name, w in zip(names, p.weights, strict=True):
+                if not bounds and (w == 0 or 0 < w < math.inf):
+                    continue
                 if not (w == 0 or MIN_WEIGHT <= w <= MAX_WEIGHT):  # NaN fails both
                     raise MixtureError(
                         f"source {name!r} has weight {w!r} at record {p.at}: a weight is 0 or "
@@ -125,7 +129,7 @@ class Weights:
             if not math.isfinite(total):
                 raise MixtureError(f"weights at record {p.at} add up to more than a float holds")
             for name, w in zip(names, p.weights, strict=True):
-                if w and w / total < MIN_SHARE:
+                if bounds and w and w / total < MIN_SHARE:
                     raise MixtureError(
                         f"source {name!r} has weight {w!r} at record {p.at}, {w / total:.3g} "
                         f"of their sum: a source's share is 0 (retired) or at least "
@@ -360,7 +364,7 @@ class MixtureState:
         for tasks in task_records:
             first.append(first[-1] + len(tasks))
         n = len(names)
-        weights.check(names)
+        weights.check(names, bounds=False)
         return cls(
             planner,
             tuple(first),

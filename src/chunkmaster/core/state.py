@@ -983,7 +983,7 @@ def _set_weights(state: MasterState, weights: Weights) -> int:
     if mix is None:
         raise InvalidEvent("weights for a job that is not a mixture")
     try:
-        weights.check(mix.names)
+        weights.check(mix.names, bounds=False)
     except MixtureError as exc:
         raise InvalidEvent(str(exc)) from None
     last = max(mix.passes)
@@ -1017,7 +1017,7 @@ def _add_sources(state: MasterState, ev: AddSources) -> int:
         raise InvalidEvent(f"{len(ev.weights.points[0].weights)} weights for the sources added")
     try:
         grown = ds.grown(ev.dataset)
-        ev.weights.check([*mix.names, *names])
+        ev.weights.check([*mix.names, *names], bounds=False)
     except (ValueError, MixtureError) as exc:
         raise InvalidEvent(str(exc)) from None
     records = grown.task_records
