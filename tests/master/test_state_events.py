@@ -612,7 +612,8 @@ class EveryEvent(RuleBasedStateMachine):
         s = self.state
         if again and self.keys:
             before = dump(s)
-            assert self.submit(Restore(0, (), "/ckpt/again", self.keys[-1])) is False
+            key = self.keys[-1]  # the same key and checkpoint: a repeat, or refused
+            assert self.submit(Restore(0, (), f"/ckpt/{key}", key)) is False
             assert dump(s) == before
             return
         position: MixturePosition | None = None

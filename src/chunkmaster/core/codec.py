@@ -555,10 +555,7 @@ def decode_snapshot(data: bytes) -> MasterState:
             str(sid): _session_from(n, h, pid, every, consumed, more)
             for sid, n, h, pid, every, consumed, *more in header["sessions"]
         }
-        st.taken = {(int(t), int(e)): int(p) for t, e, p in header.get("taken", ())}
-        st.returned = {
-            (int(t), int(e)): (str(sid), int(r)) for t, e, sid, r in header.get("returned", ())
-        }
+        _holders_from(st, header)
         for p, ids, pieces in header.get("finishers", ()):
             st.finishers[int(p)] = Finishers(
                 {str(name): int(n) for name, n in ids},
@@ -573,11 +570,7 @@ def decode_snapshot(data: bytes) -> MasterState:
                 if full:
                     st.full_commits[int(p)] = full
         st.commit_floor = int(header["commit_floor"])
-        st.restored_from = str(header["restored_from"])
-        st.restore_key = str(header.get("restore_key", ""))
-        st.job_id = str(header.get("job_id", ""))
-        st.restore_ranks = frozenset(int(r) for r in header.get("restore_ranks", ()))
-        st.restore_moved = bool(header.get("restore_moved", True))
+        _restores_from(st, header)
         st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
         st.ledger = {int(p): _counts_from(row, PassLedger()) for p, *row in header["ledger"]}
         if "mixture" in header:
@@ -606,6 +599,23 @@ def decode_snapshot(data: bytes) -> MasterState:
         raise
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt snapshot: {exc}") from exc
+
+
+def _holders_from(st: MasterState, header: dict[str, Any]) -> None:
+    """A snapshot's dispatches taken from their holders, and those handed back."""
+    st.taken = {(int(t), int(e)): int(p) for t, e, p in header.get("taken", ())}
+    st.returned = {
+        (int(t), int(e)): (str(sid), int(r)) for t, e, sid, r in header.get("returned", ())
+    }
+
+
+def _restores_from(st: MasterState, header: dict[str, Any]) -> None:
+    """A snapshot's last restore and the job's identity (each absent in older ones)."""
+    st.restored_from = str(header["restored_from"])
+    st.restore_key = str(header.get("restore_key", ""))
+    st.job_id = str(header.get("job_id", ""))
+    st.restore_ranks = frozenset(int(r) for r in header.get("restore_ranks", ()))
+    st.restore_moved = bool(header.get("restore_moved", True))
 
 
 def _session_from(n: Any, h: Any, pid: Any, every: Any, consumed: Any, more: list[Any]) -> Session:
