@@ -36,7 +36,7 @@ from chunkmaster.core.state import (
     check_get_task,
     committed_position,
 )
-from chunkmaster.core.steps import StepsMode, quota, split
+from chunkmaster.core.steps import StepsMode, contested, quota, split, world
 
 
 def dataset(records_per_chunk: list[int], cpt: int) -> Dataset:
@@ -330,3 +330,24 @@ def test_a_restore_in_the_middle_of_an_equal_steps_pass_delivers_the_rest_once(
     assert not (set(delivered) & prefix)
     assert len(set(got.values())) == 1, got
     assert len(prefix) + len(delivered) + fresh.ledger[0].dropped == sum(chunks)
+
+
+def test_the_live_world_is_the_oldest_declaration_and_a_contradiction_is_contested() -> None:
+    """The oldest live session sets the world size and holds its rank: a stray world size or
+    a second session of a rank never takes the world over (the shell refuses them); once the
+    old sessions end, a world of another size is the job's."""
+    s = started("drop", [4, 4, 4, 4], 1, 0)
+    apply(s, OpenSession("a0", "t", "h", 1, 0, "", 2, 0))
+    apply(s, OpenSession("a1", "t", "h", 2, 0, "", 2, 1))
+    apply(s, OpenSession("stray", "t", "h", 3, 0, "", 4, 0))
+    apply(s, OpenSession("again", "t", "h", 4, 0, "", 2, 0))
+    assert world(s) == (2, {0: "a0", 1: "a1"})
+    assert contested(s, "stray") == ["a0", "a1"]
+    assert contested(s, "again") == ["a0"]
+    assert contested(s, "a0") == contested(s, "a1") == []
+    assert check_get_task(s, 0, "stray") is check_get_task(s, 0, "again") is Availability.WAIT
+    assert check_get_task(s, 0, "a0") is Availability.DISPATCH
+    for sid in ("a0", "a1"):
+        apply(s, EndSession(sid, "returned"))
+    assert world(s) == (4, {0: "stray"})  # the old world ended: the next oldest declaration
+    assert contested(s, "again") == ["stray"]

@@ -258,9 +258,9 @@ class EveryEvent(RuleBasedStateMachine):
         return [Work(t, p.epoch, s.cur_pass) for t, p in s.pending.items() if p.session == session]
 
     def ranks_missing(self) -> bool:
-        """Whether the declared world (the newest declaration wins) lacks a rank."""
+        """Whether the declared world (the oldest live declaration wins) lacks a rank."""
         sessions = self.state.sessions.values()
-        size = next((x.world_size for x in reversed(list(sessions)) if x.world_size), 0)
+        size = next((x.world_size for x in sessions if x.world_size), 0)
         return len({x.rank for x in sessions if x.world_size == size}) < size
 
     def forget(self, session: str) -> None:

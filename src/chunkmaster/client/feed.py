@@ -41,6 +41,7 @@ from chunkmaster.core.errors import (
     PassAfterError,
     PassBeforeError,
     RanksMissingError,
+    WorldMismatchError,
 )
 from chunkmaster.core.model import Position, Task
 
@@ -218,7 +219,12 @@ class PassFeed:
             except PassBeforeError as exc:
                 self._finish(pass_end(self.pass_id, exc, self.got_task, self._joined))
                 return
-            except (AllTaskFailedError, JobStoppedError, RanksMissingError) as exc:
+            except (
+                AllTaskFailedError,
+                JobStoppedError,
+                RanksMissingError,
+                WorldMismatchError,
+            ) as exc:
                 self._finish(exc)
                 return
             except NoMoreAvailableError as exc:

@@ -34,6 +34,7 @@ from chunkmaster.core.errors import (
     PassBeforeError,
     PassOverError,
     RanksMissingError,
+    WorldMismatchError,
 )
 from chunkmaster.core.model import Task
 
@@ -164,7 +165,12 @@ class TaskFetcher:
             except PassBeforeError as exc:
                 buf.finish(pass_end(buf.pass_id, exc, buf.got_task, buf.joined))
                 return
-            except (AllTaskFailedError, JobStoppedError, RanksMissingError) as exc:
+            except (
+                AllTaskFailedError,
+                JobStoppedError,
+                RanksMissingError,
+                WorldMismatchError,
+            ) as exc:
                 buf.finish(exc)  # raised to the trainer once the tasks it holds are read
                 return
             except (NoMoreAvailableError, NotReadyError, PassAfterError) as exc:

@@ -126,3 +126,12 @@ class RanksMissingError(MasterError):
     master's --rank-wait, so the pass cannot be shared among them. The text names them."""
 
     message = "ranks missing"
+
+
+class WorldMismatchError(MasterError):
+    """Equal steps with a declared world size: this trainer's WORLD_SIZE or RANK contradicts
+    the job's live world (another world size, or a rank a live session holds). It gets none of
+    the world's passes, and must not wait for them as a rank of it: the text names both
+    declarations."""
+
+    message = "world mismatch"

@@ -199,18 +199,34 @@ def _held(state: Pass, session: str) -> int:
 
 def world(state: Pass) -> tuple[int, dict[int, str]]:
     """The job's declared world: its size (0: no trainer declared one) and, for each rank
-    present, its newest live session. The newest trainer to declare a world size sets it (a job
-    restarted with another number of ranks); sessions of another world size are not in it."""
+    present, the session that holds it. The oldest live declaration sets the size and the
+    oldest live session of a rank holds it, so a trainer outside the live world (another world
+    size, a second session of a rank) never takes it over: it is refused (`contested`). A
+    world whose sessions all ended is not live: a job restarted with another number of ranks
+    (4, then 3) is the new ranks' once the old sessions are gone."""
     size = 0
-    for s in state.sessions.values():
-        if s.world_size:
-            size = s.world_size  # sessions are in the order they opened: the newest wins
     ranks: dict[int, str] = {}
-    if size:
-        for sid, s in state.sessions.items():
-            if s.world_size == size and 0 <= s.rank < size:
-                ranks[s.rank] = sid
+    for sid, s in state.sessions.items():  # in the order they opened
+        if not s.world_size:
+            continue
+        size = size or s.world_size
+        if s.world_size == size and 0 <= s.rank < size:
+            ranks.setdefault(s.rank, sid)
     return size, ranks
+
+
+def contested(state: Pass, session: str) -> list[str]:
+    """The live sessions whose declarations `session`'s contradicts: the live world's ranks
+    when it declares another world size, the holder of its rank when that is another session;
+    empty when it is in the world or declares none."""
+    s = state.sessions.get(session)
+    if s is None or not s.world_size:
+        return []
+    size, ranks = world(state)
+    if s.world_size != size:
+        return [ranks[r] for r in sorted(ranks)]
+    holder = ranks.get(s.rank, session)
+    return [] if holder == session else [holder]
 
 
 def world_size(state: Pass) -> int:

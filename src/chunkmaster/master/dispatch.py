@@ -22,23 +22,32 @@ from chunkmaster.core.errors import (
     PermissionDeniedError,
     RanksMissingError,
     SessionExpiredError,
+    WorldMismatchError,
 )
 from chunkmaster.core.events import Dispatch
 from chunkmaster.core.model import Task
 from chunkmaster.core.state import Availability, MasterState, check_get_task
-from chunkmaster.core.steps import missing_ranks
+from chunkmaster.core.steps import contested, missing_ranks, world, world_size
 from chunkmaster.master.checks import check_pass, wait_seconds
+from chunkmaster.master.leases import LeaseKeeper
 from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.timeouts import TaskTimeouts
 
 log = logging.getLogger("chunkmaster.service")
 
+CONTEST_TICK = 0.5
+"""Seconds between looks at a contested declaration's rivals (their leases are not state:
+hearing from them changes nothing a waiting request would be woken by)."""
+
 
 class Dispatcher:
-    def __init__(self, ledger: Ledger, timeouts: TaskTimeouts, rank_wait: float) -> None:
+    def __init__(
+        self, ledger: Ledger, timeouts: TaskTimeouts, rank_wait: float, leases: LeaseKeeper
+    ) -> None:
         self._ledger = ledger
         self._timeouts = timeouts
         self.rank_wait = rank_wait
+        self._leases = leases
         #: (pass, time.monotonic()) since when the pass waits for ranks missing from its world
         self._ranks_waiting: tuple[int, float] | None = None
         self._changed = asyncio.Event()
@@ -129,6 +138,12 @@ class Dispatcher:
                 await durable
                 continue  # equal steps: nothing for this trainer in this pass; ask again
             if avail is Availability.WAIT:
+                if st.steps.on and self._contest(st, session):
+                    # Its rivals may be dead, their leases running out: look again shortly.
+                    tick = min(until, time.monotonic() + CONTEST_TICK)
+                    if await self._wait_change(tick) or time.monotonic() < until:
+                        continue
+                    raise NoMoreAvailableError()
                 self._check_ranks()
             if not await self._wait_change(until):
                 if avail is Availability.NOT_READY:
@@ -156,12 +171,51 @@ class Dispatcher:
             return
         waited = now - self._ranks_waiting[1]
         if waited >= self.rank_wait:
-            world = max(s.world_size for s in st.sessions.values())
+            size = world_size(st)
             raise RanksMissingError(
                 f"pass {st.cur_pass} cannot start: rank(s) {_ranks_text(missing)} of world size "
-                f"{world} have no trainer after {waited:.0f}s (--rank-wait {self.rank_wait:g}s); "
+                f"{size} have no trainer after {waited:.0f}s (--rank-wait {self.rank_wait:g}s); "
                 "start them, or check each trainer's WORLD_SIZE and RANK"
             )
+
+    def _contest(self, st: MasterState, session: str) -> bool:
+        """Whether `session`'s declaration contradicts the live world (`steps.contested`),
+        to wait on while its rivals may be dead (a rank restarted after a crash, its old
+        session's lease still running); refused naming both once a rival is heard from
+        after `session` opened: that one is alive, and the live world is never given up for
+        a trainer outside it."""
+        rivals = contested(st, session)
+        mine = self._leases.get(session)
+        if not rivals or mine is None:
+            return False
+        alive = [
+            sid
+            for sid in rivals
+            if (lease := self._leases.get(sid)) is not None and lease.heard > mine.since
+        ]
+        if not alive:
+            return True
+        s = st.sessions[session]
+        size, ranks = world(st)
+        declared = f"this trainer declares rank {s.rank} of world {s.world_size}"
+        if s.world_size != size:
+            shown = [_who(st, sid) for sid in rivals[:4]]
+            more = f" and {len(rivals) - 4} more" if len(rivals) > 4 else ""
+            why = (
+                f"the job's live world is {size} (ranks {_ranks_text(sorted(ranks))} open: "
+                f"{'; '.join(shown)}{more}), which it is not part of"
+            )
+        else:
+            why = (
+                f"rank {s.rank} is held by the live session {_who(st, alive[0])}, heard from "
+                "after this one opened: two trainers say the same RANK"
+            )
+        message = (
+            f"{declared}; {why}. Check each trainer's WORLD_SIZE and RANK (a restarted rank "
+            "takes over once its old session ends: Goodbye, or its lease after --trainer-ttl)"
+        )
+        log.warning("session %s refused: %s", session, message)
+        raise WorldMismatchError(message)
 
     def _submit(
         self, worker: str, request_id: str, session: str = "", owner: str = ""
@@ -190,6 +244,11 @@ def _repeated(st: MasterState, request_id: str, session: str, owner: str) -> int
             f"permission denied: request {request_id} was made by another trainer"
         )
     return held
+
+
+def _who(st: MasterState, session: str) -> str:
+    s = st.sessions[session]
+    return f"{session} of trainer {s.name} ({s.host}, pid {s.pid})"
 
 
 def _ranks_text(ranks: Sequence[int], most: int = 16) -> str:

@@ -37,6 +37,9 @@ class DataWait:
 class Lease:
     expires: float  # time.monotonic()
     heard: float  # time.monotonic() of the last message
+    #: time.monotonic() this process granted it (opened, or found at recovery): a session
+    #: heard from after another's `since` was alive then (master/dispatch.py `_contest`)
+    since: float = 0.0
     samples: deque[tuple[float, int]] = field(default_factory=deque)
     data_wait: DataWait | None = None  # the trainer's last report of it
 
@@ -86,7 +89,7 @@ class LeaseKeeper:
         if lease is None:
             if not leases:
                 self._wake.set()  # the timer sleeps until there is a lease to watch
-            lease = self._retrying.pop(session, None) or Lease(now + self.ttl, now)
+            lease = self._retrying.pop(session, None) or Lease(now + self.ttl, now, now)
             leases[session] = lease
         else:
             # Its expiry moves past every other's: the timer, asleep until the oldest

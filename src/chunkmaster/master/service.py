@@ -68,7 +68,7 @@ class Service:
         self._share = TaskShare(self.ledger)
         self._timeouts = TaskTimeouts(self.ledger, s.timeout_dur, clock)
         self._sessions = Sessions(self.ledger, s.trainer_ttl, self._share)
-        self._dispatch = Dispatcher(self.ledger, self._timeouts, s.rank_wait)
+        self._dispatch = Dispatcher(self.ledger, self._timeouts, s.rank_wait, self._sessions.leases)
         self._reports = Reports(self.ledger, self._timeouts.from_now)
         self._dataset = JobDataset(self.ledger, s, DataRoots(s.data_roots), self._share)
         self._checkpoints = Checkpoints(

@@ -40,6 +40,7 @@ _CODES: dict[type[errors.MasterError], grpc.StatusCode] = {
     errors.PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     errors.JobStoppedError: grpc.StatusCode.FAILED_PRECONDITION,
     errors.RanksMissingError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.WorldMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 _BY_NAME: dict[str, type[errors.MasterError]] = {cls.__name__: cls for cls in _CODES}
 
