@@ -231,6 +231,7 @@ class Client:
             rpc_timeout=conn.rpc_timeout,
             retry_timeout=conn.retry_timeout,
             security=security,
+            startup_timeout=conn.startup_timeout,
         )
         held = None if read.prefetch_tasks is None else 1 + read.prefetch_tasks
         self._pace = Pace(2) if held is None else Pace(held, cap=held)  # tasks held (pace.py)
@@ -362,9 +363,10 @@ class Client:
 
         try:
             self._call("set_dataset", call, deadline)
+            self._link.startup.dataset = True
         except TransportError as exc:
             if time.monotonic() < deadline:
-                raise  # retry_timeout ran out first
+                raise  # retry_timeout or startup_timeout ran out first
             raise TimeoutError(
                 f"set_dataset({paths}): the master did not answer within {timeout}s ({exc})"
             ) from None
@@ -378,6 +380,7 @@ class Client:
 
         try:
             self._call("set_dataset", call, deadline)
+            self._link.startup.dataset = True
         except TransportError as exc:
             if time.monotonic() < deadline:
                 raise
@@ -602,6 +605,7 @@ class Client:
                 poll_wait=self.poll_wait,
                 pace=self._pace,
                 on_unclaimed=None if session is None else self._adopt,
+                startup=self._link.startup,
             )
             self._fetchers = [t for t in self._fetchers if t.is_alive()]
             self._fetchers.append(fetcher.thread)
@@ -635,6 +639,7 @@ class Client:
                 poll_wait=self.poll_wait,
                 joined=joined,
                 worker=self.name,
+                startup=self._link.startup,
             )
             self._fetchers = [t for t in self._fetchers if t.is_alive()]
             self._fetchers.append(feed.thread)
