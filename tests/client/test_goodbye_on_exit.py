@@ -46,6 +46,21 @@ SCRIPT = textwrap.dedent(
 )
 
 
+#: A rank's training loop with a torch Loader (two DataLoader workers), left open: takes a
+#: batch, says READING, then waits for Ctrl-C.
+LOADER_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading
+    from chunkmaster.torch import Loader
+    addr, path = sys.argv[1:3]
+    loader = Loader(addr, dataset=[path], batch_size=4, num_workers=2)
+    for batch in loader:
+        print("READING", flush=True)
+        threading.Event().wait()  # until Ctrl-C
+    """
+)
+
+
 @pytest.fixture
 def master(tmp_path: Path) -> Iterator[MasterProcess]:
     # A lease that never runs out in the test: a session can only end by a Goodbye.
@@ -110,6 +125,28 @@ def test_read_says_goodbye_on_a_signal_mid_pass(
         trainer.send_signal(sig)
         _, err = trainer.communicate(timeout=60)
         assert trainer.returncode == 128 + sig, err
+        _ended_as_returned(master, trainer.pid)
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+
+
+def test_a_loader_trainer_says_goodbye_on_ctrl_c(tmp_path: Path, master: MasterProcess) -> None:
+    """Ctrl-C in a training loop over a Loader never closed: the rank's session says Goodbye."""
+    pytest.importorskip("torch")
+    (tmp_path / "trainer.py").write_text(LOADER_SCRIPT)
+    trainer = subprocess.Popen(
+        [sys.executable, str(tmp_path / "trainer.py"), str(master.addr), _dataset(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline().strip() == "READING", trainer.communicate(timeout=30)
+        trainer.send_signal(signal.SIGINT)
+        _, err = trainer.communicate(timeout=60)
+        assert trainer.returncode == -signal.SIGINT, err
         _ended_as_returned(master, trainer.pid)
     finally:
         trainer.kill()
