@@ -148,3 +148,35 @@ def test_read_gives_up_getting_started_naming_the_address(
     else:
         assert f"the master at {addr} has no dataset after 2s" in last, done.stderr
         assert done.stderr.count("the master has no dataset yet") >= 2, done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_once_started_the_bound_bounds_nothing(tmp_path: Path) -> None:
+    """Past the start-up bound, a started client still waits for the other trainers' tasks
+    (its own timeout ends the wait, not the bound), and a master lost mid-run is
+    retry_timeout's: it raises TransportError, not NeverConnectedError."""
+    from helpers.datasets import write_records
+
+    from chunkmaster.client import TransportError
+
+    path = str(write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(4)]))
+    m = MasterProcess(
+        ["--store", str(tmp_path / "state.db"), "--chunk-per-task", "100"],
+    ).start()
+    assert m.addr is not None
+    conn = Connection(startup_timeout=1.0, retry_timeout=3.0)
+    try:
+        with Client(m.addr) as holder, Client(m.addr, connection=conn) as waiter:
+            holder.set_dataset([path])
+            holder.start_get_records(0)
+            holder.next_record(timeout=60)  # the pass's one task is the holder's
+            waiter.start_get_records(0)
+            with pytest.raises(TimeoutError) as raised:
+                waiter.next_record(timeout=4)  # 4 bounds of waiting for the holder's task
+            assert not isinstance(raised.value, StartupTimeoutError), raised.value
+            m.kill()
+            with pytest.raises(TransportError) as lost:
+                waiter.status()
+            assert not isinstance(lost.value, NeverConnectedError), lost.value
+    finally:
+        m.kill()
