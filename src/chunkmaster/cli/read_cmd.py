@@ -162,6 +162,16 @@ def _add_reading_flags(p: argparse.ArgumentParser) -> None:
         "less and less often",
     )
     p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="give up getting started after this long (default: %(default)g; 0: never): a "
+        "master never reached, or one with no dataset (no --dataset here, none set by another "
+        "trainer), ends the read naming the address and what it waited for; once reading, "
+        "--retry-timeout bounds a master lost mid-run",
+    )
+    p.add_argument(
         "--storage-option",
         action="append",
         default=[],
@@ -240,6 +250,7 @@ def _read_all(
 ) -> None:
     """Set the dataset if asked, then read the passes, printing a line per pass."""
     from chunkmaster.client import TaskReadError, TransportError
+    from chunkmaster.client.errors import StartupTimeoutError
     from chunkmaster.core.errors import MasterError
 
     try:
@@ -272,7 +283,7 @@ def _read_all(
             out.flush()
     except TaskReadError as exc:
         raise CliError(f"read error (reported to the master): {exc}") from None
-    except TransportError as exc:  # it names the address, and what to check if never reached
+    except (TransportError, StartupTimeoutError) as exc:  # they name the address, what to check
         raise CliError(str(exc)) from None
     except MasterError as exc:
         raise CliError(f"{type(exc).__name__}: {exc}") from None
@@ -381,7 +392,10 @@ def _make_client(args: argparse.Namespace, done: list[Task]) -> Client:
             etcd_endpoints=args.endpoints,
             on_task_done=done.append,
             connection=Connection(
-                etcd_job=args.job, retry_timeout=args.retry_timeout, **security_kwargs(args)
+                etcd_job=args.job,
+                retry_timeout=args.retry_timeout,
+                startup_timeout=args.startup_timeout or None,
+                **security_kwargs(args),
             ),
             session=Session(world_size=args.world_size, rank=args.rank),
             reading=Reading(

@@ -2,6 +2,8 @@
 
 from chunkmaster.client.client import Client, ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.connection import MasterConnection, TransportError
+from chunkmaster.client.errors import StartupTimeoutError
+from chunkmaster.client.link import NeverConnectedError
 from chunkmaster.client.mixture import Source, WeightChange
 from chunkmaster.client.options import Connection, Reading, Session
 
@@ -11,9 +13,11 @@ __all__ = [
     "Connection",
     "EndOfPass",
     "MasterConnection",
+    "NeverConnectedError",
     "Reading",
     "Session",
     "Source",
+    "StartupTimeoutError",
     "TaskReadError",
     "TransportError",
     "WeightChange",

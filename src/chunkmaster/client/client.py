@@ -32,6 +32,7 @@ Guarantees (the original's defects in brackets):
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import logging
@@ -40,6 +41,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -105,6 +107,18 @@ _worker_ids = itertools.count()
 _T = TypeVar("_T")
 _EMPTY_ITER: Final[Iterator[Any]] = iter(())
 _MIN_DEADLINE = 0.001  # seconds: a retry at the deadline still gets a (failing) deadline
+_open_clients: weakref.WeakSet[Client] = weakref.WeakSet()  # closed at interpreter exit
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close the clients left open when the interpreter exits in order (the script ended,
+    sys.exit(), Ctrl-C's KeyboardInterrupt out of the main thread): their sessions say Goodbye,
+    so the master ends them as returned, not as "trainer lost" a lease later. Only this
+    process's own: a forked child's copies are its parent's sessions."""
+    for client in list(_open_clients):
+        if client._pid == os.getpid():
+            client.close()
 
 
 class _Signal:
@@ -217,6 +231,7 @@ class Client:
             rpc_timeout=conn.rpc_timeout,
             retry_timeout=conn.retry_timeout,
             security=security,
+            startup_timeout=conn.startup_timeout,
         )
         held = None if read.prefetch_tasks is None else 1 + read.prefetch_tasks
         self._pace = Pace(2) if held is None else Pace(held, cap=held)  # tasks held (pace.py)
@@ -241,6 +256,8 @@ class Client:
         self._reports: Reports
         self._source: TaskSource
         self._open_source(sess if options.session else None)
+        self._pid = os.getpid()
+        _open_clients.add(self)
 
     def _open_storage(self, read: Reading) -> None:
         """Where chunks are read from: local files held open across chunks (closed at pass
@@ -346,9 +363,10 @@ class Client:
 
         try:
             self._call("set_dataset", call, deadline)
+            self._link.startup.dataset = True
         except TransportError as exc:
             if time.monotonic() < deadline:
-                raise  # retry_timeout ran out first
+                raise  # retry_timeout or startup_timeout ran out first
             raise TimeoutError(
                 f"set_dataset({paths}): the master did not answer within {timeout}s ({exc})"
             ) from None
@@ -362,6 +380,7 @@ class Client:
 
         try:
             self._call("set_dataset", call, deadline)
+            self._link.startup.dataset = True
         except TransportError as exc:
             if time.monotonic() < deadline:
                 raise
@@ -589,6 +608,7 @@ class Client:
                 poll_wait=self.poll_wait,
                 pace=self._pace,
                 on_unclaimed=None if session is None else self._adopt,
+                startup=self._link.startup,
             )
             self._fetchers = [t for t in self._fetchers if t.is_alive()]
             self._fetchers.append(fetcher.thread)
@@ -622,6 +642,7 @@ class Client:
                 poll_wait=self.poll_wait,
                 joined=joined,
                 worker=self.name,
+                startup=self._link.startup,
             )
             self._fetchers = [t for t in self._fetchers if t.is_alive()]
             self._fetchers.append(feed.thread)
@@ -916,11 +937,13 @@ class Client:
         + 2 x `rpc_timeout` whatever the master does (gone, frozen): the fetchers have
         `rpc_timeout` to stop before the Goodbye, the rest `rpc_timeout` after it (with etcd,
         the address watcher has `etcd_timeout` + 5 s more); a thread still alive then is named
-        in a warning."""
+        in a warning. A client left open is closed at interpreter exit (an orderly one:
+        the script's end, sys.exit(), a KeyboardInterrupt), so that its session says Goodbye."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            _open_clients.discard(self)
             ps = self._pass
             if ps is not None:
                 self._abandon(ps, "client closed")

@@ -14,6 +14,12 @@ class EndOfPass(Exception):
         self.pass_id = pass_id
 
 
+class StartupTimeoutError(TimeoutError):
+    """The client did not get started within Connection(startup_timeout): the master answered
+    but has no dataset (no trainer called set_dataset). The message names the address, the
+    wait and what to do. (A master never reached raises NeverConnectedError.)"""
+
+
 class ClientClosedError(RuntimeError):
     """The client was closed."""
 

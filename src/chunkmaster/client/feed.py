@@ -29,8 +29,9 @@ from chunkmaster.client.fetcher import (
     TaskSource,
     log_wait,
     pass_end,
+    starting,
 )
-from chunkmaster.client.link import Cancelled, CancelToken
+from chunkmaster.client.link import Cancelled, CancelToken, NeverConnectedError, Startup
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.errors import (
@@ -68,8 +69,10 @@ class PassFeed:
         poll_wait: float,
         joined: bool,
         worker: str,
+        startup: Startup | None = None,
     ) -> None:
         self.pass_id = pass_id
+        self._startup = startup
         self.cancel = CancelToken(parent)
         self._cond = cond
         self._source = source
@@ -211,6 +214,8 @@ class PassFeed:
                 want = min(self._size - len(self._stock), self._source.max_batch)
                 # Not dry yet: ask without waiting, to learn at once that nothing is free.
                 wait = self._poll_wait if self.dry else 0.0
+            if self._startup is not None:
+                wait = self._startup.poll(wait)
             self.cancel.check()
             try:
                 tasks = self._source.next_tasks(
@@ -218,6 +223,9 @@ class PassFeed:
                 )
             except PassBeforeError as exc:
                 self._finish(pass_end(self.pass_id, exc, self.got_task, self._joined))
+                return
+            except NeverConnectedError as exc:  # said already, and what to check
+                self._finish(exc)
                 return
             except (
                 AllTaskFailedError,
@@ -228,6 +236,7 @@ class PassFeed:
                 self._finish(exc)
                 return
             except NoMoreAvailableError as exc:
+                starting(self._startup, exc)  # the master has a dataset
                 with self._cond:
                     if not self.dry:
                         self.dry = True
@@ -241,10 +250,15 @@ class PassFeed:
                 continue
             except (NotReadyError, PassAfterError) as exc:
                 now = time.monotonic()
+                every = starting(self._startup, exc)
+                if every is None:  # no dataset for the whole start-up bound
+                    assert self._startup is not None
+                    self._finish(self._startup.no_dataset(now))
+                    return
                 if waiting is not type(exc):
                     waiting, since, last_log, polls = type(exc), now, now, 0
                     log_wait(self.pass_id, exc, 0.0, logging.INFO)
-                elif now - last_log >= WAIT_LOG_EVERY:
+                elif now - last_log >= every:
                     last_log = now
                     log_wait(self.pass_id, exc, now - since, logging.WARNING)
                 if isinstance(exc, PassAfterError):  # answered at once: poll, gently
@@ -252,6 +266,8 @@ class PassFeed:
                     polls += 1
                 continue
             waiting = None
+            if self._startup is not None:
+                self._startup.dataset = True
             with self._cond:
                 if self.cancel.cancelled:  # abandoned meanwhile: hand them straight back
                     back = [Position(t.meta.id, t.meta.epoch, t.pass_id, t.start) for t in tasks]

@@ -23,7 +23,13 @@ from typing import Protocol
 from chunkmaster.client.buffer import PassBuffer
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.errors import EndOfPass
-from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
+from chunkmaster.client.link import (
+    Cancelled,
+    CancelToken,
+    MasterLink,
+    NeverConnectedError,
+    Startup,
+)
 from chunkmaster.client.pace import Pace
 from chunkmaster.core.errors import (
     AllTaskFailedError,
@@ -116,8 +122,10 @@ class TaskFetcher:
         poll_wait: float,
         pace: Pace,
         on_unclaimed: Callable[[Task], None] | None = None,
+        startup: Startup | None = None,
     ) -> None:
         self._source = source
+        self._startup = startup
         self._buffer = buffer
         self._poll_wait = poll_wait
         self._pace = pace
@@ -158,12 +166,14 @@ class TaskFetcher:
             # failed over, a deadline passed), the retry gets those same tasks back.
             request_id = uuid.uuid4().hex
             asked_at = time.monotonic()
+            wait = self._poll_wait if self._startup is None else self._startup.poll(self._poll_wait)
             try:
-                tasks = self._source.next_tasks(
-                    buf.pass_id, count, self._poll_wait, request_id, buf.cancel
-                )
+                tasks = self._source.next_tasks(buf.pass_id, count, wait, request_id, buf.cancel)
             except PassBeforeError as exc:
                 buf.finish(pass_end(buf.pass_id, exc, buf.got_task, buf.joined))
+                return
+            except NeverConnectedError as exc:  # said already, and what to check
+                buf.finish(exc)
                 return
             except (
                 AllTaskFailedError,
@@ -175,10 +185,15 @@ class TaskFetcher:
                 return
             except (NoMoreAvailableError, NotReadyError, PassAfterError) as exc:
                 now = time.monotonic()
+                every = starting(self._startup, exc)
+                if every is None:  # no dataset for the whole start-up bound
+                    assert self._startup is not None
+                    buf.finish(self._startup.no_dataset(now))
+                    return
                 if waiting is not type(exc):
                     waiting, since, last_log, polls = type(exc), now, now, 0
                     log_wait(buf.pass_id, exc, 0.0, logging.INFO)
-                elif now - last_log >= WAIT_LOG_EVERY:
+                elif now - last_log >= every:
                     last_log = now
                     log_wait(buf.pass_id, exc, now - since, logging.WARNING)
                 if isinstance(exc, PassAfterError):  # answered at once: poll, gently
@@ -186,6 +201,8 @@ class TaskFetcher:
                     polls += 1
                 continue
             waiting = None
+            if self._startup is not None:
+                self._startup.dataset = True
             self._pace.answered(time.monotonic() - asked_at, count, len(tasks))
             generation = tasks.generation if isinstance(tasks, Dispatched) else None
             try:
@@ -213,6 +230,21 @@ def pass_end(pass_id: int, exc: PassBeforeError, got_task: bool, joined: bool) -
         f"pass {pass_id} was over before this trainer read any of it: {exc}; ask for the "
         "master's current pass (client.status()['cur_pass'])"
     )
+
+
+def starting(startup: Startup | None, answer: Exception) -> float | None:
+    """A wait answered `answer` (NoMoreAvailableError, NotReadyError, PassAfterError): the
+    seconds between its log lines, or None once the client's start-up bound has passed with
+    the master having no dataset (then raise `startup.no_dataset`). Any answer but
+    NotReadyError says the master has a dataset: the client has started."""
+    if startup is None or startup.dataset:
+        return WAIT_LOG_EVERY
+    if not isinstance(answer, NotReadyError):
+        startup.dataset = True
+        return WAIT_LOG_EVERY
+    if startup.over(time.monotonic()):
+        return None
+    return startup.log_every(WAIT_LOG_EVERY)
 
 
 def log_wait(pass_id: int, exc: Exception, waited: float, level: int) -> None:

@@ -29,6 +29,7 @@ from chunkmaster.client.connection import (
     MasterConnection,
     TransportError,
 )
+from chunkmaster.client.errors import StartupTimeoutError
 from chunkmaster.core.errors import MasterError, UnavailableError
 
 log = logging.getLogger("chunkmaster.client")
@@ -44,12 +45,23 @@ NEVER_CONNECTED_REMINDERS = (60.0, 120.0, 240.0, 480.0, 1080.0)
 address that never answered is most likely wrong, and the first warning said what to check."""
 
 
-def _reminder_at(n: int) -> float:
-    """When the `n`-th "still never connected" reminder is due, in seconds after the first."""
+DEFAULT_STARTUP_TIMEOUT = 300.0
+"""Seconds a client may take to get started (Connection.startup_timeout): a wrong address or a
+master with no dataset raises then, rather than leaving a trainer silent for ever."""
+
+STARTUP_LOGS = 4
+"""Within a start-up bound, a wait is logged at least this often (a 2 s bound: every 0.5 s)."""
+
+
+def _reminder_at(n: int, bound: float | None = None) -> float:
+    """When the `n`-th "still never connected" reminder is due, in seconds after the first;
+    within a start-up `bound`, at least STARTUP_LOGS times in it."""
     last = len(NEVER_CONNECTED_REMINDERS) - 1
     if n <= last:
-        return NEVER_CONNECTED_REMINDERS[n]
-    return NEVER_CONNECTED_REMINDERS[last] + 600.0 * (n - last)
+        at = NEVER_CONNECTED_REMINDERS[n]
+    else:
+        at = NEVER_CONNECTED_REMINDERS[last] + 600.0 * (n - last)
+    return at if bound is None else min(at, (n + 1) * bound / STARTUP_LOGS)
 
 
 def _duration(seconds: float) -> str:
@@ -60,13 +72,70 @@ class NeverConnectedError(TransportError):
     """A master that never answered at all since the client started: most likely a wrong
     address, or a master that wants TLS or a token. The message says what to check."""
 
-    def __init__(self, last: TransportError, waited: float) -> None:
+    def __init__(self, last: TransportError, waited: float, bound: float | None = None) -> None:
+        gave_up = (
+            ""
+            if bound is None
+            else f"; gave up after Connection(startup_timeout={bound:g}) (None: wait for ever)"
+        )
         Exception.__init__(
             self,
             f"never connected to {last.addr} in {_duration(waited)} ({last.cause}): "
-            + UNREACHABLE_ADVICE,
+            + UNREACHABLE_ADVICE
+            + gave_up,
         )
         self.addr, self.code, self.details = last.addr, last.code, last.details
+
+
+class Startup:
+    """The bound on getting started (Connection.startup_timeout): from the client's first
+    need of the master (`begin()`) until it has what it needs to read, a master that
+    answered (`connected`) with a dataset (`dataset`). Waits normal mid-run are not bounded
+    here: once started, this bounds nothing."""
+
+    def __init__(self, bound: float | None, address: Callable[[], str | None]) -> None:
+        self.bound = bound
+        self._address = address
+        self._lock = threading.Lock()
+        self.began: float | None = None
+        self.connected = False
+        self.dataset = False
+
+    def begin(self) -> float:
+        """When the start began (now, the first time)."""
+        with self._lock:
+            if self.began is None:
+                self.began = time.monotonic()
+            return self.began
+
+    def over(self, now: float) -> bool:
+        """Whether the bound has passed without the client having started."""
+        if self.bound is None or (self.connected and self.dataset):
+            return False
+        return now - self.begin() >= self.bound
+
+    def log_every(self, usual: float) -> float:
+        """Seconds between the log lines of a start-up wait: `usual`, or more often within
+        a short bound."""
+        return usual if self.bound is None else min(usual, self.bound / STARTUP_LOGS)
+
+    def poll(self, wait: float) -> float:
+        """Seconds a task request may wait at the master (`wait`, a long poll): less within a
+        short bound until started, so that the wait is logged and given up on in time."""
+        if self.bound is None or self.dataset:
+            return wait
+        return min(wait, self.bound / STARTUP_LOGS)
+
+    def no_dataset(self, now: float) -> StartupTimeoutError:
+        """The error of a master that answers but has had no dataset for the whole bound."""
+        return StartupTimeoutError(
+            f"the master at {self._address()} has no dataset after "
+            f"{_duration(now - self.begin())} of asking it for tasks: no trainer called "
+            "set_dataset and its store holds none (give one: Client.set_dataset(), "
+            "Loader(dataset=...), chunkmaster read --dataset), or one is still indexing its "
+            "files (that takes a longer bound); gave up after "
+            f"Connection(startup_timeout={self.bound:g}) (None: wait for ever)"
+        )
 
 
 class Cancelled(Exception):
@@ -171,6 +240,7 @@ class MasterLink:
         backoff_base: float = 0.05,
         backoff_max: float = 2.0,
         security: ChannelSecurity = PLAIN,
+        startup_timeout: float | None = None,
     ) -> None:
         if (addr is None) == (locator is None):
             raise ValueError("give exactly one of addr and locator")
@@ -188,6 +258,7 @@ class MasterLink:
         self._reached = False  # a master has answered (anything) on this link
         self._never_warned: float | None = None  # when "never connected" was first said
         self._reminders = 0
+        self.startup = Startup(startup_timeout, lambda: self.address)
 
     @property
     def address(self) -> str | None:
@@ -207,8 +278,10 @@ class MasterLink:
 
         The master's own errors (other than UnavailableError) propagate at once: they are
         answers, not failures. Raises Cancelled, or the last failure after `retry_timeout` or
-        once the `deadline` (time.monotonic()) has passed.
+        once the `deadline` (time.monotonic()) has passed; NeverConnectedError once a master
+        never reached has not answered for the start-up bound (`Startup`).
         """
+        began = self.startup.begin()
         attempt = 0
         first_failure: float | None = None
         last_log = 0.0
@@ -224,7 +297,7 @@ class MasterLink:
                 if isinstance(exc, TransportError):
                     self._drop(conn)
                 else:
-                    self._reached = True  # the master answered: its store fails for now
+                    self._reached = self.startup.connected = True  # its store fails for now
                 if first_failure is None:
                     first_failure = last_log = now
                 if never:
@@ -242,16 +315,22 @@ class MasterLink:
                         attempt + 1,
                         exc,
                     )
+                startup_over = never and self.startup.over(now)
                 out_of_time = (
                     self.retry_timeout is not None and now - first_failure >= self.retry_timeout
                 ) or (deadline is not None and now >= deadline)
-                if out_of_time:
+                if out_of_time or startup_over:
                     if never:
                         assert isinstance(exc, TransportError)
-                        raise NeverConnectedError(exc, now - first_failure) from None
+                        bound = self.startup.bound if startup_over else None
+                        raise NeverConnectedError(exc, now - began, bound) from None
                     raise
                 delay = backoff_delay(attempt, self.backoff_base, self.backoff_max)
-                cancel.sleep(delay if deadline is None else min(delay, deadline - now))
+                if deadline is not None:
+                    delay = min(delay, deadline - now)
+                if never and self.startup.bound is not None:  # give up on time
+                    delay = min(delay, max(0.0, began + self.startup.bound - now))
+                cancel.sleep(delay)
                 attempt += 1
                 continue
             except MasterError:
@@ -273,7 +352,7 @@ class MasterLink:
             first = self._never_warned
             if first is None:
                 self._never_warned = now
-            elif now - first >= _reminder_at(self._reminders):
+            elif now - first >= _reminder_at(self._reminders, self.startup.bound):
                 self._reminders += 1
             else:
                 return
@@ -299,6 +378,7 @@ class MasterLink:
             if self._reached:
                 return True
             self._reached = True
+            self.startup.connected = True
             warned = self._never_warned
         if warned is not None:
             log.warning("connected to %s after %s", addr, _duration(time.monotonic() - warned))
@@ -335,6 +415,10 @@ class MasterLink:
         key = locator.key.decode(errors="replace")
         log.warning("%s: no master address at %s in etcd; waiting for one", what, key)
         deadline = None if self.retry_timeout is None else start + self.retry_timeout
+        bound = self.startup.bound
+        if bound is not None and not self._reached:  # not started yet: its bound holds too
+            end = self.startup.begin() + bound
+            deadline = end if deadline is None else min(deadline, end)
         while True:
             cancel.check()
             addr = locator.wait_for_address(0.2)
@@ -343,7 +427,7 @@ class MasterLink:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise TransportError("etcd", _NoAddress(f"no master address at {key} in etcd"))
-            if now - last_log >= LOG_EVERY:
+            if now - last_log >= self.startup.log_every(LOG_EVERY):
                 last_log = now
                 log.warning("%s: still no master address at %s after %.0fs", what, key, now - start)
 

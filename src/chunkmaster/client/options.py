@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from chunkmaster.client.connection import DEFAULT_TIMEOUT
+from chunkmaster.client.link import DEFAULT_STARTUP_TIMEOUT
 from chunkmaster.client.readahead import DEFAULT_BUDGET as DEFAULT_READ_AHEAD_BYTES
 from chunkmaster.client.readahead import DEFAULT_CHUNKS as DEFAULT_READ_AHEAD
 from chunkmaster.core.model import Task
@@ -38,7 +39,14 @@ class Connection:
     `tls_cert` and `tls_key` are the trainer's own, for mutual TLS.
     `rpc_timeout`: seconds each call may take (a long poll adds `poll_wait`, the seconds the
     master may hold a task request open). `retry_timeout`: give up (TransportError) once the
-    master has been unreachable this long (default: wait for it for ever, logging why).
+    master has been unreachable this long (default: wait for it for ever, logging why): a master
+    lost mid-run (a failover, a restart). `startup_timeout`: the bound on getting started, from
+    the client's first need of the master until it first has what it needs to read: a master
+    that answers, with a dataset (set by this trainer or another; a master's store may hold
+    one). Past it, a master never reached raises NeverConnectedError, one with no dataset
+    StartupTimeoutError, each naming the address, the wait and what was tried (default
+    DEFAULT_STARTUP_TIMEOUT, 5 min; None: wait for ever, logging why). Once started it bounds
+    nothing: waits for other trainers' tasks and a master lost mid-run are `retry_timeout`'s.
     With `etcd_endpoints` on the Client: `etcd_timeout` per etcd call, `etcd_job` the job whose
     key names the master, `etcd_options` TLS and auth for etcd (ca_cert, cert_cert, cert_key,
     user, password).
@@ -51,6 +59,7 @@ class Connection:
     rpc_timeout: float = DEFAULT_TIMEOUT
     poll_wait: float = 2.0
     retry_timeout: float | None = None
+    startup_timeout: float | None = DEFAULT_STARTUP_TIMEOUT
     etcd_timeout: float = 5.0
     etcd_job: str | None = None
     etcd_options: Mapping[str, str] | None = field(default=None, repr=False)
@@ -64,6 +73,11 @@ class Connection:
             raise ValueError(
                 f"Connection(retry_timeout={self.retry_timeout!r}): must be more than 0 seconds "
                 "(None: retry for ever)"
+            )
+        if self.startup_timeout is not None and not self.startup_timeout > 0:
+            raise ValueError(
+                f"Connection(startup_timeout={self.startup_timeout!r}): must be more than 0 "
+                "seconds (None: wait for ever)"
             )
 
 

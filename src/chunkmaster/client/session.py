@@ -740,9 +740,13 @@ class TrainerSession:
                 stream = self._connect()
             except Cancelled:
                 return
-            except TransportError as exc:  # retry_timeout ran out: the waiters get the error
-                self._fail_pending(exc)
-                self._unreachable(exc)
+            except TransportError as exc:  # retry_timeout or startup_timeout ran out: the
+                self._fail_pending(exc)  # waiters get the error; the next try after a pause
+                self._unreachable(exc)  # (a master never reached fails the next one at once)
+                try:
+                    self._token.sleep(self._link.backoff_max)
+                except Cancelled:
+                    return
                 continue
             except UnauthenticatedError as exc:  # no retry mends a wrong token or certificate
                 self._fail_pending(exc)

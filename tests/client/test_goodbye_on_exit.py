@@ -1,0 +1,153 @@
+"""A trainer that exits in order says Goodbye: the master ends its session as returned (its
+tasks handed back at their positions), not "trainer lost" a lease later, the wording of a
+crash. Ctrl-C (KeyboardInterrupt) out of a `with Client(...)`, or out of a script that never
+closes its Client, `sys.exit()` with a Client left open, and SIGINT or SIGTERM to
+`chunkmaster read`: each against a real master process whose log is read."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers.datasets import write_records
+from helpers.master_process import MasterProcess
+from helpers.trainers import wait_until_holding
+
+#: The trainer: reads a few records of pass 0, says READING, then waits to be stopped (Ctrl-C),
+#: or exits at once (`exit`); `with`: its Client in a with block, else left open.
+SCRIPT = textwrap.dedent(
+    """
+    import sys, threading
+    from chunkmaster.client import Client
+    addr, path, mode = sys.argv[1:4]
+
+    def read(client):
+        client.set_dataset([path])
+        client.start_get_records(0)
+        for _ in range(5):
+            client.next_record(timeout=60)
+        print("READING", flush=True)
+        if mode == "exit":
+            sys.exit(0)
+        threading.Event().wait()  # until Ctrl-C
+
+    if mode == "with":
+        with Client(addr) as client:
+            read(client)
+    else:
+        read(Client(addr))
+    """
+)
+
+
+#: A rank's training loop with a torch Loader (two DataLoader workers), left open: takes a
+#: batch, says READING, then waits for Ctrl-C.
+LOADER_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading
+    from chunkmaster.torch import Loader
+    addr, path = sys.argv[1:3]
+    loader = Loader(addr, dataset=[path], batch_size=4, num_workers=2)
+    for batch in loader:
+        print("READING", flush=True)
+        threading.Event().wait()  # until Ctrl-C
+    """
+)
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[MasterProcess]:
+    # A lease that never runs out in the test: a session can only end by a Goodbye.
+    m = MasterProcess(
+        ["--store", str(tmp_path / "state.db"), "--chunk-per-task", "4", "--trainer-ttl", "600"],
+        log_path=tmp_path / "master.log",
+    ).start()
+    yield m
+    m.kill()
+
+
+def _dataset(tmp_path: Path) -> str:
+    return str(write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(400)]))
+
+
+def _ended_as_returned(m: MasterProcess, pid: int) -> None:
+    """The master logs the session of trainer process `pid` ended (returned)."""
+    pattern = rf"trainer \S+ \(\S+, pid {pid}\) ended \((returned|trainer lost)\)"
+    assert m.wait_log(pattern, timeout=30), m.log()
+    found = re.search(pattern, m.log())
+    assert found is not None and found.group(1) == "returned", m.log()
+
+
+@pytest.mark.parametrize("mode", ["with", "open", "exit"])
+def test_a_python_trainer_says_goodbye_on_an_orderly_exit(
+    tmp_path: Path, master: MasterProcess, mode: str
+) -> None:
+    """Ctrl-C reaching `with Client(...)`'s exit, Ctrl-C with the Client never closed, and
+    sys.exit() with it open: the client closes (at interpreter exit for the open one)."""
+    (tmp_path / "trainer.py").write_text(SCRIPT)
+    arg = "exit" if mode == "exit" else mode
+    trainer = subprocess.Popen(
+        [sys.executable, str(tmp_path / "trainer.py"), str(master.addr), _dataset(tmp_path), arg],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline().strip() == "READING", trainer.communicate(timeout=30)
+        if mode != "exit":
+            trainer.send_signal(signal.SIGINT)
+        _, err = trainer.communicate(timeout=60)
+        assert trainer.returncode == (0 if mode == "exit" else -signal.SIGINT), err
+        _ended_as_returned(master, trainer.pid)
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_read_says_goodbye_on_a_signal_mid_pass(
+    tmp_path: Path, master: MasterProcess, sig: signal.Signals
+) -> None:
+    """`chunkmaster read` stopped mid-pass by Ctrl-C or SIGTERM: its session ends returned."""
+    assert master.addr is not None
+    cmd = [sys.executable, "-m", "chunkmaster", "read", "--addr", master.addr]
+    cmd += ["--dataset", _dataset(tmp_path), "--passes=1", "--step-time=600"]
+    trainer = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_holding(master.addr, trainer.pid, 1)
+        trainer.send_signal(sig)
+        _, err = trainer.communicate(timeout=60)
+        assert trainer.returncode == 128 + sig, err
+        _ended_as_returned(master, trainer.pid)
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+
+
+def test_a_loader_trainer_says_goodbye_on_ctrl_c(tmp_path: Path, master: MasterProcess) -> None:
+    """Ctrl-C in a training loop over a Loader never closed: the rank's session says Goodbye."""
+    pytest.importorskip("torch")
+    (tmp_path / "trainer.py").write_text(LOADER_SCRIPT)
+    trainer = subprocess.Popen(
+        [sys.executable, str(tmp_path / "trainer.py"), str(master.addr), _dataset(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline().strip() == "READING", trainer.communicate(timeout=30)
+        trainer.send_signal(signal.SIGINT)
+        _, err = trainer.communicate(timeout=60)
+        assert trainer.returncode == -signal.SIGINT, err
+        _ended_as_returned(master, trainer.pid)
+    finally:
+        trainer.kill()
+        trainer.wait(10)
