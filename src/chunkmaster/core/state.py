@@ -980,6 +980,7 @@ def _set_weights(state: MasterState, weights: Weights) -> int:
         raise InvalidEvent("weights for a job that is not a mixture")
     try:
         weights.check(mix.names)
+        mix.check_held(weights, len(mix.names))
     except MixtureError as exc:
         raise InvalidEvent(str(exc)) from None
     last = max(mix.passes)
@@ -1014,6 +1015,7 @@ def _add_sources(state: MasterState, ev: AddSources) -> int:
     try:
         grown = ds.grown(ev.dataset)
         ev.weights.check([*mix.names, *names])
+        mix.check_held(ev.weights, len(mix.names) + len(names))
     except (ValueError, MixtureError) as exc:
         raise InvalidEvent(str(exc)) from None
     records = grown.task_records
