@@ -30,7 +30,7 @@ RECORDS = 3  # a source's one-record tasks
 
 @pytest.fixture
 def files(tmp_path: Path) -> list[str]:
-    return [numbered_records(tmp_path / f"s{i}.rio", RECORDS, b"s%d-%%d" % i) for i in range(11)]
+    return [numbered_records(tmp_path / f"s{i}.rio", RECORDS, b"s%d-%%d" % i) for i in range(26)]
 
 
 @pytest.fixture
@@ -63,10 +63,10 @@ def read_pass(addr: str, pass_id: int) -> list[bytes]:
 def test_points_and_weights_over_the_bounds_are_refused_and_a_schedule_at_them_works(
     master: InProcessMaster, files: list[str]
 ) -> None:
-    """10 sources: 10,001 points refused; 10,000 points (100,000 weights, both limits) set;
-    then an 11th source added with that schedule in force (110,000 weights) refused, before
+    """25 sources: 1,001 points refused; 1,000 points (25,000 weights, both limits) set;
+    then a 26th source added with that schedule in force (26,000 weights) refused, before
     any file is read: nothing added, the schedule as it was."""
-    names = [f"s{i}" for i in range(10)]
+    names = [f"s{i}" for i in range(25)]
     assert MAX_SCHEDULE_POINTS * len(names) == MAX_SCHEDULE_CELLS
     with Client(master.addr) as client:
         client.set_dataset({n: Source(files[i]) for i, n in enumerate(names)})
@@ -74,7 +74,7 @@ def test_points_and_weights_over_the_bounds_are_refused_and_a_schedule_at_them_w
         with pytest.raises(InvalidArgumentError) as info:
             client.set_weights(schedule(names, MAX_SCHEDULE_POINTS + 1), "linear")
         assert str(info.value).count("\n") == 0
-        assert "a weight schedule of 10,001 points, over the 10,000 a schedule may hold" in str(
+        assert "a weight schedule of 1,001 points, over the 1,000 a schedule may hold" in str(
             info.value
         )
         assert mixture_view(master) == before
@@ -83,15 +83,15 @@ def test_points_and_weights_over_the_bounds_are_refused_and_a_schedule_at_them_w
         at_limit = mixture_view(master)
         assert at_limit["mode"] == "linear" and at_limit != before
         with pytest.raises(InvalidArgumentError) as info:
-            client.add_sources({"s10": Source(files[10])})
+            client.add_sources({"s25": Source(files[25])})
         assert str(info.value).count("\n") == 0
         assert (
-            "a weight schedule of 10,000 points for 11 sources is 110,000 weights, over the "
-            "100,000 a schedule may hold (points x sources)" in str(info.value)
+            "a weight schedule of 1,000 points for 26 sources is 26,000 weights, over the "
+            "25,000 a schedule may hold (points x sources)" in str(info.value)
         )
         assert mixture_view(master) == at_limit
     got = read_pass(master.addr, 0)
-    assert len(got) == 10 * RECORDS and {r.split(b"-")[0] for r in got} <= {
+    assert len(got) == 25 * RECORDS and {r.split(b"-")[0] for r in got} <= {
         n.encode() for n in names
     }
 
@@ -100,7 +100,7 @@ def test_schedules_kept_over_the_bound_are_refused(
     master: InProcessMaster, files: list[str]
 ) -> None:
     """Each change at another unit of the pass keeps the schedule before it in the pass's
-    plan (its re-plans): three full schedules in one pass would keep 40,001 points."""
+    plan (its re-plans): three full schedules in one pass would keep 4,001 points."""
     names = ["s0", "s1", "s2"]
     with Client(master.addr) as client, MasterConnection(master.addr) as conn:
         client.set_dataset({n: Source(files[i]) for i, n in enumerate(names)})

@@ -51,10 +51,10 @@ _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 #: added sources widen), and all the schedules a job keeps (the one in force, and each pass
 #: plan's: its start's and its re-plans'). Every weight is kept, journaled, snapshot and
 #: replayed; these hold what one call costs the master (docs/limits.md, "Mixtures").
-MAX_SCHEDULE_POINTS = 10_000
-MAX_SCHEDULE_CELLS = 100_000
-MAX_HELD_POINTS = 40_000
-MAX_HELD_CELLS = 400_000
+MAX_SCHEDULE_POINTS = 1_000
+MAX_SCHEDULE_CELLS = 25_000
+MAX_HELD_POINTS = 4_000
+MAX_HELD_CELLS = 100_000
 
 
 class MixtureError(ValueError):
@@ -643,8 +643,15 @@ def weights_from_json(v: Any) -> Weights:
         if not p:
             raise MixtureError("a breakpoint is empty")
         at = _integer(p[0], "a breakpoint's record")
-        out.append(Breakpoint(at, tuple(_number(w, "a weight") for w in p[1:])))
+        weights = p[1:]
+        if not {*map(type, weights)} <= _NUMBERS:  # at C speed: a replay reads every weight
+            for w in weights:
+                _number(w, "a weight")
+        out.append(Breakpoint(at, tuple(map(float, weights))))
     return Weights(tuple(out), mode)
+
+
+_NUMBERS = frozenset({int, float})
 
 
 def cursor_json(c: Cursor) -> list[Any]:
