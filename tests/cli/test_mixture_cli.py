@@ -305,3 +305,24 @@ def test_a_grown_mixtures_checkpoint_restores_and_refuses_its_added_source_chang
     assert out.returncode != 0
     assert "source 'a'" in out.stderr and f"{a}: chunk count changed: 30 -> 29" in out.stderr
     assert "source 'c'" not in out.stderr
+
+
+def test_a_schedule_over_the_bound_is_one_line_and_one_at_it_is_taken(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    """`chunkmaster weights` with 1,001 points (MAX_SCHEDULE_POINTS: each point is kept,
+    journaled and replayed): refused in one line naming both figures, nothing changed, the
+    trainers read on; 1,000 points are taken."""
+    a = numbered_records(tmp_path / "a.recordio", 30)
+    b = numbered_records(tmp_path / "b.recordio", 10, b"b%05d")
+    addr = master.addr or ""
+    read_pass(addr, 0, f"a={a}@3", f"b={b}@1")
+    before = mixture_status(addr)
+    points = ["a=1,b=1", *(f"{k * 10}:a={1 + k % 5},b=1" for k in range(1, 1_001))]
+    line = one_line(run_cli("weights", "--addr", addr, *points))
+    assert "a weight schedule of 1,001 points, over the 1,000 a schedule may hold" in line
+    assert mixture_status(addr) == before
+    assert read_pass(addr, 1, f"a={a}", f"b={b}")["records"] == 40
+    out = run_cli("weights", "--addr", addr, "--json", *points[:1_000])
+    assert out.returncode == 0, out.stderr
+    assert len(mixture_status(addr)["schedule"]) == 100  # the status shows the first 100

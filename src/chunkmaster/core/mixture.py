@@ -47,6 +47,14 @@ source's name."""
 #: bidirectional overrides), line and paragraph separators, surrogates: a name is shown in
 #: logs, status, metrics' labels and terminals, one line as sent.
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+#: Weights one schedule may hold (points x sources: a call's, or the schedule in force that
+#: added sources widen), and all the schedules a job keeps (the one in force, and each pass
+#: plan's: its start's and its re-plans'). Every weight is kept, journaled, snapshot and
+#: replayed; these hold what one call costs the master (docs/limits.md, "Mixtures").
+MAX_SCHEDULE_POINTS = 1_000
+MAX_SCHEDULE_CELLS = 25_000
+MAX_HELD_POINTS = 4_000
+MAX_HELD_CELLS = 100_000
 
 
 class MixtureError(ValueError):
@@ -69,6 +77,23 @@ def name_problem(name: str) -> str | None:
                 f"invisible character) at character {i + 1}: a source's name may not"
             )
     return None
+
+
+def check_cells(points: int, sources: int) -> None:
+    """MixtureError if a schedule of `points` points for `sources` sources is over
+    MAX_SCHEDULE_POINTS points or MAX_SCHEDULE_CELLS weights (`Weights.check`'s first rule: a
+    caller may apply it before building the schedule)."""
+    if points > MAX_SCHEDULE_POINTS:
+        raise MixtureError(
+            f"a weight schedule of {points:,} points, over the {MAX_SCHEDULE_POINTS:,} a "
+            "schedule may hold: fewer points (a linear schedule interpolates between them)"
+        )
+    if points * sources > MAX_SCHEDULE_CELLS:
+        raise MixtureError(
+            f"a weight schedule of {points:,} points for {sources:,} sources is "
+            f"{points * sources:,} weights, over the {MAX_SCHEDULE_CELLS:,} a schedule may hold "
+            "(points x sources): fewer points, or fewer sources"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +124,12 @@ class Weights:
         Every entry point holds weights to this before anything changes: a weight the
         planner cannot use (a sum that overflows to inf normalises every weight to 0 and
         leaves it nothing to choose; a share that rounds to 0 plans a source never) would
-        otherwise fail or mislead mid-event. `bounds` False (the core applying an event, a
+        otherwise fail or mislead mid-event. A schedule over MAX_SCHEDULE_CELLS weights is
+        refused before any is looked at. `bounds` False (the core applying an event, a
         journal replayed, a checkpoint read): only what the planner cannot use at all is
-        refused, so weights an older build took are still read."""
+        refused, so weights and schedules an older build took are still read."""
+        if bounds:
+            check_cells(len(self.points), len(names))
         if self.mode not in ("step", "linear"):
             raise MixtureError(f"weight schedule mode {self.mode!r} is neither step nor linear")
         if not self.points or self.points[0].at != 0:
@@ -115,6 +143,8 @@ class Weights:
                 raise MixtureError(
                     f"{len(p.weights)} weight(s) at record {p.at} for {len(names)} source(s)"
                 )
+            if _plainly_valid(p.weights):
+                continue  # at C speed: the loops below name what is wrong
             for name, w in zip(names, p.weights, strict=True):
                 if not bounds and (w == 0 or 0 < w < math.inf):
                     continue
@@ -140,9 +170,7 @@ class Weights:
     def at(self, records: int) -> tuple[float, ...]:
         """The normalised weights in force once `records` are planned."""
         points = self.points
-        i = len(points) - 1
-        while points[i].at > records:
-            i -= 1
+        i = bisect_right(points, records, key=_at) - 1  # O(log points) a stretch
         w = points[i].weights
         if self.mode == "linear" and i + 1 < len(points):
             a, b = points[i], points[i + 1]
@@ -161,12 +189,26 @@ class Weights:
 
     def next_change(self, records: int) -> int | None:
         """The records count at which the weights next change (None: never)."""
-        for p in self.points:
-            if p.at > records:
-                if self.mode == "linear":
-                    return min(p.at, records + LINEAR_STEP)
-                return p.at
-        return None
+        i = bisect_right(self.points, records, key=_at)
+        if i == len(self.points):
+            return None
+        at = self.points[i].at
+        return min(at, records + LINEAR_STEP) if self.mode == "linear" else at
+
+
+def _at(p: Breakpoint) -> int:
+    return p.at
+
+
+def _plainly_valid(weights: tuple[float, ...]) -> bool:
+    """Every weight 0 or in bounds, their sum finite and above 0, each above 0 at least
+    MIN_SHARE of it (`Weights.check`'s rules, at C speed; False: look one by one)."""
+    total = sum(weights)
+    if not (total > 0 and math.isfinite(total)) or min(weights) < 0:
+        return False  # NaN or inf makes the sum not finite
+    positive = [w for w in weights if w]
+    low = min(positive)
+    return max(positive) <= MAX_WEIGHT and low >= MIN_WEIGHT and low / total >= MIN_SHARE
 
 
 @dataclass(slots=True)
@@ -421,6 +463,24 @@ class MixtureState:
             counts.extend([0] * (n - old))
         self.__dict__.pop("_task_records", None)  # made again with the new sources' tasks
 
+    def check_held(self, weights: Weights, sources: int) -> None:
+        """MixtureError if the job could keep more than MAX_HELD_POINTS points or
+        MAX_HELD_CELLS weights once `weights` are in force over `sources` sources: the
+        schedule in force and a re-plan's (both `weights`), and each pass plan's start and
+        re-plans, each as wide as the job (what memory, a snapshot and a data checkpoint
+        hold, and a replay makes again; a re-plan the change would replace is counted too:
+        a bound, not the exact figure)."""
+        points = 2 * len(weights.points)
+        for plan in self.passes.values():
+            points += len(plan.weights.points) + sum(len(r.weights.points) for r in plan.replans)
+        if points > MAX_HELD_POINTS or points * sources > MAX_HELD_CELLS:
+            raise MixtureError(
+                f"the job would keep {points:,} points of weight schedules (in force and in "
+                f"its passes' plans) for {sources:,} sources, {points * sources:,} weights, "
+                f"over {MAX_HELD_POINTS:,} points or {MAX_HELD_CELLS:,} weights: a shorter "
+                "schedule, or first commit the passes that hold the earlier ones"
+            )
+
     def source_of_task(self, task: int) -> int:
         """The source a global task ID belongs to."""
         return bisect_right(self.first_task, task) - 1
@@ -588,8 +648,15 @@ def weights_from_json(v: Any) -> Weights:
         if not p:
             raise MixtureError("a breakpoint is empty")
         at = _integer(p[0], "a breakpoint's record")
-        out.append(Breakpoint(at, tuple(_number(w, "a weight") for w in p[1:])))
+        weights = p[1:]
+        if not {*map(type, weights)} <= _NUMBERS:  # at C speed: a replay reads every weight
+            for w in weights:
+                _number(w, "a weight")
+        out.append(Breakpoint(at, tuple(map(float, weights))))
     return Weights(tuple(out), mode)
+
+
+_NUMBERS = frozenset({int, float})
 
 
 def cursor_json(c: Cursor) -> list[Any]:

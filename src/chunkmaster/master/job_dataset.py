@@ -28,7 +28,14 @@ from chunkmaster.core.errors import (
     NotReadyError,
 )
 from chunkmaster.core.events import AddSources, SetDataset, SetWeights
-from chunkmaster.core.mixture import Breakpoint, MixtureError, Weights, name_problem
+from chunkmaster.core.mixture import (
+    Breakpoint,
+    MixtureError,
+    MixtureState,
+    Weights,
+    check_cells,
+    name_problem,
+)
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.reconcile import KEEP_REFUSED
 from chunkmaster.master.datasets import (
@@ -252,7 +259,14 @@ class JobDataset:
             raise NotReadyError()
         if st.mix is None:
             raise NotAMixtureError()
-        weights = weights_of(st.mix.names, points, mode)
+        names = list(st.mix.names)
+        weights = await in_daemon_thread(weights_of, names, points, mode)  # off the loop
+        st = self._ledger.state  # the job may have been restored or grown meanwhile
+        if st.mix is None:
+            raise NotAMixtureError()
+        if list(st.mix.names) != names:  # sources added: these weights do not name them all
+            weights = weights_of(st.mix.names, points, mode)
+        _check_held(st.mix, weights, len(names))
         last = max(st.mix.passes)
         return self._reweighted(last, await self._ledger.commit(SetWeights(weights)), weights)
 
@@ -293,14 +307,20 @@ class JobDataset:
         check_sources(sources, weighted=False)
         self._refuse_known(sources)
         names = [*st.mix.names, *(s.name for s in sources)]
-        _weights_with(names, st.mix.weights, sources, points, mode)  # before any file is read
+        now = st.mix.weights
+        weights = await in_daemon_thread(_weights_with, names, now, sources, points, mode)
+        _check_held(st.mix, weights, len(names))  # before any file is read
         await in_daemon_thread(self.roots.check_all, [g for s in sources for g in s.globs])
         added = await self.index_mixture(sources, st.dataset.chunks_per_task)
         st = self._ledger.state  # the job may have been restored or grown meanwhile
         assert st.mix is not None
         self._refuse_known(sources)
-        names = [*st.mix.names, *(s.name for s in sources)]
-        weights = _weights_with(names, st.mix.weights, sources, points, mode)
+        if [*st.mix.names, *(s.name for s in sources)] != names or (
+            not points and st.mix.weights is not now
+        ):  # sources added or weights set meanwhile: these weights are of before
+            names = [*st.mix.names, *(s.name for s in sources)]
+            weights = _weights_with(names, st.mix.weights, sources, points, mode)
+        _check_held(st.mix, weights, len(names))
         log.info(
             "sources added: %s",
             ", ".join(
@@ -337,7 +357,12 @@ class JobDataset:
 
 def weights_of(names: Sequence[str], points: Sequence[tuple[int, ByName]], mode: str) -> Weights:
     """A schedule from weights by source name, held to `Weights.check`; InvalidArgumentError
-    naming what is wrong (a name unknown, missing or given twice in a point, a bad value)."""
+    naming what is wrong (a name unknown, missing or given twice in a point, a bad value; too
+    many weights, before any is read)."""
+    try:
+        check_cells(len(points), len(names))
+    except MixtureError as exc:
+        raise InvalidArgumentError(f"invalid argument: {exc}") from None
     out = []
     for at, given in points:
         pairs = list(given.items()) if isinstance(given, Mapping) else list(given)
@@ -385,12 +410,35 @@ def _weights_with(
         raise InvalidArgumentError(f"invalid argument: {exc}") from None
 
 
+def _check_held(mix: MixtureState, weights: Weights, sources: int) -> None:
+    """InvalidArgumentError if the job would keep too many weights (`check_held`)."""
+    try:
+        mix.check_held(weights, sources)
+    except MixtureError as exc:
+        raise InvalidArgumentError(f"invalid argument: {exc}") from None
+
+
+#: Points and weights a point the log line of new weights shows (the status shows more).
+_LOGGED_POINTS = 4
+_LOGGED_WEIGHTS = 20
+
+
 def _weights_text(names: Sequence[str], w: Weights) -> str:
-    return "; ".join(
+    shown = "; ".join(
         f"from record {p.at}: "
-        + ", ".join(f"{n}={x:g}" for n, x in zip(names, p.weights, strict=True))
-        for p in w.points
-    ) + ("" if w.mode == "step" else f" ({w.mode})")
+        + ", ".join(
+            f"{n}={x:g}"
+            for n, x in zip(names[:_LOGGED_WEIGHTS], p.weights[:_LOGGED_WEIGHTS], strict=True)
+        )
+        + (f" (and {len(names) - _LOGGED_WEIGHTS} more)" if len(names) > _LOGGED_WEIGHTS else "")
+        for p in w.points[:_LOGGED_POINTS]
+    )
+    more = len(w.points) - _LOGGED_POINTS
+    return (
+        shown
+        + (f"; {more} more point(s)" if more > 0 else "")
+        + ("" if w.mode == "step" else f" ({w.mode})")
+    )
 
 
 def _names(ds: Dataset) -> list[str]:

@@ -15,6 +15,7 @@ from chunkmaster.core.checkpoint import CheckpointError
 from chunkmaster.core.errors import CheckpointRefusedError, InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.auth import TokenInterceptor, peer_identity
+from chunkmaster.master.datasets import in_daemon_thread
 from chunkmaster.master.job_dataset import SourceSpec
 from chunkmaster.master.service import Service
 from chunkmaster.master.stream import Malformed, SessionConversation
@@ -107,6 +108,10 @@ def _master_handler(servicer: MasterServicer) -> grpc.GenericRpcHandler[Any, Any
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
+def _weight_points(request: Any) -> list[tuple[int, list[tuple[str, float]]]]:
+    return [(p.records, [(w.name, w.weight) for w in p.weights]) for p in request.points]
+
+
 class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, service: Service) -> None:
         self.service = service
@@ -120,8 +125,9 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.SetDatasetResponse()
 
     async def SetWeights(self, request: Any, context: Any) -> Any:
-        # (name, weight) pairs, as sent: a point naming a source twice is refused, not merged
-        points = [(p.records, [(w.name, w.weight) for w in p.weights]) for p in request.points]
+        # (name, weight) pairs, as sent: a point naming a source twice is refused, not merged;
+        # read off the event loop (up to the gRPC message's size of them)
+        points = await in_daemon_thread(_weight_points, request)
         add = [SourceSpec(s.name, tuple(s.globs), s.weight, s.format or None) for s in request.add]
         done = await _answer(context, lambda: self.service.set_weights(points, request.mode, add))
         return pb.SetWeightsResponse(pass_id=done.pass_id, unit=done.unit, records=done.records)
