@@ -346,6 +346,13 @@ def fail_ignored(state: MasterState, ev: Fail) -> str | None:
     return None
 
 
+def fail_quarantines(state: MasterState, task_id: int) -> bool:
+    """Whether one more failure of `task_id` puts it over failure_max (it is quarantined).
+    Asked before the failure is applied: after it, the pass may have ended without the task,
+    and its failure count and the failed queue may be gone with it."""
+    return state.num_failures.get(task_id, 0) + 1 > state.failure_max
+
+
 def save_allowed(state: MasterState, trainer_id: str, now: float) -> bool:
     """Approve if nobody holds an unexpired window, or the caller holds it."""
     s = state.saver
