@@ -47,6 +47,7 @@ from chunkmaster.core.events import (
     SetDataset,
     SetErrorBudget,
     SetWeights,
+    StopJob,
 )
 from chunkmaster.core.mixture import (
     MixtureError,
@@ -435,6 +436,8 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             return _restore(state, event)
         case SetErrorBudget(budget=budget):
             return quarantine.set_budget(state, budget)
+        case StopJob(message=message):
+            return quarantine.stop_job(state, message)
     raise InvalidEvent(f"unknown event {event!r}")
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from chunkmaster.core.events import Fail, Finish, Progress, ReturnTasks
+from chunkmaster.core.errors import FILE_CHANGED
+from chunkmaster.core.events import Fail, Finish, Progress, ReturnTasks, StopJob
 from chunkmaster.core.model import FailedPolicy, Position, TaskMeta
 from chunkmaster.core.quarantine import describe
 from chunkmaster.core.state import MasterState, fail_ignored, fail_quarantines, finish_ignored
@@ -80,6 +81,8 @@ class Reports:
         """A trainer could not process a dispatch; its reason stays visible in status."""
         check_report(meta.id, meta.epoch)
         self._refuse_foreign((meta.id,), session, identity)
+        if reason.startswith(FILE_CHANGED):
+            return self._file_changed(meta, reason)
         ev = Fail(meta.id, meta.epoch, reason or "failed (no reason given)")
         why = fail_ignored(self._ledger.state, ev)
         if why is not None:
@@ -88,6 +91,23 @@ class Reports:
         quarantined = fail_quarantines(self._ledger.state, meta.id)
         _, durable = self._ledger.submit(ev)
         log_failure(self._ledger.state, meta.id, ev.reason, quarantined=quarantined)
+        return after(durable, 1)
+
+    def _file_changed(self, meta: TaskMeta, reason: str) -> Awaitable[int]:
+        """A trainer found a dataset file changed since it was indexed: not the task's fault,
+        so nothing is charged to it; the job stops (every task of the file is affected), and
+        every trainer gets JobStoppedError naming the file and what to do."""
+        message = f"job stopped: {reason}"
+        if self._ledger.state.stopped is not None:  # stopped already: the first says why
+            log.info("task %d: %s", meta.id, reason, extra=about(task=meta.id))
+            return after(self._ledger.written(), 0)
+        _, durable = self._ledger.submit(StopJob(message))
+        log.error(
+            "%s (found by the trainer reading task %d)",
+            message,
+            meta.id,
+            extra=about(task=meta.id, reason=reason),
+        )
         return after(durable, 1)
 
     def progress(self, session: str, positions: Iterable[Position]) -> int:
