@@ -199,3 +199,27 @@ def _peak_rss(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmHWM")
+
+
+def test_a_quarantine_that_ends_the_pass_is_logged_as_a_quarantine(
+    tmp_path: Path, master_process: Any, trainers: Any
+) -> None:
+    """docs/failures.md promises a warning when a task is quarantined. Under the default retry
+    policy, the last task of a pass going over the limit ends the pass, and the failed queue
+    goes with it: the master logged "dispatching it again" for the task it had quarantined."""
+    bad = tmp_path / "bomb.rio"
+    bad.write_bytes(one_chunk(bomb_records(4 << 20), Compressor.GZIP))
+    m = master_process("--chunk-per-task", "1", "--task-timeout-max", "2")
+    args = ["--addr", m.addr, "--dataset", str(bad), "--passes", "1"]
+    (t,) = trainers(1, [*args, "--continue-on-read-error", "--max-inflated-bytes", "1MiB"])
+    assert t.drain() == 0, t.log()
+    assert len(t.read_errors.get(0, [])) == 3, t.log()
+    assert _status(m.addr)["cur_pass"] == 1  # the pass ended without it
+    lines = [line for line in m.log().splitlines() if "task 0 failed" in line]
+    assert len(lines) == 3, m.log()[-3000:]
+    assert all("dispatching it again" in line for line in lines[:2]), lines
+    last = lines[-1]
+    assert "dispatching it again" not in last, last
+    assert "over the limit of 2; quarantined: left out of pass 0" in last, last
+    assert f"{bad} chunks at offset(s) 0" in last and "InflatedTooLargeError" in last, last
+    assert "handed out again in the next pass (--failed-policy retry)" in last, last

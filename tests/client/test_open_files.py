@@ -1,10 +1,11 @@
 """A trainer keeps its local dataset files open across chunks (client/files.py): once per
 pass, not once per chunk; never more than its limit; closed at the end of the pass; and a file
-replaced or rewritten on disk is read as it is now, never from a stale descriptor."""
+replaced or rewritten on disk is never read as the file the master indexed (the job stops)."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,9 @@ import pytest
 from helpers.datasets import numbered_records
 from helpers.inproc import InProcessMaster
 
-from chunkmaster.client import Client, EndOfPass
+from chunkmaster.client import Client, EndOfPass, TaskReadError
 from chunkmaster.client.files import OpenFiles
+from chunkmaster.core.errors import JobStoppedError
 
 
 def _descriptors_of(path: str) -> int:
@@ -64,12 +66,19 @@ def test_a_pass_opens_its_file_once_not_once_per_chunk(
 
 
 @pytest.mark.parametrize("how", ["replaced", "rewritten in place"])
-def test_a_file_changed_on_disk_mid_pass_is_read_as_it_is_now(tmp_path: Path, how: str) -> None:
-    """Records read after the change come from the new contents: a replaced file (a new inode
-    at the path) is opened again, a file rewritten in place is read through an unbuffered
-    descriptor. Both files have the same layout, so the master's index fits both."""
+def test_a_file_changed_on_disk_mid_pass_is_not_read_and_the_job_stops(
+    tmp_path: Path, how: str
+) -> None:
+    """Hostile review, item 15: a file regenerated under its name after the master indexed it,
+    with the same layout (same record sizes, other records), was read silently, the new records
+    taken for the indexed ones. Now the trainer's next chunk of it fails naming the file and
+    what changed, nothing is charged to the task (no quarantine), and the job stops: every
+    trainer gets JobStoppedError naming the file and what to do. The descriptor held open is
+    never read stale either way (a replaced file is a new inode at the path)."""
     path = numbered_records(tmp_path / "d.rio", 40, b"old%03d")
     new = numbered_records(tmp_path / "new.rio", 40, b"new%03d")
+    hour_ago = time.time_ns() - 3600 * 10**9
+    os.utime(path, ns=(hour_ago, hour_ago))  # generated before the job, as datasets are
     with InProcessMaster(chunks_per_task=1, timeout_dur=60.0) as m, Client(m.addr) as c:
         c.set_dataset([path])
         c.start_get_records(0)
@@ -80,14 +89,27 @@ def test_a_file_changed_on_disk_mid_pass_is_read_as_it_is_now(tmp_path: Path, ho
         else:
             with open(path, "r+b") as f:
                 f.write(Path(new).read_bytes())
+        assert os.stat(path).st_size == os.stat(tmp_path / "d.rio").st_size  # same layout
         after: list[bytes] = []
-        while True:
-            try:
-                after.append(c.next_record(timeout=60))
-            except EndOfPass:
-                break
-    assert all(r.startswith(b"old") for r in before)
-    assert len(after) == 30 and all(r.startswith(b"new") for r in after), after
+        errors: list[str] = []
+        with pytest.raises(JobStoppedError) as stopped:
+            while True:
+                try:
+                    after.append(c.next_record(timeout=60))
+                except TaskReadError as exc:  # each task of it the trainer held, then the stop
+                    errors.append(str(exc))
+        assert errors, after
+        for text in errors:
+            changed = f"dataset file changed after the master indexed it: {path}: modified at"
+            assert changed in text, text
+            assert "after it was indexed (modified at" in text, text
+            assert "restore the files, or start a new job (another --job or --store)" in text
+        assert f"{path}: modified at" in str(stopped.value), stopped.value
+        assert "restore the files, or start a new job" in str(stopped.value)
+        st = m.status()
+        assert st["quarantined_tasks"] == [] and st["job_stopped"]["tasks"] == []
+        assert f"{path}: modified at" in st["job_stopped"]["message"]
+    assert all(r.startswith(b"old") for r in before + after), after  # never the new records
 
 
 def test_open_files_are_bounded_and_closed(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from chunkmaster.client.reading import READ_ERRORS, chunk_loader, start_point
 from chunkmaster.client.reporter import Reports, Settling
 from chunkmaster.core.model import Task
 from chunkmaster.formats import ChunkLoader, Loaded, Storage
+from chunkmaster.formats.changed import check_chunk_file
 from chunkmaster.formats.storage import storage_for
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
@@ -270,7 +271,9 @@ class PassBuffer:
         try:
             loader = self._loaders.get(task.format) or self._loader(task.format, chunk.path)
             data = None if ahead is None else ahead.take(task, self._next_chunk - 1)
-            return loader.load(chunk, self._storage(chunk.path), data)
+            storage = self._storage(chunk.path)
+            check_chunk_file(chunk, storage)
+            return loader.load(chunk, storage, data)
         except READ_ERRORS as exc:
             if ahead is not None:
                 ahead.drop(task)

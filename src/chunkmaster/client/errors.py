@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from chunkmaster.core.model import Chunk, Task
+from chunkmaster.formats.changed import FileChangedError
 from chunkmaster.recordio.errors import RecordIOError
 
 
@@ -42,7 +43,10 @@ class TaskReadError(Exception):
 
 
 def describe_read_error(chunk: Chunk, cause: BaseException) -> str:
-    """The failure reason sent to the master: file, chunk offset and size, and the error."""
+    """The failure reason sent to the master: file, chunk offset and size, and the error (a
+    changed file: its own reason, which the master knows by its beginning)."""
+    if isinstance(cause, FileChangedError):
+        return cause.reason
     what = cause.reason if isinstance(cause, RecordIOError) else str(cause)
     return (
         f"cannot read {chunk.path} chunk at offset {chunk.offset} "

@@ -10,8 +10,9 @@ paths: a chunk of a file it holds open is read through the same descriptor.
 - **Never stale**: every `open` stats the path and reopens it when it names another file than
   the descriptor (another device or inode: the file was replaced, as a rename over it does),
   and the descriptor is unbuffered, so every read goes to the file itself: a file rewritten in
-  place reads as a fresh open would (its size and mtime need no check). A path that is gone
-  raises FileNotFoundError, as a fresh open would, and its descriptor is closed.
+  place reads as a fresh open would. A path that is gone raises FileNotFoundError, as a fresh
+  open would, and its descriptor is closed. Whether the file is still the one the master
+  indexed (its size and mtime) is checked before each chunk is read (formats/changed.py).
 
 One reader at a time: the client's pass buffer reads chunks under the client's lock (its own
 lock guards only the table of descriptors).

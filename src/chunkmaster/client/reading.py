@@ -14,12 +14,14 @@ from typing import Any
 from chunkmaster.client.errors import TaskReadError
 from chunkmaster.core.model import Task
 from chunkmaster.formats import ChunkLoader, FormatError, Storage, get_format
+from chunkmaster.formats.changed import FileChangedError, check_chunk_file
 from chunkmaster.formats.storage import storage_for
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.recordio.errors import RecordIOError
 
-#: What a chunk that cannot be read raises: the task is reported failed, the pass goes on.
-READ_ERRORS = (RecordIOError, FormatError, OSError)
+#: What a chunk that cannot be read raises: the task is reported failed, the pass goes on (a
+#: changed file's report stops the job instead: formats/changed.py).
+READ_ERRORS = (RecordIOError, FormatError, OSError, FileChangedError)
 
 
 def start_point(task: Task) -> tuple[int, int, int]:
@@ -89,7 +91,9 @@ class TaskReader:
                     loader = self._loaders[task.format] = chunk_loader(
                         task.format, chunk.path, self._columns, max_inflated=self._max_inflated
                     )
-                loaded = loader.load(chunk, self._storage(chunk.path))
+                storage = self._storage(chunk.path)
+                check_chunk_file(chunk, storage)
+                loaded = loader.load(chunk, storage)
             except READ_ERRORS as exc:
                 raise TaskReadError(task, chunk, exc) from None
             stop = loaded.count

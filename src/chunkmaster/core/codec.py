@@ -37,6 +37,7 @@ from chunkmaster.core.events import (
     SetDataset,
     SetErrorBudget,
     SetWeights,
+    StopJob,
 )
 from chunkmaster.core.mixture import (
     MixtureState,
@@ -152,6 +153,8 @@ def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
         blobs["fs"] = ds.file_sizes
     if ds.chunk_length is not None:
         blobs["cl"] = ds.chunk_length
+    if ds.file_mtimes is not None:
+        blobs["fm"] = ds.file_mtimes
     return header, blobs
 
 
@@ -180,6 +183,7 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
             )
             for name, globs, files, chunks, fmt, size, weight in header.get("sources", ())
         ),
+        blobs.get("fm"),
     )
 
 
@@ -265,6 +269,8 @@ def encode_event(ev: Event) -> bytes:
             return b"N" + pack({**header, "weights": weights_json(w)}, blobs)
         case SetErrorBudget(budget=b):
             return b"Q" + _dumps(_budget(b))
+        case StopJob(message=m):
+            return b"J" + _dumps([m])
         case SetDataset(dataset=ds, job_id=job_id):
             header, blobs = _dataset_parts(ds)
             if job_id:
@@ -347,6 +353,8 @@ def decode_event(data: bytes) -> Event:
             return Resume(float(v[0]))
         if tag == b"Q":
             return SetErrorBudget(_budget_from(v))
+        if tag == b"J":
+            return StopJob(str(v[0]))
         if tag == b"Z":
             return EqualSteps(StepsMode(v[0]).value)
     except (ValueError, KeyError, IndexError, TypeError) as exc:

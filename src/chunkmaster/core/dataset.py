@@ -100,6 +100,9 @@ class Dataset:
     chunk_size: int | None = None
     #: A mixture's sources, in order (empty: one plain dataset, every task of every pass).
     sources: tuple[Source, ...] = ()
+    #: 'q': each file's modification time (ns) when it was indexed; 0 where not known (object
+    #: stores), None for a dataset indexed before they were kept.
+    file_mtimes: array[int] | None = field(default=None)
     _layouts: dict[int, tuple[PassChunks, PassTaskRecords]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -116,6 +119,7 @@ class Dataset:
         lengths: Iterable[Sequence[int]] | None = None,
         fmt: str = "recordio",
         chunk_size: int | None = None,
+        mtimes: Sequence[int] | None = None,
     ) -> Dataset:
         """Assemble from per-file (chunk offsets, records per chunk), in file order, with the
         bytes each chunk spans (`lengths`, per file) if known."""
@@ -150,6 +154,7 @@ class Dataset:
             chunk_length,
             fmt,
             chunk_size=chunk_size,
+            file_mtimes=None if mtimes is None else array("q", mtimes),
         )
 
     @classmethod
@@ -165,6 +170,7 @@ class Dataset:
         chunk_offset: array[int] = array("Q")
         chunk_records: array[int] = array("I")
         sizes: array[int] | None = array("Q")
+        mtimes: array[int] | None = array("q")
         lengths: array[int] | None = array("Q")
         with_lengths = any(d.chunk_length is not None for _, d, _ in parts)
         files: list[str] = []
@@ -181,6 +187,10 @@ class Dataset:
                 sizes.extend(d.file_sizes)
             else:
                 sizes = None
+            if mtimes is not None and d.file_mtimes is not None:
+                mtimes.extend(d.file_mtimes)
+            else:
+                mtimes = None
             if lengths is not None and with_lengths:  # 0: not known
                 lengths.extend(d.chunk_length or array("Q", bytes(8 * d.num_chunks)))
             files.extend(d.files)
@@ -200,6 +210,7 @@ class Dataset:
             lengths if with_lengths else None,
             formats.pop() if len(formats) == 1 else "mixed",
             sources=tuple(sources),
+            file_mtimes=mtimes,
         )
 
     def grown(self, added: Dataset) -> Dataset:
@@ -219,6 +230,9 @@ class Dataset:
         sizes = None
         if self.file_sizes is not None and added.file_sizes is not None:
             sizes = self.file_sizes + added.file_sizes
+        mtimes = None
+        if self.file_mtimes is not None and added.file_mtimes is not None:
+            mtimes = self.file_mtimes + added.file_mtimes
         lengths = None
         if self.chunk_length is not None or added.chunk_length is not None:
             lengths = array("Q")
@@ -237,6 +251,7 @@ class Dataset:
             self.shuffle_seed,
             self.chunk_size,
             self.sources + added.sources,
+            mtimes,
         )
 
     @property
@@ -332,7 +347,16 @@ class Dataset:
     def task_chunks(self, task_id: int, pass_id: int = 0) -> tuple[Chunk, ...]:
         files, cf, co, cr = self.files, self.chunk_file, self.chunk_offset, self.chunk_records
         cl = self.chunk_length
+        fs, fm = self.file_sizes, self.file_mtimes
         ids = self.chunk_ids(task_id, pass_id)
-        if cl is None:
-            return tuple(Chunk(files[cf[i]], co[i], cr[i]) for i in ids)
-        return tuple(Chunk(files[cf[i]], co[i], cr[i], cl[i]) for i in ids)
+        return tuple(
+            Chunk(
+                files[cf[i]],
+                co[i],
+                cr[i],
+                0 if cl is None else cl[i],
+                0 if fs is None else fs[cf[i]],
+                0 if fm is None else fm[cf[i]],
+            )
+            for i in ids
+        )

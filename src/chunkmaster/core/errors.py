@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+#: How a failure report that a dataset file changed after indexing begins (formats/changed.py):
+#: the master stops the job instead of charging the task.
+FILE_CHANGED = "dataset file changed after the master indexed it"
+
 
 class MasterError(Exception):
     """Base of every error the master reports to a trainer."""

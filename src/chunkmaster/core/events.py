@@ -30,6 +30,14 @@ class SetErrorBudget:
 
 
 @dataclass(frozen=True, slots=True)
+class StopJob:
+    """The job stops for a reason no budget changes: a dataset file changed after the master
+    indexed it (a trainer found it at its read). `message` is what trainers get from now on."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class EqualSteps:
     """Equal steps per trainer in force from now on: "off", "drop" or "pad"
     (docs/equal-steps.md); journaled when a master starts with a new --equal-steps."""
@@ -219,6 +227,7 @@ Event = (
     | Commit
     | Restore
     | SetErrorBudget
+    | StopJob
     | SetWeights
     | AddSources
 )

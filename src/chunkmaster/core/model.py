@@ -12,12 +12,17 @@ class Chunk:
 
     `offset` is where the chunk starts in the file's format (a byte offset, or a Parquet row
     group's number); `length` is the bytes it spans (0: not known), for ranged reads.
+    `file_size` and `file_mtime_ns` are the file's size and modification time when the master
+    indexed it (0: not known): a trainer checks them before it reads, so that a file written
+    again after indexing is never read as the chunks the master counted (docs/formats.md).
     """
 
     path: str
     offset: int
     num_records: int
     length: int = 0
+    file_size: int = 0
+    file_mtime_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ __all__ = [
     "note_pass_started",
     "note_quarantined",
     "set_budget",
+    "stop_job",
 ]
 
 MESSAGE_TASKS = 5  # tasks named in a stop's message (status lists them all)
@@ -130,11 +131,21 @@ def set_budget(state: Records, budget: ErrorBudget) -> bool:
     """A new budget: a stopped job within it goes on; a running one over it stops."""
     state.error_budget = budget
     stop = state.stopped
-    if stop is not None:
+    if stop is not None and stop.tasks:  # a stop without tasks is no budget's (stop_job)
         limit = budget_limit(state)
         if limit is None or stop.records <= limit:
             state.stopped = None
     _hold_to_budget(state)
+    return True
+
+
+def stop_job(state: Records, message: str) -> bool:
+    """Stop the job for a reason no error budget changes (a dataset file changed after it
+    was indexed): every later request for a task gets JobStoppedError with `message`. The
+    first stop stays."""
+    if state.stopped is not None:
+        return False
+    state.stopped = JobStop(state.cur_pass, 0, 0, (), message)
     return True
 
 

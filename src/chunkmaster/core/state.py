@@ -47,6 +47,7 @@ from chunkmaster.core.events import (
     SetDataset,
     SetErrorBudget,
     SetWeights,
+    StopJob,
 )
 from chunkmaster.core.mixture import (
     MixtureError,
@@ -347,6 +348,13 @@ def fail_ignored(state: MasterState, ev: Fail) -> str | None:
     return None
 
 
+def fail_quarantines(state: MasterState, task_id: int) -> bool:
+    """Whether one more failure of `task_id` puts it over failure_max (it is quarantined).
+    Asked before the failure is applied: after it, the pass may have ended without the task,
+    and its failure count and the failed queue may be gone with it."""
+    return state.num_failures.get(task_id, 0) + 1 > state.failure_max
+
+
 def save_allowed(state: MasterState, trainer_id: str, now: float) -> bool:
     """Approve if nobody holds an unexpired window, or the caller holds it."""
     s = state.saver
@@ -430,6 +438,8 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
             return _restore(state, event)
         case SetErrorBudget(budget=budget):
             return quarantine.set_budget(state, budget)
+        case StopJob(message=message):
+            return quarantine.stop_job(state, message)
     raise InvalidEvent(f"unknown event {event!r}")
 
 

@@ -344,17 +344,20 @@ def load_dataset(
     form = get_format(fmt)
     bound = chunk_size_for(fmt, chunk_size)
 
-    def index_of(path: str) -> FileIndex:
+    def index_of(path: str) -> tuple[FileIndex, int]:
+        """The file's index, and its mtime (ns) taken before it was read (0: an object)."""
+        mtime = file_mtime_ns(path)
         storage = storage_for(path, storage_options)
-        return _index_file(form, path, storage, bound, max_inflated, remote)
+        return _index_file(form, path, storage, bound, max_inflated, remote), mtime
 
     try:
-        indexes = map_in_daemon_threads(index_of, files, MAX_INDEX_THREADS, file_timeout)
+        indexed = map_in_daemon_threads(index_of, files, MAX_INDEX_THREADS, file_timeout)
     except ItemTimeout as exc:
         raise DatasetError(
             f"no valid dataset specified: reading the chunk index of {exc.item} took longer "
             f"than {exc.seconds:g}s (is its file system hung?)"
         ) from None
+    indexes = [ix for ix, _ in indexed]
     dataset = Dataset.build(
         globs,
         files,
@@ -364,6 +367,7 @@ def load_dataset(
         lengths=(ix.lengths for ix in indexes),
         fmt=fmt,
         chunk_size=bound,
+        mtimes=[mtime for _, mtime in indexed],
     )
     if dataset.num_chunks == 0:
         raise DatasetError(
@@ -380,6 +384,18 @@ def load_dataset(
         dataset.chunks_per_task,
     )
     return dataset
+
+
+def file_mtime_ns(path: str) -> int:
+    """A local file's modification time in ns (0 for an object-store URL: not kept)."""
+    from chunkmaster.formats.remote import is_remote, local_path
+
+    if is_remote(path):
+        return 0
+    try:
+        return os.stat(local_path(path)).st_mtime_ns
+    except OSError:
+        return 0  # indexing it names the error
 
 
 def _index_file(

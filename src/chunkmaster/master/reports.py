@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from chunkmaster.core.events import Fail, Finish, Progress, ReturnTasks
-from chunkmaster.core.model import Position, TaskMeta
+from chunkmaster.core.errors import FILE_CHANGED
+from chunkmaster.core.events import Fail, Finish, Progress, ReturnTasks, StopJob
+from chunkmaster.core.model import FailedPolicy, Position, TaskMeta
 from chunkmaster.core.quarantine import describe
-from chunkmaster.core.state import MasterState, fail_ignored, finish_ignored
+from chunkmaster.core.state import MasterState, fail_ignored, fail_quarantines, finish_ignored
 from chunkmaster.logs import about
 from chunkmaster.master.checks import check_report, deny
 from chunkmaster.master.ledger import Ledger, after, started
@@ -80,13 +81,33 @@ class Reports:
         """A trainer could not process a dispatch; its reason stays visible in status."""
         check_report(meta.id, meta.epoch)
         self._refuse_foreign((meta.id,), session, identity)
+        if reason.startswith(FILE_CHANGED):
+            return self._file_changed(meta, reason)
         ev = Fail(meta.id, meta.epoch, reason or "failed (no reason given)")
         why = fail_ignored(self._ledger.state, ev)
         if why is not None:
             log.info("failure of task %d (epoch %d) ignored: %s", meta.id, meta.epoch, why)
             return after(self._ledger.written(), 0)
+        quarantined = fail_quarantines(self._ledger.state, meta.id)
         _, durable = self._ledger.submit(ev)
-        log_failure(self._ledger.state, meta.id, ev.reason)
+        log_failure(self._ledger.state, meta.id, ev.reason, quarantined=quarantined)
+        return after(durable, 1)
+
+    def _file_changed(self, meta: TaskMeta, reason: str) -> Awaitable[int]:
+        """A trainer found a dataset file changed since it was indexed: not the task's fault,
+        so nothing is charged to it; the job stops (every task of the file is affected), and
+        every trainer gets JobStoppedError naming the file and what to do."""
+        message = f"job stopped: {reason}"
+        if self._ledger.state.stopped is not None:  # stopped already: the first says why
+            log.info("task %d: %s", meta.id, reason, extra=about(task=meta.id))
+            return after(self._ledger.written(), 0)
+        _, durable = self._ledger.submit(StopJob(message))
+        log.error(
+            "%s (found by the trainer reading task %d)",
+            message,
+            meta.id,
+            extra=about(task=meta.id, reason=reason),
+        )
         return after(durable, 1)
 
     def progress(self, session: str, positions: Iterable[Position]) -> int:
@@ -119,20 +140,31 @@ class Reports:
         return after(durable, back)
 
 
-def log_failure(st: MasterState, task_id: int, reason: str) -> None:
+def log_failure(st: MasterState, task_id: int, reason: str, *, quarantined: bool) -> None:
     """One line for a failure just applied: the task goes round again, or is quarantined
-    (and the job may have stopped)."""
+    (and the job may have stopped). `quarantined` is asked before the failure is applied
+    (core.state.fail_quarantines): a quarantine that ends the pass leaves no trace of it in
+    the failed queue under the retry policy."""
     n = st.failure_total.get(task_id, 0)
     extra = about(pass_id=st.cur_pass, task=task_id, reason=reason)
-    if task_id not in st.failed:
+    if not quarantined:
         log.warning("task %d failed (%s); dispatching it again", task_id, reason, extra=extra)
         return
+    q = describe(st, task_id)
+    left_out = q.reasons[-1].pass_id if q.reasons else st.cur_pass
+    retried = (
+        "; it is handed out again in the next pass (--failed-policy retry)"
+        if st.failed_policy is FailedPolicy.RETRY or st.mix is not None
+        else ""
+    )
     log.warning(
-        "task %d failed %d times, over the limit of %d; quarantined: %s",
+        "task %d failed %d times, over the limit of %d; quarantined: left out of pass %d%s: %s",
         task_id,
         n,
         st.failure_max,
-        describe(st, task_id).describe(),
+        left_out,
+        retried,
+        q.describe(),
         extra=extra,
     )
     if st.stopped is not None and task_id in st.stopped.tasks:

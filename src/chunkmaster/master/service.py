@@ -24,9 +24,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from chunkmaster.core.dataset import size_text
-from chunkmaster.core.events import Finish
+from chunkmaster.core.events import Finish, StopJob
 from chunkmaster.core.model import Position, Task, TaskMeta
 from chunkmaster.core.reconcile import reconcile
+from chunkmaster.formats.changed import changed_files, stop_message
 from chunkmaster.logs import about
 from chunkmaster.master.checkpoints import Checkpoints
 from chunkmaster.master.dispatch import Dispatcher
@@ -100,6 +101,12 @@ class Service:
         for ev in events:
             await self.ledger.commit(ev)
         st = self.ledger.state
+        ds = st.dataset
+        if ds is not None and st.stopped is None:
+            found = changed_files(ds.files, ds.file_sizes, ds.file_mtimes)  # a stat each
+            if found:
+                when = "found when the master started on its store"
+                await self.ledger.commit(StopJob(stop_message(found, when)))
         if st.stopped is not None:
             log.error("%s", st.stopped.message, extra=about(pass_id=st.stopped.pass_id))
         self._timeouts.start()

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from chunkmaster.core.errors import SessionExpiredError
 from chunkmaster.core.events import EndSession, OpenSession
 from chunkmaster.core.model import TRAINER_LOST_REASON, Position
-from chunkmaster.core.state import lost_reason, reading_task
+from chunkmaster.core.state import fail_quarantines, lost_reason, reading_task
 from chunkmaster.logs import about
 from chunkmaster.master.checks import check_hello, deny
 from chunkmaster.master.leases import DataWait, LeaseKeeper
@@ -109,12 +109,13 @@ class Sessions:
             return 0
         ps = own_positions(st, session, positions)
         reading = reading_task(st, session) if charge else None
+        quarantined = reading is not None and fail_quarantines(st, reading)
         held = await self._ledger.commit(EndSession(session, reason, ps, charge))
         assert isinstance(held, int)
         self.leases.drop(session)
         self._share.check()
         if reading is not None:
-            log_failure(self._ledger.state, reading, lost_reason(s))
+            log_failure(self._ledger.state, reading, lost_reason(s), quarantined=quarantined)
         log.log(
             logging.WARNING if reason == TRAINER_LOST_REASON else logging.INFO,
             "session %s of trainer %s (%s, pid %d) ended (%s); %s task(s) it held go back "

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from chunkmaster.core.events import Fail, Resume
 from chunkmaster.core.model import TIMEOUT_REASON
-from chunkmaster.core.state import fail_ignored, task_deadline
+from chunkmaster.core.state import fail_ignored, fail_quarantines, task_deadline
 from chunkmaster.master.ledger import Ledger, started
 from chunkmaster.master.reports import log_failure
 
@@ -140,8 +140,9 @@ class TaskTimeouts:
         if due > self._clock():
             self.arm(due, task_id, epoch)
             return
+        quarantined = fail_quarantines(st, task_id)
         await self._ledger.commit(ev)
-        log_failure(self._ledger.state, task_id, TIMEOUT_REASON)
+        log_failure(self._ledger.state, task_id, TIMEOUT_REASON, quarantined=quarantined)
 
     def _after_store_outage(self) -> None:
         if self._ledger.state.pending:

@@ -7,16 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Chunk(_message.Message):
-    __slots__ = ("path", "offset", "num_records", "length")
+    __slots__ = ("path", "offset", "num_records", "length", "file_size", "file_mtime_ns")
     PATH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    FILE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FILE_MTIME_NS_FIELD_NUMBER: _ClassVar[int]
     path: str
     offset: int
     num_records: int
     length: int
-    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., num_records: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    file_size: int
+    file_mtime_ns: int
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., num_records: _Optional[int] = ..., length: _Optional[int] = ..., file_size: _Optional[int] = ..., file_mtime_ns: _Optional[int] = ...) -> None: ...
 
 class TaskMeta(_message.Message):
     __slots__ = ("id", "epoch")

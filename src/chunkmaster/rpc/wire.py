@@ -142,7 +142,14 @@ def task_to_pb(task: Task) -> pb.Task:
     return pb.Task(
         meta=pb.TaskMeta(id=task.meta.id, epoch=task.meta.epoch),
         chunks=[
-            pb.Chunk(path=c.path, offset=c.offset, num_records=c.num_records, length=c.length)
+            pb.Chunk(
+                path=c.path,
+                offset=c.offset,
+                num_records=c.num_records,
+                length=c.length,
+                file_size=c.file_size,
+                file_mtime_ns=c.file_mtime_ns,
+            )
             for c in task.chunks
         ],
         pass_id=task.pass_id,
@@ -157,7 +164,10 @@ def task_to_pb(task: Task) -> pb.Task:
 def task_from_pb(msg: pb.Task) -> Task:
     return Task(
         TaskMeta(msg.meta.id, msg.meta.epoch),
-        tuple(Chunk(c.path, c.offset, c.num_records, c.length) for c in msg.chunks),
+        tuple(
+            Chunk(c.path, c.offset, c.num_records, c.length, c.file_size, c.file_mtime_ns)
+            for c in msg.chunks
+        ),
         msg.pass_id,
         msg.start,
         msg.end,

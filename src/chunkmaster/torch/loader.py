@@ -28,6 +28,7 @@ from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.feed import PassFeed
 from chunkmaster.client.options import GROUPED, Options
 from chunkmaster.client.options import resolve as resolve_options
+from chunkmaster.core.errors import PassOverError
 from chunkmaster.core.model import Task
 from chunkmaster.torch.batches import Batch, Loose, Merger, ReadFailure, pinned
 from chunkmaster.torch.channel import Dispatcher, LocalEnd, Round, TaskKey
@@ -237,6 +238,7 @@ class Loader:
         if pass_id is None:
             cur = client.status().get("cur_pass")
             pass_id = cur if isinstance(cur, int) else 0
+            log.info("this loader's iteration reads pass %d (%s)", pass_id, _why_pass(pass_id))
         stock = self.num_workers + 1
         feed = client.feed(pass_id, stock=max(2, stock), joined=self._completed == pass_id - 1)
         return self._run(feed)
@@ -259,6 +261,8 @@ class Loader:
                         )
                     if isinstance(end, EndOfPass):
                         break
+                    if isinstance(end, PassOverError):
+                        raise self._pass_over(p, end) from end
                     raise end
                 run.waited = time.monotonic() - started
                 yield from self._round(run)
@@ -268,6 +272,20 @@ class Loader:
         finally:
             if not completed:
                 feed.abandon()  # its tasks go back at the positions the loop took them to
+
+    def _pass_over(self, pass_id: int, exc: PassOverError) -> PassOverError:
+        """The client's PassOverError, told in the Loader's terms: what to call on it."""
+        try:
+            cur = self.client.status().get("cur_pass")
+        except Exception:  # the master's pass is in the client's text anyway
+            cur = None
+        now = f"pass {cur}" if isinstance(cur, int) else "the master's current pass"
+        arg = str(cur) if isinstance(cur, int) else "N"
+        return PassOverError(
+            f"{exc}. With the Loader: call loader.set_pass({arg}) to read {now} in the next "
+            "iteration (a new Loader, or one after load_state_dict, starts at the master's "
+            "current pass by itself)"
+        )
 
     def _round(self, run: _PassRun) -> Iterator[Any]:
         """One round of the DataLoader's workers over the tasks the feed has ready."""
@@ -416,6 +434,17 @@ class _PassRun:
         for key, task in self.round.given.items():
             if key not in self.done and self.feed.held(task):
                 self.feed.restock(task, self.received.get(key, task.start))
+
+
+def _why_pass(pass_id: int) -> str:
+    """Why an iteration whose pass was not set reads `pass_id`, for its log line."""
+    if pass_id == 0:
+        return "the master's current pass"
+    over = "pass 0 is" if pass_id == 1 else f"passes 0 to {pass_id - 1} are"
+    return (
+        f"the master's current pass; {over} over. loader.set_pass(p) before iterating "
+        "chooses another"
+    )
 
 
 def _restart_key(blob: bytes) -> str:
