@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from chunkmaster.master.auth import read_token
+from chunkmaster.tokens import read_token
 from chunkmaster.torch import Loader
 
 RECORD = struct.Struct("<q5f")  # record ID, 4 features, target
