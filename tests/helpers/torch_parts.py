@@ -3,6 +3,7 @@ start method (spawn and forkserver import them by name)."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import time
 from typing import Any
@@ -24,6 +25,11 @@ def slow_record_id(record: Any) -> torch.Tensor:
     """record_id, slowly: a reader too slow for its training loop."""
     time.sleep(0.005)
     return record_id(record)
+
+
+def dump_on_crash(worker: int) -> None:
+    """worker_init_fn: a worker that crashes dumps its Python stacks (stderr)."""
+    faulthandler.enable(all_threads=True)
 
 
 def ids_of(batch: Any) -> list[int]:

@@ -6,6 +6,7 @@ step and, with --checkpoint, the model and the loader's state saved together eve
         [--workers 2] [--batch-size 8] [--prefetch-factor 2] [--checkpoint FILE --save-every K]
         [--die-at-step S] [--transform record_id|slow_record_id] [--name NAME]
         [--restore-key KEY] [--break-to-save]
+        [--context fork|spawn|forkserver] [--not-persistent]
 
 Started again with the same --checkpoint after a SIGKILL (--die-at-step kills it once: a file
 beside the checkpoint remembers it did), it loads the model and the loader's state, so the
@@ -44,6 +45,8 @@ def main() -> None:
     ap.add_argument("--die-at-step", type=int)
     ap.add_argument("--transform", default="record_id")
     ap.add_argument("--name")
+    ap.add_argument("--context", help="the workers' start method (default: the Loader's)")
+    ap.add_argument("--not-persistent", action="store_true", help="workers started each round")
     ap.add_argument("--log", help="append each batch's record IDs here, a line a batch")
     ap.add_argument(
         "--freeze-after-step", type=int, help="SIGSTOP the process group after this step's commit"
@@ -63,8 +66,10 @@ def main() -> None:
         transform=getattr(torch_parts, args.transform),
         batch_size=args.batch_size,
         num_workers=args.workers,
-        persistent_workers=args.workers > 0,
+        persistent_workers=args.workers > 0 and not args.not_persistent,
         prefetch_factor=args.prefetch_factor,
+        multiprocessing_context=args.context,
+        worker_init_fn=torch_parts.dump_on_crash,
         name=args.name,
         restore_key=args.restore_key,
     )

@@ -78,6 +78,11 @@ SETTINGS = [
         id="spawn",
     ),
     pytest.param(dict(num_workers=2, multiprocessing_context="forkserver"), id="forkserver"),
+    pytest.param(dict(num_workers=2, multiprocessing_context="fork"), id="fork"),
+    pytest.param(
+        dict(num_workers=2, persistent_workers=True, multiprocessing_context="fork"),
+        id="fork-persistent",
+    ),
 ]
 
 

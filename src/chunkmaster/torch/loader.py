@@ -12,10 +12,14 @@ restarted job takes the master back to it (docs/torch.md).
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import multiprocessing
 import os
+import pickle
+import sys
 import time
+import types
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -43,6 +47,83 @@ READ_ERRORS_KEPT = 100  # read failure reasons a loader remembers (the master ha
 def _keep(item: Any) -> Any:
     """The DataLoader's collate_fn: workers send whole items (batches.py)."""
     return item
+
+
+START_METHOD = "forkserver"  # DataLoader workers' start method when the loader is not given one
+
+FORK_RISK = (
+    "DataLoader workers forked from a process whose gRPC threads run (the loader's session "
+    "with the master) may crash: gRPC does not support fork() with live threads"
+)
+
+
+class _MainChecker(pickle.Pickler):
+    """A pickler that also refuses what a worker could not import: a function or class of a
+    __main__ that is no file (an interactive session, python -c)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            isinstance(obj, type | types.FunctionType)
+            and obj.__module__ == "__main__"
+            and getattr(sys.modules.get("__main__"), "__file__", None) is None
+        ):
+            raise pickle.PicklingError(
+                f"{obj.__qualname__} is defined in __main__, which is no file"
+            )
+        return NotImplemented
+
+
+def _unpicklable(pieces: Mapping[str, Any]) -> str | None:
+    """The first of `pieces` (name -> object) that cannot go to a worker of a fresh process,
+    and why; None when all can."""
+    for name, obj in pieces.items():
+        try:
+            _MainChecker(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+        except Exception as e:  # whatever pickling raises: the reason is shown
+            return f"{name} {obj!r} cannot be pickled ({type(e).__name__}: {e})"
+    return None
+
+
+def _worker_context(given: Any, pieces: Mapping[str, Any]) -> Any:
+    """The workers' multiprocessing context. One given is honoured (with a warning for fork,
+    see FORK_RISK). By default forkserver: its server process is started fresh before the
+    loader connects and forks the workers, so no worker inherits gRPC; workers then get their
+    transform, collate_fn and worker_init_fn pickled, and when one cannot be, fork (warned)."""
+    if given is not None:
+        context = multiprocessing.get_context(given) if isinstance(given, str) else given
+        if context.get_start_method() == "fork":
+            log.warning(
+                "multiprocessing_context='fork': %s; a worker may die of a segmentation "
+                "fault. Leave multiprocessing_context unset (forkserver) or use 'spawn' "
+                "(docs/torch.md)",
+                FORK_RISK,
+            )
+        return context
+    if START_METHOD not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context()
+    reason = _unpicklable(pieces)
+    if reason is None:
+        return multiprocessing.get_context(START_METHOD)
+    log.warning(
+        "DataLoader workers start by fork, not %s: %s. %s; a worker may die of a "
+        "segmentation fault. Define it at the top level of a module (docs/torch.md)",
+        START_METHOD,
+        reason,
+        FORK_RISK,
+    )
+    return multiprocessing.get_context("fork")
+
+
+def _start_forkserver() -> None:
+    """Start the forkserver (fork and exec: a fresh process) before the loader's first channel,
+    with torch and this package imported once there rather than in every worker."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    preload = list(getattr(server, "_preload_modules", None) or ["__main__"])
+    if __name__ not in preload and getattr(server, "_forkserver_pid", None) is None:
+        forkserver.set_forkserver_preload([*preload, __name__])
+    forkserver.ensure_running()
 
 
 def _client_options(
@@ -80,8 +161,10 @@ class Loader:
     Records become samples through `transform` (in the workers), batches through `collate_fn`
     (default: torch's default_collate) of `batch_size` samples (None: samples one by one).
     `num_workers`, `persistent_workers`, `prefetch_factor`, `pin_memory`, `in_order`,
-    `multiprocessing_context`, `worker_init_fn` and `timeout` are the DataLoader's. `columns`:
-    read only these columns of a Parquet dataset.
+    `multiprocessing_context`, `worker_init_fn` and `timeout` are the DataLoader's; without a
+    `multiprocessing_context`, workers start by forkserver (never forked from this process,
+    whose gRPC threads run), so `transform`, `collate_fn` and `worker_init_fn` are pickled.
+    `columns`: read only these columns of a Parquet dataset.
 
     A chunk that cannot be read is reported to the master (which hands its task out again, or
     quarantines it after --task-timeout-max failures, and stops the job past its error budget)
@@ -140,9 +223,11 @@ class Loader:
         )
         self._dispatcher: Dispatcher | None = None
         context = multiprocessing_context
+        self._forkserver = False
         if num_workers:
-            if context is None or isinstance(context, str):
-                context = multiprocessing.get_context(context)
+            pieces = {"transform": transform, "collate_fn": collate_fn}
+            context = _worker_context(context, {**pieces, "worker_init_fn": worker_init_fn})
+            self._forkserver = context.get_start_method() == "forkserver"
             self._dispatcher = Dispatcher(context, num_workers)
             self._readers.ends = self._dispatcher.ends()
         self._loader = DataLoader(
@@ -165,6 +250,8 @@ class Loader:
     def client(self) -> Client:
         """This rank's client (its session), made on first use."""
         if self._client is None:
+            if self._forkserver:
+                _start_forkserver()
             blob, self._restore = self._restore, None
             if blob is not None:
                 self._restore_job(blob)
