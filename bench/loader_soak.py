@@ -7,7 +7,9 @@ beside the live world (one declaring WORLD_SIZE=4, one a second RANK=0).
     .venv/bin/python bench/loader_soak.py [--records 2000] [--passes 3] [--seconds 90] [--seed 1]
         [--no-strays]
 
-The trainer is tests/helpers/torch_trainer.py: its "model" counts how often it trained on each
+The master runs with `--equal-steps drop` (a world of one rank drops nothing): without equal
+steps a trainer's rank is not the world's to keep, and a stray reads like any trainer. The
+trainer is tests/helpers/torch_trainer.py: its "model" counts how often it trained on each
 record of each pass, saved with the loader's state every 5 steps (after a `break`); a SIGKILL
 loses the model since its last save, and the restart loads both. Checks, at the end, in the
 model the trainer ends with: records lost (never trained on) and repeated (trained on twice),
@@ -79,6 +81,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         )
     )
     store = ["--store", str(root / "state.db"), "--chunk-per-task", "1", "--trainer-ttl", "3"]
+    store += ["--equal-steps", "drop"]  # ranks are the world's only with equal steps
     master = MasterProcess(store, log_path=root / "master.log").start()
     assert master.addr is not None
     addr = master.addr
@@ -111,7 +114,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         elif what == "master":
             master.restart()
             events.append("master SIGKILLed")
-        elif what == "stray":
+        elif what == "stray" and time.monotonic() - started >= 10.0:
+            # Only beside a trainer whose session is up: a second rank 0 while the trainer is
+            # still starting after a kill is the world's rank 0 (the old one is dead), not a
+            # stray.
             world, rank = rng.choice([(4, 3), (1, 0)])
             strays.append(stray(addr, data, world, rank))
             events.append(f"stray rank {rank} of world {world}")

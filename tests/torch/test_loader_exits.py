@@ -10,6 +10,7 @@ store; records are numbered, so every check is on exact counts.
 from __future__ import annotations
 
 import gc
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -172,3 +173,23 @@ def test_the_loop_goes_on_after_leaving_it_and_every_record_comes_once(
         assert Counter(taken) == Counter(range(N))
         (ledger,) = [led for led in m.status()["ledger"] if led["pass"] == 0]
         assert ledger["committed"] == N
+
+
+def test_a_loop_left_at_the_last_batch_of_a_pass_comes_back_to_its_end(tmp_path: Path) -> None:
+    """A loader that did not read the pass before (a new one, or one restored) leaves its loop
+    at the pass's last batch, saves, and comes back: the pass is over, and that is its end, not
+    a PassOverError (the next iteration reads the pass after)."""
+    data = numbered(tmp_path)
+    with InProcessMaster(chunks_per_task=1) as m:
+        with Loader(m.addr, dataset=[data], transform=record_id, batch_size=8) as first:
+            assert len([b for b in first]) == math.ceil(N / 8)  # pass 0, by another loader
+        with Loader(m.addr, transform=record_id, batch_size=8, num_workers=2) as loader:
+            taken: list[int] = []
+            for batch in loader:  # pass 1
+                taken += ids_of(batch)
+                if len(taken) == N:
+                    break  # its last batch: the master's pass is 2 now
+            loader.state_dict()
+            assert [b for b in loader] == []  # pass 1 again: over, and it took part in it
+            assert Counter(taken) == Counter(range(N))
+            assert Counter(i for batch in loader for i in ids_of(batch)) == Counter(range(N))

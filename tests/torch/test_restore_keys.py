@@ -10,12 +10,9 @@ the job moved on, is refused naming the key. Another checkpoint under the same k
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import struct
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ pytest.importorskip("torch")
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.torch_parts import ids_of, record_id
+from helpers.torchrun import run_example
 
 from chunkmaster.client import Session
 from chunkmaster.client.connection import MasterConnection
@@ -137,7 +135,6 @@ def test_every_rank_of_one_restart_asks_and_the_master_goes_back_once(tmp_path: 
 
 RECORD = struct.Struct("<q5f")
 RECORDS = 600
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
 
 
 def free_port() -> int:
@@ -149,21 +146,8 @@ def free_port() -> int:
 def launch(tmp_path: Path, name: str, *args: str) -> subprocess.CompletedProcess[str]:
     """One launch of the same torchrun command: no --rdzv-id, so its run ID is the same at
     every launch, as is its restart count."""
-    exe = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    assert exe is not None
-    cmd = [exe, "--nproc-per-node", "2", "--master-port", str(free_port()), str(EXAMPLE), *args]
-    log = tmp_path / f"{name}.log"
-    with open(log, "w") as out:
-        proc = subprocess.run(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=600,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )
-    proc.stdout = log.read_text()
-    return proc
+    launch = ["--nproc-per-node", "2", "--master-port", str(free_port())]
+    return run_example(tmp_path, name, launch, args)
 
 
 def test_a_torchrun_command_launched_again_from_the_same_checkpoint_loses_nothing(

@@ -13,12 +13,9 @@ ledger counts them: fewer than the ranks).
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,30 +24,17 @@ import pytest
 pytest.importorskip("torch")
 
 from helpers.datasets import write_records
+from helpers.torchrun import run_example
 
 from chunkmaster.client.connection import MasterConnection
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
 RECORD = struct.Struct("<q5f")
 RECORDS = 1200
 
 
 def torchrun(tmp_path: Path, name: str, ranks: int, *args: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    assert exe is not None, "torchrun is installed with torch"
-    cmd = [exe, "--standalone", "--nproc-per-node", str(ranks), "--max-restarts", "1"]
-    log = tmp_path / f"{name}.log"
-    with open(log, "w") as out:
-        proc = subprocess.run(
-            [*cmd, str(EXAMPLE), *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=600,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )
-    proc.stdout = log.read_text()
-    return proc
+    launch = ["--standalone", "--nproc-per-node", str(ranks), "--max-restarts", "1"]
+    return run_example(tmp_path, name, launch, args)
 
 
 def test_ddp_ranks_train_on_every_record_once_through_a_rank_kill_and_a_smaller_restart(

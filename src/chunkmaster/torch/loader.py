@@ -209,6 +209,7 @@ class Loader:
         self.read_error_reasons: list[str] = []
         self.meter = WaitMeter()
         self._completed = -1  # the last pass this loader read to its end
+        self._took_part = -1  # the last pass this loader's training loop took a batch of
         self._client: Client | None = None
         self._restore: bytes | None = None
         self._other_job = False
@@ -296,7 +297,7 @@ class Loader:
         if not isinstance(blob, bytes | bytearray):
             raise ValueError("the loader state holds no data checkpoint")
         self.pass_id = None  # the master's pass after the restore
-        self._completed = -1
+        self._completed = self._took_part = -1
         self._other_job = other_job
         if self._client is None:
             self._restore = bytes(blob)
@@ -327,7 +328,10 @@ class Loader:
             pass_id = cur if isinstance(cur, int) else 0
             log.info("this loader's iteration reads pass %d (%s)", pass_id, _why_pass(pass_id))
         stock = self.num_workers + 1
-        feed = client.feed(pass_id, stock=max(2, stock), joined=self._completed == pass_id - 1)
+        # A loop left (a `break`) at the pass's last batch finds it over when it comes back:
+        # that is its end, not a pass it missed.
+        joined = self._completed == pass_id - 1 or self._took_part == pass_id
+        feed = client.feed(pass_id, stock=max(2, stock), joined=joined)
         return self._run(feed)
 
     def _run(self, feed: PassFeed) -> Iterator[Any]:
@@ -493,6 +497,7 @@ class _PassRun:
             self.loader._failed(self.feed, self.task_of(key), *self.failing.pop(key))
             self.done.add(key)
         if mine:
+            self.loader._took_part = self.feed.pass_id
             self.loader.meter.waited(self.waited)
             self.waited = 0.0
         return mine
