@@ -52,11 +52,12 @@ LOADER_SCRIPT = textwrap.dedent(
     """
     import sys, threading
     from chunkmaster.torch import Loader
-    addr, path = sys.argv[1:3]
-    loader = Loader(addr, dataset=[path], batch_size=4, num_workers=2)
-    for batch in loader:
-        print("READING", flush=True)
-        threading.Event().wait()  # until Ctrl-C
+    if __name__ == "__main__":
+        addr, path = sys.argv[1:3]
+        loader = Loader(addr, dataset=[path], batch_size=4, num_workers=2)
+        for batch in loader:
+            print("READING", flush=True)
+            threading.Event().wait()  # until Ctrl-C
     """
 )
 

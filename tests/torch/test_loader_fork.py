@@ -106,3 +106,28 @@ def test_fork_is_honoured_when_asked_for_and_warned_about(
         assert "transform <function" in caplog.text and "cannot be pickled" in caplog.text
         for loader in (forked, default, fallback):
             loader.close()
+
+
+UNGUARDED = """
+import sys
+from chunkmaster.torch import Loader
+loader = Loader(sys.argv[1], dataset=[sys.argv[2]], batch_size=4, num_workers=2)
+print(sum(1 for _ in loader))
+"""
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path: Path, data: Path) -> None:
+    """Workers start by forkserver, which imports the training script again: one without
+    `if __name__ == "__main__":` fails at once with Python's word of what to do (the idiom),
+    not with a worker dying silently or a loop run twice."""
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED)
+    with InProcessMaster(chunks_per_task=1) as m:
+        proc = subprocess.run(
+            [sys.executable, str(script), m.addr, str(data)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    assert proc.returncode != 0
+    assert "if __name__ == '__main__':" in proc.stderr, proc.stderr[-3000:]
