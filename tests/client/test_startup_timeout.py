@@ -164,19 +164,20 @@ def test_once_started_the_bound_bounds_nothing(tmp_path: Path) -> None:
         ["--store", str(tmp_path / "state.db"), "--chunk-per-task", "100"],
     ).start()
     assert m.addr is not None
-    conn = Connection(startup_timeout=1.0, retry_timeout=3.0)
+    conn = Connection(startup_timeout=3.0, retry_timeout=3.0)
     try:
-        with Client(m.addr) as holder, Client(m.addr, connection=conn) as waiter:
+        with Client(m.addr) as holder:
             holder.set_dataset([path])
             holder.start_get_records(0)
             holder.next_record(timeout=60)  # the pass's one task is the holder's
-            waiter.start_get_records(0)
-            with pytest.raises(TimeoutError) as raised:
-                waiter.next_record(timeout=4)  # 4 bounds of waiting for the holder's task
-            assert not isinstance(raised.value, StartupTimeoutError), raised.value
-            m.kill()
-            with pytest.raises(TransportError) as lost:
-                waiter.status()
-            assert not isinstance(lost.value, NeverConnectedError), lost.value
+            with Client(m.addr, connection=conn) as waiter:  # started: the master has a dataset
+                waiter.start_get_records(0)
+                with pytest.raises(TimeoutError) as raised:
+                    waiter.next_record(timeout=10)  # over 3 bounds, waiting for the holder's task
+                assert not isinstance(raised.value, StartupTimeoutError), raised.value
+                m.kill()
+                with pytest.raises(TransportError) as lost:
+                    waiter.status()
+                assert not isinstance(lost.value, NeverConnectedError), lost.value
     finally:
         m.kill()

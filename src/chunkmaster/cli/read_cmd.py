@@ -107,6 +107,7 @@ def register(sub: Any) -> None:
         "pass its status no longer shows: it shows the last two)",
     )
     _add_reading_flags(p)
+    _add_waiting_flags(p)
     p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
     add_security_flags(p)
     p.set_defaults(func=run)
@@ -153,25 +154,6 @@ def _add_reading_flags(p: argparse.ArgumentParser) -> None:
         "(default: the master's --shuffle-seed, or 0)",
     )
     p.add_argument(
-        "--retry-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="give up after the master has been unreachable this long (default: never); "
-        "an address that never answered is warned about once, saying what to check, then "
-        "less and less often",
-    )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="give up getting started after this long (default: %(default)g; 0: never): a "
-        "master never reached, or one with no dataset (no --dataset here, none set by another "
-        "trainer), ends the read naming the address and what it waited for; once reading, "
-        "--retry-timeout bounds a master lost mid-run",
-    )
-    p.add_argument(
         "--storage-option",
         action="append",
         default=[],
@@ -197,6 +179,29 @@ def _add_reading_flags(p: argparse.ArgumentParser) -> None:
         help="the most one chunk may decompress to (default 1GiB; 512MiB, 4GiB...): a chunk "
         "that would inflate to more is refused while it is decoded and reported failed, like "
         "any chunk that cannot be read (docs/failures.md)",
+    )
+
+
+def _add_waiting_flags(p: argparse.ArgumentParser) -> None:
+    """How long a trainer waits for a master: to get started, and once reading."""
+    p.add_argument(
+        "--retry-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give up after the master has been unreachable this long (default: never); "
+        "an address that never answered is warned about once, saying what to check, then "
+        "less and less often",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="give up getting started after this long (default: %(default)g; 0: never): a "
+        "master never reached, or one with no dataset (no --dataset here, none set by another "
+        "trainer), ends the read naming the address and what it waited for; once reading, "
+        "--retry-timeout bounds a master lost mid-run",
     )
 
 
