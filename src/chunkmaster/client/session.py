@@ -544,6 +544,13 @@ class TrainerSession:
             )
         except MasterError as exc:
             log.warning("session %s: Goodbye: %s", self._session_id, exc)
+        except TransportError as exc:  # the session's reconnects gave up (retry_timeout)
+            log.warning(
+                "session %s: Goodbye not sent (%s); the master hands this trainer's tasks back "
+                "when its lease runs out",
+                self._session_id,
+                exc,
+            )
         finally:
             self._token.cancel()
             with self._lock:
