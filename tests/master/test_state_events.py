@@ -62,6 +62,7 @@ from chunkmaster.core.events import (
     ReturnTasks,
     SetDataset,
     SetWeights,
+    StopJob,
 )
 from chunkmaster.core.mixture import Breakpoint, MixtureError, Weights
 from chunkmaster.core.model import (
@@ -577,6 +578,18 @@ class EveryEvent(RuleBasedStateMachine):
         piece = self.state.steps.pieces.get(w.unit)
         return 1 if piece is None else piece.end
 
+    @precondition(lambda self: self.state.dataset is not None and self.state.stopped is None)
+    @rule(data=st.data())
+    def stop_job(self, data: st.DataObject) -> None:
+        """Now and then a trainer finds a dataset file changed after indexing: the job stops
+        for good (a restore starts it again), whatever its budget."""
+        if data.draw(st.integers(0, 9)):
+            return
+        s = self.state
+        assert self.submit(StopJob("/d/0.rio changed after it was indexed")) is True
+        assert s.stopped is not None and s.stopped.message.startswith("/d/0.rio changed")
+        assert self.submit(StopJob("another")) is False  # the first stop stays
+
     @precondition(lambda self: any(self.held(sid) for sid in self.state.sessions))
     @rule(data=st.data())
     def return_tasks(self, data: st.DataObject) -> None:
@@ -589,9 +602,14 @@ class EveryEvent(RuleBasedStateMachine):
             Position(w.unit, w.epoch, w.pass_id, data.draw(st.integers(0, self.end(w.unit))))
             for w in back
         )
-        for w in back:
-            self.taken.setdefault(sid, []).append(w)
+        # Handed back, not taken: the session's commits of them up to these positions are
+        # taken (it consumed those records), past them refused.
         assert self.submit(ReturnTasks(sid, positions)) == len(back)
+        for pos in positions:
+            assert commit_refused(s, pos) is None
+            if pos.records < self.end(pos.task_id):
+                beyond = Position(pos.task_id, pos.epoch, pos.pass_id, pos.records + 1)
+                assert "handed back at record" in str(commit_refused(s, beyond))
         assert all(w.unit not in s.pending for w in back)
         if not s.steps.on and s.cur_pass == back[0].pass_id:
             assert list(s.todo)[: len(back)] == [w.unit for w in back]
