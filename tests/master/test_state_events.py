@@ -695,7 +695,9 @@ class EveryEvent(RuleBasedStateMachine):
         if resume_at is not None:
             assert all(task_deadline(s, t) >= resume_at for t in s.pending)
         limit = budget_limit(s)
-        if stopped is not None and (limit is None or stopped.records <= limit):
+        if stopped is not None and not stopped.tasks:
+            assert s.stopped == stopped  # a stop no budget made (a file changed) stays
+        elif stopped is not None and (limit is None or stopped.records <= limit):
             # A stopped job within the new budget goes on, unless this pass is over it.
             assert s.stopped is None or (limit is not None and self.quarantined() > limit)
 
