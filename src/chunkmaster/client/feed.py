@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import replace
 
 from chunkmaster.client.fetcher import (
+    FATAL,
     PASS_POLL_MAX,
     WAIT_LOG_EVERY,
     TaskSource,
@@ -31,18 +32,14 @@ from chunkmaster.client.fetcher import (
     pass_end,
     starting,
 )
-from chunkmaster.client.link import Cancelled, CancelToken, NeverConnectedError, Startup
+from chunkmaster.client.link import Cancelled, CancelToken, Startup
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.errors import (
-    AllTaskFailedError,
-    JobStoppedError,
     NoMoreAvailableError,
     NotReadyError,
     PassAfterError,
     PassBeforeError,
-    RanksMissingError,
-    WorldMismatchError,
 )
 from chunkmaster.core.model import Position, Task
 
@@ -224,15 +221,7 @@ class PassFeed:
             except PassBeforeError as exc:
                 self._finish(pass_end(self.pass_id, exc, self.got_task, self._joined))
                 return
-            except NeverConnectedError as exc:  # said already, and what to check
-                self._finish(exc)
-                return
-            except (
-                AllTaskFailedError,
-                JobStoppedError,
-                RanksMissingError,
-                WorldMismatchError,
-            ) as exc:
+            except FATAL as exc:
                 self._finish(exc)
                 return
             except NoMoreAvailableError as exc:

@@ -46,6 +46,16 @@ from chunkmaster.core.model import Task
 
 log = logging.getLogger("chunkmaster.client")
 
+#: Answers to a task request that end the pass's reading: raised to the trainer (once the
+#: tasks it holds are read). A master never reached has been said already, with what to check.
+FATAL = (
+    NeverConnectedError,
+    AllTaskFailedError,
+    JobStoppedError,
+    RanksMissingError,
+    WorldMismatchError,
+)
+
 PASS_POLL_MAX = 0.5  # seconds between GetTask calls while the master is still in an older pass
 WAIT_LOG_EVERY = 30.0
 
@@ -172,15 +182,7 @@ class TaskFetcher:
             except PassBeforeError as exc:
                 buf.finish(pass_end(buf.pass_id, exc, buf.got_task, buf.joined))
                 return
-            except NeverConnectedError as exc:  # said already, and what to check
-                buf.finish(exc)
-                return
-            except (
-                AllTaskFailedError,
-                JobStoppedError,
-                RanksMissingError,
-                WorldMismatchError,
-            ) as exc:
+            except FATAL as exc:
                 buf.finish(exc)  # raised to the trainer once the tasks it holds are read
                 return
             except (NoMoreAvailableError, NotReadyError, PassAfterError) as exc:
