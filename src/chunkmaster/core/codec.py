@@ -39,6 +39,14 @@ from chunkmaster.core.events import (
     SetWeights,
     StopJob,
 )
+from chunkmaster.core.master_state import (
+    FAILURE_HISTORY,
+    Finishers,
+    MasterState,
+    Pending,
+    SaveApproval,
+    Session,
+)
 from chunkmaster.core.mixture import (
     MixtureState,
     cursor_from_json,
@@ -49,14 +57,6 @@ from chunkmaster.core.mixture import (
     weights_json,
 )
 from chunkmaster.core.model import FailedPolicy, Failure, PassLedger, Position, RecordCounts
-from chunkmaster.core.state import (
-    FAILURE_HISTORY,
-    Finishers,
-    MasterState,
-    Pending,
-    SaveApproval,
-    Session,
-)
 from chunkmaster.core.steps import Piece, StepsMode, StepsState
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian

@@ -368,7 +368,7 @@ def widen_plan(plan: PassPlan, sources: int) -> PassPlan:
 
 @dataclass
 class MixtureState:
-    """A mixture job's plans and per-source counts (part of core.state.MasterState).
+    """A mixture job's plans and per-source counts (part of core.master_state.MasterState).
 
     Each pass is `units` units; `passes` holds the plan of every pass a commit may still name
     (from the commit floor on) and, after a restore, those its data checkpoint recorded ahead

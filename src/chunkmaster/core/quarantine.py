@@ -42,7 +42,7 @@ MESSAGE_TASKS = 5  # tasks named in a stop's message (status lists them all)
 
 
 class Records(Protocol):
-    """The seam: what the quarantine sees of the master's state (`core.state.MasterState`
+    """The seam: what the quarantine sees of the master's state (`core.master_state.MasterState`
     is one). It reads the pass, its failures and positions, and writes only the budget, the
     stop and the pass's ledger."""
 

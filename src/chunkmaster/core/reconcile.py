@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.events import Configure, EqualSteps, Event, Resume, SetErrorBudget
+from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.mixture import MixtureError
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.shuffle import ShuffleSeedError
-from chunkmaster.core.state import MasterState
 from chunkmaster.core.steps import StepsMode
 
 KEEP_REFUSED = (

@@ -96,7 +96,7 @@ class Member(Protocol):
 
 
 class Pass(Protocol):
-    """The seam: what equal steps see of the master's state (`core.state.MasterState` is
+    """The seam: what equal steps see of the master's state (`core.master_state.MasterState` is
     one). They move units in and out of Todo and Done, positions and commits, and read who
     holds what; everything else of the state is not theirs."""
 

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 
 from chunkmaster.core import checkpoint
+from chunkmaster.core.commits import commit_refused, committed_position
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.events import (
@@ -25,14 +26,10 @@ from chunkmaster.core.events import (
     Restore,
     SetDataset,
 )
+from chunkmaster.core.mixture_events import mixture_position
 from chunkmaster.core.model import FailedPolicy, Position
 from chunkmaster.core.reconcile import KEEP_REFUSED, reconcile
-from chunkmaster.core.state import (
-    commit_refused,
-    committed_position,
-    mixture_position,
-    restore_repeated,
-)
+from chunkmaster.core.restore import restore_repeated
 from chunkmaster.master.checks import check_position, deny
 from chunkmaster.master.datasets import absolute_path, chunk_size_for
 from chunkmaster.master.job_dataset import JobDataset, SourceSpec
@@ -145,7 +142,7 @@ class Checkpoints:
         from its model checkpoint): on the running job, whose dataset must be the
         checkpoint's; every session ends. False if this key restored the job already (each
         rank of one restart asks: `rank`, -1 without one); refused when that cannot be told
-        (core/state.py `restore_repeated`)."""
+        (core/restore.py `restore_repeated`)."""
         cp = checkpoint.decode(blob)
         source = hashlib.blake2b(blob, digest_size=16).hexdigest()
         if key:

@@ -25,8 +25,9 @@ from chunkmaster.core.errors import (
     WorldMismatchError,
 )
 from chunkmaster.core.events import Dispatch
+from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.model import Task
-from chunkmaster.core.state import Availability, MasterState, check_get_task
+from chunkmaster.core.queues import Availability, check_get_task
 from chunkmaster.core.steps import contested, missing_ranks, world, world_size
 from chunkmaster.master.checks import check_pass, wait_seconds
 from chunkmaster.master.leases import LeaseKeeper

@@ -27,8 +27,9 @@ from typing import TypeVar
 from chunkmaster.core.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from chunkmaster.core.errors import UnavailableError
 from chunkmaster.core.events import Configure, Event
+from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.model import Task
-from chunkmaster.core.state import MasterState, apply
+from chunkmaster.core.state import apply
 from chunkmaster.store.base import NotLeaderError, Store, StoreError
 
 log = logging.getLogger("chunkmaster.ledger")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.model import Position
-from chunkmaster.core.state import MasterState
 from chunkmaster.master.checks import check_position
 
 

@@ -14,9 +14,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from chunkmaster.core.errors import FILE_CHANGED
 from chunkmaster.core.events import Fail, Finish, Progress, ReturnTasks, StopJob
+from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.model import FailedPolicy, Position, TaskMeta
 from chunkmaster.core.quarantine import describe
-from chunkmaster.core.state import MasterState, fail_ignored, fail_quarantines, finish_ignored
+from chunkmaster.core.queues import fail_ignored, fail_quarantines, finish_ignored
 from chunkmaster.logs import about
 from chunkmaster.master.checks import check_report, deny
 from chunkmaster.master.ledger import Ledger, after, started
@@ -143,7 +144,7 @@ class Reports:
 def log_failure(st: MasterState, task_id: int, reason: str, *, quarantined: bool) -> None:
     """One line for a failure just applied: the task goes round again, or is quarantined
     (and the job may have stopped). `quarantined` is asked before the failure is applied
-    (core.state.fail_quarantines): a quarantine that ends the pass leaves no trace of it in
+    (core.queues.fail_quarantines): a quarantine that ends the pass leaves no trace of it in
     the failed queue under the retry policy."""
     n = st.failure_total.get(task_id, 0)
     extra = about(pass_id=st.cur_pass, task=task_id, reason=reason)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from chunkmaster.core.errors import TrainerIdEmptyError
 from chunkmaster.core.events import ApproveSave
-from chunkmaster.core.state import save_allowed
+from chunkmaster.core.queues import save_allowed
 from chunkmaster.master.checks import check_save
 from chunkmaster.master.ledger import Ledger
 

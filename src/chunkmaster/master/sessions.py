@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from chunkmaster.core.errors import SessionExpiredError
 from chunkmaster.core.events import EndSession, OpenSession
 from chunkmaster.core.model import TRAINER_LOST_REASON, Position
-from chunkmaster.core.state import fail_quarantines, lost_reason, reading_task
+from chunkmaster.core.queues import fail_quarantines, lost_reason, reading_task
 from chunkmaster.logs import about
 from chunkmaster.master.checks import check_hello, deny
 from chunkmaster.master.leases import DataWait, LeaseKeeper

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.model import Failure, PassLedger, RecordCounts
 from chunkmaster.core.quarantine import budget_limit, describe
-from chunkmaster.core.state import MasterState, task_deadline
+from chunkmaster.core.queues import task_deadline
 from chunkmaster.core.steps import missing_ranks, world_size
 from chunkmaster.logs import about, plural
 from chunkmaster.master.datasets import chunk_size_hint

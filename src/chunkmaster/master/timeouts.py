@@ -3,7 +3,7 @@
 Deadlines are wall-clock times stored in the state, so after a restart a pending task keeps
 the time it already used. A task held by a trainer without a session times out a fixed
 timeout after its dispatch (the original's meaning); one held by a session, only once the
-session has made no progress for the timeout (`core.state.task_deadline`: a trainer that is
+session has made no progress for the timeout (`core.queues.task_deadline`: a trainer that is
 slow but reading keeps its tasks; one that is stuck loses them). Entries are (deadline, task,
 epoch); a stale entry (the task was finished, or dispatched again under a newer epoch) is
 dropped when it comes up, and one whose task's deadline moved is pushed again at the new one.
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from chunkmaster.core.events import Fail, Resume
 from chunkmaster.core.model import TIMEOUT_REASON
-from chunkmaster.core.state import fail_ignored, fail_quarantines, task_deadline
+from chunkmaster.core.queues import fail_ignored, fail_quarantines, task_deadline
 from chunkmaster.master.ledger import Ledger, started
 from chunkmaster.master.reports import log_failure
 
