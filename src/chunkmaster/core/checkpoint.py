@@ -373,6 +373,15 @@ def _text(value: str, what: str, limit: int = _MAX_TEXT) -> None:
 def _check(cp: DataCheckpoint) -> None:
     """Refuse a checkpoint whose content is out of range or contradicts itself, whichever side
     made it; each error names the field."""
+    _check_job(cp)
+    _ranged(cp.num_tasks, "num_tasks", 0, _MAX_TASK_ID + 1, "2**32")
+    _check_dataset(cp.dataset)
+    _check_units(cp)
+    _check_passes(cp)
+
+
+def _check_job(cp: DataCheckpoint) -> None:
+    """The job's name, identity and the time the checkpoint was made."""
     if not isinstance(cp.job, str):
         raise CheckpointError("job must be a string")
     _text(cp.job, "job", _MAX_NAME)
@@ -387,8 +396,10 @@ def _check(cp: DataCheckpoint) -> None:
             f"created {_shown(cp.created)} is out of range (0 to {_MAX_CREATED:.0f}: the end of "
             "the year 9999)"
         )
-    _ranged(cp.num_tasks, "num_tasks", 0, _MAX_TASK_ID + 1, "2**32")
-    ds = cp.dataset
+
+
+def _check_dataset(ds: DatasetFingerprint) -> None:
+    """The dataset's settings and each file's fingerprint."""
     _ranged(ds.chunks_per_task, "chunks per task", 1, _MAX_I64, "2**63-1")
     if ds.chunk_size is not None:
         _ranged(ds.chunk_size, "chunk size", 1, _MAX_I64, "2**63-1")
@@ -405,6 +416,11 @@ def _check(cp: DataCheckpoint) -> None:
         _ranged(f.num_records, f"file {i} records", 0, _MAX_RECORDS, "2**64-1")
         if len(f.index_digest) != _DIGEST_SIZE:
             raise CheckpointError(f"file {i} index digest is not {_DIGEST_SIZE} bytes")
+
+
+def _check_units(cp: DataCheckpoint) -> None:
+    """The units of a pass: the dataset's tasks, or a mixture's (its sources and plans)."""
+    ds = cp.dataset
     if cp.mixture is not None:
         _check_mixture(cp, cp.mixture)
         if set_with(cp) is None:
@@ -417,6 +433,10 @@ def _check(cp: DataCheckpoint) -> None:
             f"num_tasks {cp.num_tasks} does not match the dataset's {ds.num_chunks} chunks "
             f"at {ds.chunks_per_task} a task ({expected_tasks} tasks)"
         )
+
+
+def _check_passes(cp: DataCheckpoint) -> None:
+    """The floor, the shuffle seed and each pass's commits."""
     if cp.floor < 0:
         raise CheckpointError(f"floor {cp.floor} is negative")
     _ranged(cp.floor, "floor", 0, _MAX_PASS, "2**62")
@@ -893,39 +913,41 @@ def _load_head(js: memoryview) -> dict[str, Any]:
     return head
 
 
+def _dataset_head(ds_head: Any) -> DatasetFingerprint:
+    """The header's dataset fingerprint, type-checked (`_check_dataset` checks its ranges)."""
+    if type(ds_head) is not dict:
+        raise CheckpointError("dataset is not a JSON object")
+    files = []
+    for i, f in enumerate(_list(ds_head["files"], "dataset files")):
+        path, size, chunks, num_records, hexdigest = _list(f, f"file {i}", 5)
+        try:
+            index_digest = bytes.fromhex(_str(hexdigest, f"file {i} index digest"))
+        except ValueError:
+            raise CheckpointError(f"file {i} index digest is not hex") from None
+        files.append(
+            FileFingerprint(
+                _str(path, f"file {i} path"),
+                _int(size, f"file {i} size"),
+                _int(chunks, f"file {i} chunk count"),
+                _int(num_records, f"file {i} records"),
+                index_digest,
+            )
+        )
+    return DatasetFingerprint(
+        tuple(_str(g, "glob") for g in _list(ds_head["globs"], "globs")),
+        _int(ds_head["cpt"], "chunks per task"),
+        tuple(files),
+        _str(ds_head.get("format", "recordio"), "format"),
+        None if ds_head.get("chunk_size") is None else _int(ds_head["chunk_size"], "chunk size"),
+    )
+
+
 def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, int, int]]]:
     """The JSON header's fields, type- and range-checked (`_check`, passes aside), and its
     pass entries (pass, tasks wholly committed, bitmap bytes, tasks partly committed)."""
     head = _load_head(js)
     try:
-        ds_head = head["dataset"]
-        if type(ds_head) is not dict:
-            raise CheckpointError("dataset is not a JSON object")
-        files = []
-        for i, f in enumerate(_list(ds_head["files"], "dataset files")):
-            path, size, chunks, num_records, hexdigest = _list(f, f"file {i}", 5)
-            try:
-                index_digest = bytes.fromhex(_str(hexdigest, f"file {i} index digest"))
-            except ValueError:
-                raise CheckpointError(f"file {i} index digest is not hex") from None
-            files.append(
-                FileFingerprint(
-                    _str(path, f"file {i} path"),
-                    _int(size, f"file {i} size"),
-                    _int(chunks, f"file {i} chunk count"),
-                    _int(num_records, f"file {i} records"),
-                    index_digest,
-                )
-            )
-        dataset = DatasetFingerprint(
-            tuple(_str(g, "glob") for g in _list(ds_head["globs"], "globs")),
-            _int(ds_head["cpt"], "chunks per task"),
-            tuple(files),
-            _str(ds_head.get("format", "recordio"), "format"),
-            None
-            if ds_head.get("chunk_size") is None
-            else _int(ds_head["chunk_size"], "chunk size"),
-        )
+        dataset = _dataset_head(head["dataset"])
         created = head["created"]
         if type(created) not in (int, float):
             raise CheckpointError("created is not a number")

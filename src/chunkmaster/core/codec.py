@@ -12,6 +12,7 @@ import struct
 import sys
 from array import array
 from collections import deque
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, TypeVar
 
@@ -207,79 +208,168 @@ def _budget_from(v: Any) -> ErrorBudget:
     )
 
 
+def _encode_dispatch(ev: Dispatch) -> bytes:
+    d, w, r, sid, who = ev.deadline, ev.worker, ev.request, ev.session, ev.owner
+    if who:
+        return b"D" + _dumps([d, w, r, sid, who])
+    return b"D" + _dumps([d, w, r, sid] if sid else [d, w, r] if r else [d, w])
+
+
+def _encode_open_session(ev: OpenSession) -> bytes:
+    fields: list[Any] = [ev.session, ev.name, ev.host, ev.pid, ev.report_every]
+    if ev.owner or ev.world_size:
+        fields.append(ev.owner)
+    if ev.world_size:
+        fields += [ev.world_size, ev.rank]
+    return b"O" + _dumps(fields)
+
+
+def _encode_end_session(ev: EndSession) -> bytes:
+    # A charging end has a tag of its own: an older build refuses it rather than replaying it
+    # without the failure it counts.
+    return (b"L" if ev.charge else b"E") + _dumps([ev.session, ev.reason, _positions(ev.positions)])
+
+
+def _encode_progress(ev: Progress) -> bytes:
+    # Progress that moves deadlines has a tag of its own: an older build refuses it rather
+    # than replaying it without the deadlines it moves.
+    ps = _positions(ev.positions)
+    return b"G" + _dumps([ev.deadline, ps]) if ev.deadline else b"P" + _dumps(ps)
+
+
+def _encode_restore(ev: Restore) -> bytes:
+    cs = [list(c) for c in ev.commits]
+    asker = [ev.rank, ev.job_id] if ev.job_id else [ev.rank] if ev.rank >= 0 else []
+    mix = ev.mixture
+    if mix is not None:  # a tag of its own: an older build refuses it
+        plans = [[p, plan_json(plan)] for p, plan in mix.passes]
+        return b"A" + _dumps(
+            [ev.floor, cs, ev.source, ev.key, weights_json(mix.weights), plans, *asker]
+        )
+    tail = [ev.key, *asker] if ev.key or asker else []
+    return b"B" + _dumps([ev.floor, cs, ev.source, *tail])
+
+
+def _encode_add_sources(ev: AddSources) -> bytes:
+    header, blobs = _dataset_parts(ev.dataset)
+    return b"N" + pack({**header, "weights": weights_json(ev.weights)}, blobs)
+
+
+def _encode_set_dataset(ev: SetDataset) -> bytes:
+    ds = ev.dataset
+    header, blobs = _dataset_parts(ds)
+    if ev.job_id:
+        header = {**header, "job_id": ev.job_id}
+    # A seeded dataset, and a mixture, have tags of their own: an older build refuses them.
+    tag = b"M" if ds.sources else b"T" if ds.shuffle_seed is None else b"H"
+    return tag + pack(header, blobs)
+
+
+#: Each event kind's journal entry: a tag byte and its body.
+_ENCODERS: dict[type[Event], Callable[[Any], bytes]] = {
+    Dispatch: _encode_dispatch,
+    Finish: lambda ev: b"F" + _dumps([ev.task_id, ev.epoch, ev.pass_id]),
+    Fail: lambda ev: b"X" + _dumps([ev.task_id, ev.epoch, ev.reason]),
+    ApproveSave: lambda ev: b"S" + _dumps([ev.trainer_id, ev.until]),
+    Configure: lambda ev: b"C" + _dumps([ev.failure_max, ev.failed_policy.value]),
+    EqualSteps: lambda ev: b"Z" + _dumps([ev.mode]),
+    Resume: lambda ev: b"R" + _dumps([ev.not_before]),
+    OpenSession: _encode_open_session,
+    EndSession: _encode_end_session,
+    ReturnTasks: lambda ev: b"U" + _dumps([ev.session, _positions(ev.positions)]),
+    Progress: _encode_progress,
+    Commit: lambda ev: b"K" + _dumps(_positions(ev.positions)),
+    Restore: _encode_restore,
+    SetWeights: lambda ev: b"W" + _dumps(weights_json(ev.weights)),
+    AddSources: _encode_add_sources,
+    SetErrorBudget: lambda ev: b"Q" + _dumps(_budget(ev.budget)),
+    StopJob: lambda ev: b"J" + _dumps([ev.message]),
+    SetDataset: _encode_set_dataset,
+}
+
+
 def encode_event(ev: Event) -> bytes:
-    match ev:
-        case Dispatch(deadline=d, worker=w, request=r, session=sid, owner=who):
-            if who:
-                return b"D" + _dumps([d, w, r, sid, who])
-            return b"D" + _dumps([d, w, r, sid] if sid else [d, w, r] if r else [d, w])
-        case Finish(task_id=t, epoch=e, pass_id=p):
-            return b"F" + _dumps([t, e, p])
-        case Fail(task_id=t, epoch=e, reason=r):
-            return b"X" + _dumps([t, e, r])
-        case ApproveSave(trainer_id=tid, until=u):
-            return b"S" + _dumps([tid, u])
-        case Configure(failure_max=fm, failed_policy=fp):
-            return b"C" + _dumps([fm, fp.value])
-        case EqualSteps(mode=mode):
-            return b"Z" + _dumps([mode])
-        case Resume(not_before=nb):
-            return b"R" + _dumps([nb])
-        case OpenSession(
-            session=sid,
-            name=n,
-            host=h,
-            pid=pid,
-            report_every=every,
-            owner=who,
-            world_size=w,
-            rank=r,
-        ):
-            fields: list[Any] = [sid, n, h, pid, every]
-            if who or w:
-                fields.append(who)
-            if w:
-                fields += [w, r]
-            return b"O" + _dumps(fields)
-        case EndSession(session=sid, reason=r, positions=ps, charge=charge):
-            # A charging end has a tag of its own: an older build refuses it rather than
-            # replaying it without the failure it counts.
-            return (b"L" if charge else b"E") + _dumps([sid, r, _positions(ps)])
-        case ReturnTasks(session=sid, positions=ps):
-            return b"U" + _dumps([sid, _positions(ps)])
-        case Progress(positions=ps, deadline=d):
-            # Progress that moves deadlines has a tag of its own: an older build refuses it
-            # rather than replaying it without the deadlines it moves.
-            return b"G" + _dumps([d, _positions(ps)]) if d else b"P" + _dumps(_positions(ps))
-        case Commit(positions=ps):
-            return b"K" + _dumps(_positions(ps))
-        case Restore(floor=f, commits=cs, source=src, key=key, mixture=mix, rank=rank, job_id=jid):
-            asker = [rank, jid] if jid else [rank] if rank >= 0 else []
-            if mix is not None:  # a tag of its own: an older build refuses it
-                plans = [[p, plan_json(plan)] for p, plan in mix.passes]
-                return b"A" + _dumps(
-                    [f, [list(c) for c in cs], src, key, weights_json(mix.weights), plans, *asker]
-                )
-            tail = [key, *asker] if key or asker else []
-            return b"B" + _dumps([f, [list(c) for c in cs], src, *tail])
-        case SetWeights(weights=w):
-            return b"W" + _dumps(weights_json(w))
-        case AddSources(dataset=ds, weights=w):
-            header, blobs = _dataset_parts(ds)
-            return b"N" + pack({**header, "weights": weights_json(w)}, blobs)
-        case SetErrorBudget(budget=b):
-            return b"Q" + _dumps(_budget(b))
-        case StopJob(message=m):
-            return b"J" + _dumps([m])
-        case SetDataset(dataset=ds, job_id=job_id):
-            header, blobs = _dataset_parts(ds)
-            if job_id:
-                header = {**header, "job_id": job_id}
-            # A seeded dataset, and a mixture, have tags of their own: an older build refuses
-            # them.
-            tag = b"M" if ds.sources else b"T" if ds.shuffle_seed is None else b"H"
-            return tag + pack(header, blobs)
-    raise CodecError(f"cannot encode {ev!r}")
+    encode = _ENCODERS.get(type(ev))
+    if encode is None:
+        raise CodecError(f"cannot encode {ev!r}")
+    return encode(ev)
+
+
+def _decode_dispatch(v: Any) -> Dispatch:
+    return Dispatch(
+        float(v[0]),
+        str(v[1]),
+        str(v[2]) if len(v) > 2 else "",
+        str(v[3]) if len(v) > 3 else "",
+        str(v[4]) if len(v) > 4 else "",
+    )
+
+
+def _decode_open_session(v: Any) -> OpenSession:
+    return OpenSession(
+        str(v[0]),
+        str(v[1]),
+        str(v[2]),
+        int(v[3]),
+        int(v[4]),
+        str(v[5]) if len(v) > 5 else "",
+        int(v[6]) if len(v) > 7 else 0,
+        int(v[7]) if len(v) > 7 else 0,
+    )
+
+
+def _restore_commits(v: Any) -> tuple[tuple[int, int, int], ...]:
+    return tuple((int(p), int(t), int(r)) for p, t, r in v)
+
+
+def _decode_restore(v: Any) -> Restore:
+    return Restore(
+        int(v[0]),
+        _restore_commits(v[1]),
+        str(v[2]),
+        str(v[3]) if len(v) > 3 else "",
+        rank=int(v[4]) if len(v) > 4 else -1,
+        job_id=str(v[5]) if len(v) > 5 else "",
+    )
+
+
+def _decode_mixture_restore(v: Any) -> Restore:
+    return Restore(
+        int(v[0]),
+        _restore_commits(v[1]),
+        str(v[2]),
+        str(v[3]),
+        MixturePosition(
+            tuple((int(p), plan_from_json(plan)) for p, plan in v[5]),
+            weights_from_json(v[4]),
+        ),
+        rank=int(v[6]) if len(v) > 6 else -1,
+        job_id=str(v[7]) if len(v) > 7 else "",
+    )
+
+
+#: Each JSON journal entry's event, by its tag (a dataset's entries: `_dataset_entry`).
+_DECODERS: dict[bytes, Callable[[Any], Event]] = {
+    b"D": _decode_dispatch,
+    b"O": _decode_open_session,
+    b"E": lambda v: EndSession(str(v[0]), str(v[1]), _positions_from(v[2]), False),
+    b"L": lambda v: EndSession(str(v[0]), str(v[1]), _positions_from(v[2]), True),
+    b"U": lambda v: ReturnTasks(str(v[0]), _positions_from(v[1])),
+    b"P": lambda v: Progress(_positions_from(v)),
+    b"G": lambda v: Progress(_positions_from(v[1]), float(v[0])),
+    b"K": lambda v: Commit(_positions_from(v)),
+    b"B": _decode_restore,
+    b"A": _decode_mixture_restore,
+    b"W": lambda v: SetWeights(weights_from_json(v)),
+    b"F": lambda v: Finish(int(v[0]), int(v[1]), int(v[2])),
+    b"X": lambda v: Fail(int(v[0]), int(v[1]), str(v[2])),
+    b"S": lambda v: ApproveSave(str(v[0]), float(v[1])),
+    b"C": lambda v: Configure(int(v[0]), FailedPolicy(v[1])),
+    b"R": lambda v: Resume(float(v[0])),
+    b"Q": lambda v: SetErrorBudget(_budget_from(v)),
+    b"J": lambda v: StopJob(str(v[0])),
+    b"Z": lambda v: EqualSteps(StepsMode(v[0]).value),
+}
 
 
 def decode_event(data: bytes) -> Event:
@@ -288,75 +378,9 @@ def decode_event(data: bytes) -> Event:
         if tag in (b"T", b"H", b"M", b"N"):
             return _dataset_entry(tag, body)
         v = json.loads(body)
-        if tag == b"D":
-            return Dispatch(
-                float(v[0]),
-                str(v[1]),
-                str(v[2]) if len(v) > 2 else "",
-                str(v[3]) if len(v) > 3 else "",
-                str(v[4]) if len(v) > 4 else "",
-            )
-        if tag == b"O":
-            return OpenSession(
-                str(v[0]),
-                str(v[1]),
-                str(v[2]),
-                int(v[3]),
-                int(v[4]),
-                str(v[5]) if len(v) > 5 else "",
-                int(v[6]) if len(v) > 7 else 0,
-                int(v[7]) if len(v) > 7 else 0,
-            )
-        if tag in (b"E", b"L"):
-            return EndSession(str(v[0]), str(v[1]), _positions_from(v[2]), tag == b"L")
-        if tag == b"U":
-            return ReturnTasks(str(v[0]), _positions_from(v[1]))
-        if tag == b"P":
-            return Progress(_positions_from(v))
-        if tag == b"G":
-            return Progress(_positions_from(v[1]), float(v[0]))
-        if tag == b"K":
-            return Commit(_positions_from(v))
-        if tag == b"B":
-            return Restore(
-                int(v[0]),
-                tuple((int(p), int(t), int(r)) for p, t, r in v[1]),
-                str(v[2]),
-                str(v[3]) if len(v) > 3 else "",
-                rank=int(v[4]) if len(v) > 4 else -1,
-                job_id=str(v[5]) if len(v) > 5 else "",
-            )
-        if tag == b"A":
-            return Restore(
-                int(v[0]),
-                tuple((int(p), int(t), int(r)) for p, t, r in v[1]),
-                str(v[2]),
-                str(v[3]),
-                MixturePosition(
-                    tuple((int(p), plan_from_json(plan)) for p, plan in v[5]),
-                    weights_from_json(v[4]),
-                ),
-                rank=int(v[6]) if len(v) > 6 else -1,
-                job_id=str(v[7]) if len(v) > 7 else "",
-            )
-        if tag == b"W":
-            return SetWeights(weights_from_json(v))
-        if tag == b"F":
-            return Finish(int(v[0]), int(v[1]), int(v[2]))
-        if tag == b"X":
-            return Fail(int(v[0]), int(v[1]), str(v[2]))
-        if tag == b"S":
-            return ApproveSave(str(v[0]), float(v[1]))
-        if tag == b"C":
-            return Configure(int(v[0]), FailedPolicy(v[1]))
-        if tag == b"R":
-            return Resume(float(v[0]))
-        if tag == b"Q":
-            return SetErrorBudget(_budget_from(v))
-        if tag == b"J":
-            return StopJob(str(v[0]))
-        if tag == b"Z":
-            return EqualSteps(StepsMode(v[0]).value)
+        decode = _DECODERS.get(tag)
+        if decode is not None:
+            return decode(v)
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt journal entry (tag {tag!r}): {exc}") from exc
     raise CodecError(f"unknown journal entry tag {tag!r}")
@@ -378,42 +402,19 @@ def _dataset_entry(tag: bytes, body: bytes) -> Event:
 
 
 def encode_snapshot(state: MasterState) -> bytes:
+    stop = state.stopped
     header: dict[str, Any] = {
         "version": _version(state),
         "cur_pass": state.cur_pass,
         "failure_max": state.failure_max,
         "failed_policy": state.failed_policy.value,
-        "pending": [
-            [t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start, p.owner]
-            for t, p in state.pending.items()
-        ],
-        "sessions": [_session_row(sid, s) for sid, s in state.sessions.items()],
-        "taken": [[t, e, p] for (t, e), p in state.taken.items()],
-        "returned": [[t, e, sid, r] for (t, e), (sid, r) in state.returned.items()],
-        "finishers": [
-            [p, list(fin.ids.items()), list(fin.pieces.items())]
-            for p, fin in state.finishers.items()
-        ],
-        "progress": list(state.progress.items()),
-        "commits": [[p, list(c.items())] for p, c in state.commits.items()],
-        "commit_floor": state.commit_floor,
-        "restored_from": state.restored_from,
-        "restore_key": state.restore_key,
-        "job_id": state.job_id,
-        "restore_ranks": list(state.restore_ranks),
-        "restore_moved": state.restore_moved,
-        "pass_done": list(state.pass_done.items()),
+        **_holders_header(state),
+        **_commits_header(state),
         "ledger": [_ledger_row(p, led) for p, led in state.ledger.items()],
         "error_budget": _budget(state.error_budget),
         "stopped": None
-        if state.stopped is None
-        else [
-            state.stopped.pass_id,
-            state.stopped.records,
-            state.stopped.limit,
-            list(state.stopped.tasks),
-            state.stopped.message,
-        ],
+        if stop is None
+        else [stop.pass_id, stop.records, stop.limit, list(stop.tasks), stop.message],
         "steps": _steps_header(state.steps),
         "num_failures": list(state.num_failures.items()),
         "failure_log": [
@@ -441,6 +442,39 @@ def encode_snapshot(state: MasterState) -> bytes:
             if plan.units is not None:
                 blobs[f"plan{p}"] = plan.units
     return pack(header, blobs)
+
+
+def _holders_header(state: MasterState) -> dict[str, Any]:
+    """Who holds what: the pending dispatches, the sessions, the dispatches taken back and
+    handed back, the finishers of each pass, and the positions of this pass."""
+    return {
+        "pending": [
+            [t, p.epoch, p.deadline, p.worker, p.request, p.session, p.start, p.owner]
+            for t, p in state.pending.items()
+        ],
+        "sessions": [_session_row(sid, s) for sid, s in state.sessions.items()],
+        "taken": [[t, e, p] for (t, e), p in state.taken.items()],
+        "returned": [[t, e, sid, r] for (t, e), (sid, r) in state.returned.items()],
+        "finishers": [
+            [p, list(fin.ids.items()), list(fin.pieces.items())]
+            for p, fin in state.finishers.items()
+        ],
+        "progress": list(state.progress.items()),
+    }
+
+
+def _commits_header(state: MasterState) -> dict[str, Any]:
+    """The commits, the last restore and the job's identity, and the passes ended."""
+    return {
+        "commits": [[p, list(c.items())] for p, c in state.commits.items()],
+        "commit_floor": state.commit_floor,
+        "restored_from": state.restored_from,
+        "restore_key": state.restore_key,
+        "job_id": state.job_id,
+        "restore_ranks": list(state.restore_ranks),
+        "restore_moved": state.restore_moved,
+        "pass_done": list(state.pass_done.items()),
+    }
 
 
 def _version(state: MasterState) -> int:
@@ -536,16 +570,12 @@ def _counts_from(row: list[Any], into: _C) -> _C:
 def decode_snapshot(data: bytes) -> MasterState:
     try:
         header, blobs = unpack(data)
+        st = MasterState()
         if header.get("version") not in READABLE_VERSIONS:
             raise CodecError(f"snapshot version {header.get('version')} is not supported")
-        st = MasterState()
         if header["dataset"] is not None:
             st.dataset = _dataset_from(header["dataset"], blobs)
-        if (header["version"] in MIXTURE_VERSIONS) != ("mixture" in header):
-            raise CodecError("a snapshot's version and its mixture disagree")
-        seeded = st.dataset is not None and st.dataset.shuffle_seed is not None
-        if header["version"] < 5 and seeded != (header["version"] == 4):
-            raise CodecError("a snapshot's version and its dataset's shuffle seed disagree")
+        _check_version(header, st.dataset)
         st.cur_pass = int(header["cur_pass"])
         if "mixture" in header:
             st.mix = _mixture_from(header["mixture"], blobs, st.dataset, st.cur_pass)
@@ -555,51 +585,12 @@ def decode_snapshot(data: bytes) -> MasterState:
         st.done = list(blobs["done"])
         st.failed = list(blobs["failed"])
         st.epochs = blobs["epochs"]
-        st.pending = {
-            int(t): Pending(int(e), float(d), str(w), str(r), str(sid), int(start), *map(str, who))
-            for t, e, d, w, r, sid, start, *who in header["pending"]
-        }
-        st.sessions = {
-            str(sid): _session_from(n, h, pid, every, consumed, more)
-            for sid, n, h, pid, every, consumed, *more in header["sessions"]
-        }
-        _holders_from(st, header)
-        for p, ids, pieces in header.get("finishers", ()):
-            st.finishers[int(p)] = Finishers(
-                {str(name): int(n) for name, n in ids},
-                blobs[f"finishers{int(p)}"],
-                {int(u): int(n) for u, n in pieces},
-            )
-        st.progress = {int(t): int(r) for t, r in header["progress"]}
-        for p, commits in header["commits"]:
-            c = st.commits[int(p)] = {int(t): int(r) for t, r in commits}
-            if st.dataset is not None:
-                full = sum(1 for t, r in c.items() if r == st.task_records(t, int(p)))
-                if full:
-                    st.full_commits[int(p)] = full
-        st.commit_floor = int(header["commit_floor"])
-        _restores_from(st, header)
-        st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
-        st.ledger = {int(p): _counts_from(row, PassLedger()) for p, *row in header["ledger"]}
-        if "mixture" in header:
-            for p, sources in header["mixture"].get("ledger", ()):
-                st.ledger[int(p)].sources = {
-                    int(s): _counts_from(row, RecordCounts()) for s, *row in sources
-                }
-        if header.get("error_budget") is not None:
-            st.error_budget = _budget_from(header["error_budget"])
-        if header.get("stopped") is not None:
-            p, n, limit, tasks, message = header["stopped"]
-            st.stopped = JobStop(int(p), int(n), int(limit), tuple(map(int, tasks)), str(message))
+        _sessions_from(st, header, blobs)
+        _commits_from(st, header)
+        _ledger_from(st, header)
         if "steps" in header:
             st.steps = _steps_from(header["steps"])
-        st.requests = {p.request: t for t, p in st.pending.items() if p.request}
-        st.num_failures = {int(t): int(n) for t, n in header["num_failures"]}
-        for t, total, log in header["failure_log"]:
-            st.failure_log[int(t)] = deque(
-                (Failure(int(p), int(e), str(r)) for p, e, r in log), maxlen=FAILURE_HISTORY
-            )
-            st.failure_total[int(t)] = int(total)
+        _failures_from(st, header)
         if header["saver"] is not None:
             st.saver = SaveApproval(str(header["saver"][0]), float(header["saver"][1]))
         return st
@@ -607,6 +598,74 @@ def decode_snapshot(data: bytes) -> MasterState:
         raise
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt snapshot: {exc}") from exc
+
+
+def _check_version(header: dict[str, Any], ds: Dataset | None) -> None:
+    """A snapshot's version agrees with what it holds: a mixture, a shuffle seed."""
+    if (header["version"] in MIXTURE_VERSIONS) != ("mixture" in header):
+        raise CodecError("a snapshot's version and its mixture disagree")
+    seeded = ds is not None and ds.shuffle_seed is not None
+    if header["version"] < 5 and seeded != (header["version"] == 4):
+        raise CodecError("a snapshot's version and its dataset's shuffle seed disagree")
+
+
+def _sessions_from(st: MasterState, header: dict[str, Any], blobs: dict[str, array[int]]) -> None:
+    """A snapshot's pending dispatches, sessions, holders, finishers and positions."""
+    st.pending = {
+        int(t): Pending(int(e), float(d), str(w), str(r), str(sid), int(start), *map(str, who))
+        for t, e, d, w, r, sid, start, *who in header["pending"]
+    }
+    st.requests = {p.request: t for t, p in st.pending.items() if p.request}
+    st.sessions = {
+        str(sid): _session_from(n, h, pid, every, consumed, more)
+        for sid, n, h, pid, every, consumed, *more in header["sessions"]
+    }
+    _holders_from(st, header)
+    for p, ids, pieces in header.get("finishers", ()):
+        st.finishers[int(p)] = Finishers(
+            {str(name): int(n) for name, n in ids},
+            blobs[f"finishers{int(p)}"],
+            {int(u): int(n) for u, n in pieces},
+        )
+    st.progress = {int(t): int(r) for t, r in header["progress"]}
+
+
+def _commits_from(st: MasterState, header: dict[str, Any]) -> None:
+    """A snapshot's commits, the last restore and the passes ended."""
+    for p, commits in header["commits"]:
+        c = st.commits[int(p)] = {int(t): int(r) for t, r in commits}
+        if st.dataset is not None:
+            full = sum(1 for t, r in c.items() if r == st.task_records(t, int(p)))
+            if full:
+                st.full_commits[int(p)] = full
+    st.commit_floor = int(header["commit_floor"])
+    _restores_from(st, header)
+    st.pass_done = {int(p): int(n) for p, n in header["pass_done"]}
+
+
+def _ledger_from(st: MasterState, header: dict[str, Any]) -> None:
+    """A snapshot's record counts, its error budget and a stop it made."""
+    st.ledger = {int(p): _counts_from(row, PassLedger()) for p, *row in header["ledger"]}
+    if "mixture" in header:
+        for p, sources in header["mixture"].get("ledger", ()):
+            st.ledger[int(p)].sources = {
+                int(s): _counts_from(row, RecordCounts()) for s, *row in sources
+            }
+    if header.get("error_budget") is not None:
+        st.error_budget = _budget_from(header["error_budget"])
+    if header.get("stopped") is not None:
+        p, n, limit, tasks, message = header["stopped"]
+        st.stopped = JobStop(int(p), int(n), int(limit), tuple(map(int, tasks)), str(message))
+
+
+def _failures_from(st: MasterState, header: dict[str, Any]) -> None:
+    """A snapshot's failure counts and the last failures of each task."""
+    st.num_failures = {int(t): int(n) for t, n in header["num_failures"]}
+    for t, total, log in header["failure_log"]:
+        st.failure_log[int(t)] = deque(
+            (Failure(int(p), int(e), str(r)) for p, e, r in log), maxlen=FAILURE_HISTORY
+        )
+        st.failure_total[int(t)] = int(total)
 
 
 def _holders_from(st: MasterState, header: dict[str, Any]) -> None:

@@ -139,17 +139,7 @@ def apply(state: MasterState, event: Event) -> Task | bool | int | None:
                 p.deadline = max(p.deadline, nb)
             return True
         case OpenSession():
-            state.sessions[event.session] = Session(
-                event.name,
-                event.host,
-                event.pid,
-                event.report_every,
-                0,
-                event.owner,
-                event.world_size,
-                event.rank,
-            )
-            return True
+            return _open_session(state, event)
         case EndSession():
             return end_session(state, event)
         case ReturnTasks():
@@ -195,4 +185,11 @@ def _set_dataset(state: MasterState, ev: SetDataset) -> bool:
         units = mix.units
     state.epochs = array("Q", bytes(8 * units))
     state.todo = state.pass_queue()
+    return True
+
+
+def _open_session(state: MasterState, ev: OpenSession) -> bool:
+    state.sessions[ev.session] = Session(
+        ev.name, ev.host, ev.pid, ev.report_every, 0, ev.owner, ev.world_size, ev.rank
+    )
     return True
