@@ -6,16 +6,27 @@ durable still is, on a real SQLite store reopened as a restarted master reopens 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from helpers.aio import run
 
 from chunkmaster.core.events import Configure
 from chunkmaster.core.model import FailedPolicy
-from chunkmaster.master.ledger import Ledger
+from chunkmaster.master.ledger import Ledger, LedgerSubscriber
 from chunkmaster.store.sqlite import SqliteStore
 
 HOUR = 3600.0  # a lazy delay no test waits out: only a write somebody waits for may flush
+
+
+class Writes(LedgerSubscriber):
+    """Calls `then` with each batch the ledger writes."""
+
+    def __init__(self, then: Callable[[int, float], None]) -> None:
+        self._then = then
+
+    def batch_written(self, entries: int, seconds: float) -> None:
+        self._then(entries, seconds)
 
 
 def configure(n: int) -> Configure:
@@ -26,7 +37,7 @@ async def opened(path: Path, lazy_flush: float) -> tuple[Ledger, list[int]]:
     ledger = Ledger(SqliteStore(str(path)), lazy_flush=lazy_flush)
     await ledger.recover()
     writes: list[int] = []
-    ledger.on_save.append(lambda n, _took: writes.append(n))
+    ledger.subscribe(Writes(lambda n, _took: writes.append(n)))
     return ledger, writes
 
 
@@ -124,7 +135,7 @@ def test_sync_waits_for_what_was_applied_before_it_not_for_reports_after(tmp_pat
             if len(writes) == 1:
                 ledger.submit(configure(8), lazy=True)
 
-        ledger.on_save.append(report_meanwhile)
+        ledger.subscribe(Writes(report_meanwhile))
         ledger.submit(configure(3), lazy=True)
         await asyncio.wait_for(ledger.sync(), 5.0)
         assert writes == [1] and ledger.durable_seq == 1 and ledger.seq == 2
@@ -148,7 +159,7 @@ def test_sync_waits_for_a_change_somebody_waits_for_that_came_meanwhile(tmp_path
                 ledger.submit(configure(8), lazy=True)
                 ledger.submit(configure(9))
 
-        ledger.on_save.append(changes_meanwhile)
+        ledger.subscribe(Writes(changes_meanwhile))
         ledger.submit(configure(3), lazy=True)
         await asyncio.wait_for(ledger.sync(), 5.0)
         assert writes == [1, 2] and ledger.durable_seq == ledger.seq == 3

@@ -31,7 +31,7 @@ from chunkmaster.core.queues import Availability, check_get_task
 from chunkmaster.core.steps import contested, missing_ranks, world, world_size
 from chunkmaster.master.checks import check_pass, wait_seconds
 from chunkmaster.master.leases import LeaseKeeper
-from chunkmaster.master.ledger import Ledger
+from chunkmaster.master.ledger import Ledger, LedgerSubscriber
 from chunkmaster.master.timeouts import TaskTimeouts
 
 log = logging.getLogger("chunkmaster.service")
@@ -41,7 +41,7 @@ CONTEST_TICK = 0.5
 hearing from them changes nothing a waiting request would be woken by)."""
 
 
-class Dispatcher:
+class Dispatcher(LedgerSubscriber):
     def __init__(
         self, ledger: Ledger, timeouts: TaskTimeouts, rank_wait: float, leases: LeaseKeeper
     ) -> None:
@@ -52,9 +52,10 @@ class Dispatcher:
         #: (pass, time.monotonic()) since when the pass waits for ranks missing from its world
         self._ranks_waiting: tuple[int, float] | None = None
         self._changed = asyncio.Event()
-        ledger.on_change.append(self._notify)
+        ledger.subscribe(self)
 
-    def _notify(self) -> None:
+    def state_changed(self) -> None:
+        """Wake the requests that wait for a change."""
         self._changed.set()
         self._changed = asyncio.Event()
 

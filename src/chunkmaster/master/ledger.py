@@ -7,7 +7,7 @@ progress report: `submit(lazy=True)`) does not start a write of its own: it goes
 next event somebody waits for, or after LAZY_FLUSH seconds, so that reports many times a
 second cost one write a LAZY_FLUSH, not one each. If a write fails, every
 waiting caller gets the error and the in-memory state is rebuilt from the store, so nothing
-unacknowledged survives (defect D7): the state is always "durable prefix + waiting tail".
+unacknowledged survives: the state is always "durable prefix + waiting tail".
 
 A store that keeps failing (full disk, read-only filesystem, I/O errors, etcd out of space)
 puts the ledger in a failing state: every change is refused at once with the cause, the
@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
 
 from chunkmaster.core.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from chunkmaster.core.errors import UnavailableError
@@ -42,6 +42,36 @@ LOG_EVERY = 30.0  # seconds between two log lines about the same, continuing fai
 LAZY_FLUSH = 0.1  # seconds a batch of events nobody waits for waits for company
 
 
+Result = Task | bool | int | None  # what `apply` returns for an event
+
+
+class LedgerSubscriber(Protocol):
+    """What a part of the master hears of the ledger. A part subscribes once
+    (`Ledger.subscribe`); subclassing this class gives it hooks that do nothing, for it to
+    override those it needs."""
+
+    def state_changed(self) -> None:
+        """After every event applied, and after the state was rebuilt."""
+        return None
+
+    def state_rebuilt(self) -> None:
+        """After the state was rebuilt from the store (a failed write, a replacement), before
+        `state_changed`."""
+        return None
+
+    def store_writable(self) -> None:
+        """When a failing store takes writes again."""
+        return None
+
+    def event_applied(self, event: Event, result: Result) -> None:
+        """With each event `submit` applied and its result (metrics count them)."""
+        return None
+
+    def batch_written(self, entries: int, seconds: float) -> None:
+        """With each batch written and the seconds its write took (metrics time them)."""
+        return None
+
+
 class Ledger:
     def __init__(
         self,
@@ -54,7 +84,7 @@ class Ledger:
         lazy_flush: float = LAZY_FLUSH,
     ) -> None:
         self.store = store
-        self.state = MasterState()
+        self._state = MasterState()
         self.seq = 0  # last applied entry
         self.durable_seq = 0  # last entry the store acknowledged
         self.entries_since_snapshot = 0
@@ -63,13 +93,7 @@ class Ledger:
         self.failing_since: float | None = None  # time.monotonic() of the first failure
         self.failed_attempts = 0  # writes (and rebuilds) that failed since then
         self.next_retry_at: float | None = None  # time.monotonic() of the next attempt
-        self.on_reset: list[Callable[[], None]] = []  # called after the state was rebuilt
-        self.on_change: list[Callable[[], None]] = []  # called after every applied event
-        self.on_writable: list[Callable[[], None]] = []  # called when a failing store works again
-        #: called with each event `submit` applied and its result (metrics count them)
-        self.on_event: list[Callable[[Event, Task | bool | int | None], None]] = []
-        #: called with each batch written and the seconds its write took (metrics time them)
-        self.on_save: list[Callable[[int, float], None]] = []
+        self._subscribers: list[LedgerSubscriber] = []
         self._retry_first = retry_first
         self._retry_max = retry_max
         self._log_every = log_every
@@ -86,6 +110,15 @@ class Ledger:
         self._repair: asyncio.Task[None] | None = None
         self._closed = False
 
+    @property
+    def state(self) -> MasterState:
+        """The state, for reading: it changes only by the events this ledger applies."""
+        return self._state
+
+    def subscribe(self, subscriber: LedgerSubscriber) -> None:
+        """Call `subscriber`'s hooks from now on, after those of the parts before it."""
+        self._subscribers.append(subscriber)
+
     async def recover(self, *, level: int = logging.INFO) -> None:
         """Load snapshot + journal from the store. Raises StoreError / CodecError."""
         rec = await self.store.load()
@@ -96,7 +129,7 @@ class Ledger:
                 raise UnavailableError(f"journal gap after entry {seq} (next is {entry_seq})")
             apply(state, decode_event(data))
             seq = entry_seq
-        self.state, self.seq, self.durable_seq = state, seq, seq
+        self._state, self.seq, self.durable_seq = state, seq, seq
         self._awaited_seq = min(self._awaited_seq, seq)  # the tail dropped is waited for no more
         self.entries_since_snapshot = len(rec.entries)
         log.log(
@@ -120,15 +153,13 @@ class Ledger:
             retry = f"; retrying in {max(0.0, self.next_retry_at - time.monotonic()):.1f}s"
         return UnavailableError(f"master cannot persist changes: {self.error}{retry}")
 
-    async def commit(self, event: Event) -> Task | bool | int | None:
+    async def commit(self, event: Event) -> Result:
         """Apply `event` now; return its result once it is durable (else raise)."""
         result, durable = self.submit(event)
         await durable
         return result
 
-    def submit(
-        self, event: Event, *, lazy: bool = False
-    ) -> tuple[Task | bool | int | None, Awaitable[None]]:
+    def submit(self, event: Event, *, lazy: bool = False) -> tuple[Result, Awaitable[None]]:
         """Apply `event` now, synchronously; the awaitable completes once it is durable.
 
         For callers that must act on the result before yielding (e.g. arm a timer), so
@@ -139,7 +170,7 @@ class Ledger:
         if not self.available:
             raise self.unavailable()
         data = encode_event(event)
-        result = apply(self.state, event)
+        result = apply(self._state, event)
         self.seq += 1
         self._queue.append((self.seq, data))
         if self._queue_done is None:
@@ -150,10 +181,10 @@ class Ledger:
             self._hurry_up()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_loop(), name="ledger-flush")
-        for cb in self.on_change:
-            cb()
-        for observe in self.on_event:
-            observe(event, result)
+        for sub in self._subscribers:
+            sub.state_changed()
+        for sub in self._subscribers:
+            sub.event_applied(event, result)
         return result, asyncio.shield(done)  # one caller's cancellation must not fail the batch
 
     async def _flush_loop(self) -> None:
@@ -181,8 +212,9 @@ class Ledger:
                 self._fail(done, exc)
                 return
             self._writing = None
-            for saved in self.on_save:
-                saved(len(batch), time.monotonic() - began)
+            took = time.monotonic() - began
+            for sub in self._subscribers:
+                sub.batch_written(len(batch), took)
             self.durable_seq = batch[-1][0]
             self.entries_since_snapshot += len(batch)
             done.set_result(None)
@@ -245,7 +277,7 @@ class Ledger:
         for ev in events:
             apply(state, ev)
         await self.store.compact(encode_snapshot(state), self.seq)
-        self.state = state
+        self._state = state
         self.durable_seq = self.seq
         self.entries_since_snapshot = 0
         self._notify_reset()
@@ -324,8 +356,8 @@ class Ledger:
             self.error, self.failing_since, self.next_retry_at = None, None, None
             self.failed_attempts = 0
             self._notify_reset()
-            for cb in self.on_writable:
-                cb()
+            for sub in self._subscribers:
+                sub.store_writable()
             return
 
     async def _probe(self) -> None:
@@ -333,7 +365,7 @@ class Ledger:
         event = Configure(self.state.failure_max, self.state.failed_policy)
         seq = self.seq + 1
         await self.store.save([(seq, encode_event(event))])
-        apply(self.state, event)
+        apply(self._state, event)
         self.seq = self.durable_seq = seq
         self.entries_since_snapshot += 1
 
@@ -354,10 +386,10 @@ class Ledger:
         self.error = cause
 
     def _notify_reset(self) -> None:
-        for cb in self.on_reset:
-            cb()
-        for cb in self.on_change:
-            cb()
+        for sub in self._subscribers:
+            sub.state_rebuilt()
+        for sub in self._subscribers:
+            sub.state_changed()
 
     async def close(self) -> None:
         """Write what is queued, then stop; later commits are refused."""

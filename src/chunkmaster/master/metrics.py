@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from chunkmaster.core.events import Dispatch, Event, Fail, Finish
 from chunkmaster.core.model import TIMEOUT_REASON, Task
 from chunkmaster.core.state import READ_FAILURE
+from chunkmaster.master.ledger import LedgerSubscriber
 from chunkmaster.master.service import Service
 from chunkmaster.master.status import MixtureView, PassRecords, StoreView, Trainer
 
@@ -218,7 +219,7 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
-class MasterMetrics:
+class MasterMetrics(LedgerSubscriber):
     """The master's registry: state figures read at scrape time plus event counters."""
 
     def __init__(self, service: Service) -> None:
@@ -279,10 +280,9 @@ class MasterMetrics:
         # task -> (epoch, monotonic time) of its latest dispatch; one entry per task at most,
         # so tasks handed back without a finish (a session's end) cost no more than that
         self._dispatched_at: dict[int, tuple[int, float]] = {}
-        service.ledger.on_event.append(self._on_event)
-        service.ledger.on_save.append(self._on_save)
+        service.ledger.subscribe(self)
 
-    def _on_event(self, event: Event, result: Task | bool | int | None) -> None:
+    def event_applied(self, event: Event, result: Task | bool | int | None) -> None:
         if isinstance(event, Dispatch) and isinstance(result, Task):
             self.dispatches.inc()
             self._dispatched_at[result.meta.id] = (result.meta.epoch, time.monotonic())
@@ -297,7 +297,7 @@ class MasterMetrics:
             ).inc()
             self._dispatched_at.pop(event.task_id, None)
 
-    def _on_save(self, entries: int, seconds: float) -> None:
+    def batch_written(self, entries: int, seconds: float) -> None:
         self.store_batch.observe(entries)
         self.store_seconds.observe(seconds)
 

@@ -18,7 +18,7 @@ from chunkmaster.core.queues import fail_quarantines, lost_reason, reading_task
 from chunkmaster.logs import about
 from chunkmaster.master.checks import check_hello, deny
 from chunkmaster.master.leases import DataWait, LeaseKeeper
-from chunkmaster.master.ledger import Ledger
+from chunkmaster.master.ledger import Ledger, LedgerSubscriber
 from chunkmaster.master.owners import own_positions, resume_refused
 from chunkmaster.master.reports import log_failure
 from chunkmaster.master.status import TaskShare
@@ -26,12 +26,16 @@ from chunkmaster.master.status import TaskShare
 log = logging.getLogger("chunkmaster.service")
 
 
-class Sessions:
+class Sessions(LedgerSubscriber):
     def __init__(self, ledger: Ledger, trainer_ttl: float, share: TaskShare) -> None:
         self._ledger = ledger
         self._share = share
         self.leases = LeaseKeeper(trainer_ttl, self._lease_expired)
-        ledger.on_reset.append(lambda: self.leases.reset(ledger.state.sessions))
+        ledger.subscribe(self)
+
+    def state_rebuilt(self) -> None:
+        """The leases of the sessions the rebuilt state holds."""
+        self.leases.reset(self._ledger.state.sessions)
 
     async def open(
         self,

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from chunkmaster.core.events import Fail, Resume
 from chunkmaster.core.model import TIMEOUT_REASON
 from chunkmaster.core.queues import fail_ignored, fail_quarantines, task_deadline
-from chunkmaster.master.ledger import Ledger, started
+from chunkmaster.master.ledger import Ledger, LedgerSubscriber, started
 from chunkmaster.master.reports import log_failure
 
 log = logging.getLogger("chunkmaster.timeouts")
@@ -82,7 +82,7 @@ class TimeoutScheduler:
             self._task = None
 
 
-class TaskTimeouts:
+class TaskTimeouts(LedgerSubscriber):
     """The pending tasks' deadlines on one scheduler: a deadline passed is a `Fail("timeout")`.
 
     Re-armed from the state whenever the ledger rebuilds it. After a store outage every pending
@@ -101,8 +101,7 @@ class TaskTimeouts:
         self.timeout_dur = timeout_dur
         self._clock = clock
         self._scheduler = TimeoutScheduler(self._expire, clock)
-        ledger.on_reset.append(self.rearm)
-        ledger.on_writable.append(self._after_store_outage)
+        ledger.subscribe(self)
 
     def from_now(self) -> float:
         """A deadline one timeout from now (wall-clock seconds, journaled)."""
@@ -115,6 +114,9 @@ class TaskTimeouts:
         """Every pending task's deadline, from the state (after it was rebuilt)."""
         st = self._ledger.state
         self._scheduler.reset([(task_deadline(st, t), t, p.epoch) for t, p in st.pending.items()])
+
+    def state_rebuilt(self) -> None:
+        self.rearm()
 
     def start(self) -> None:
         self.rearm()
@@ -144,7 +146,9 @@ class TaskTimeouts:
         await self._ledger.commit(ev)
         log_failure(self._ledger.state, task_id, TIMEOUT_REASON, quarantined=quarantined)
 
-    def _after_store_outage(self) -> None:
+    def store_writable(self) -> None:
+        """The time the store refused writes does not time tasks out: each gets a timeout
+        from now."""
         if self._ledger.state.pending:
             # Applied before any timer can fire on the old deadlines (they run after a yield).
             _, durable = self._ledger.submit(Resume(self.from_now()))
