@@ -30,7 +30,7 @@ def test_progress_moves_the_deadline_without_a_timer_per_report(tmp_path: Path) 
             timers = len(svc._timeouts)  # the dispatch's one
             for n in range(1, 1001):
                 clock.now += 1.0
-                moved = svc.report_progress(sid, [Position(task.meta.id, 1, 0, n)])
+                moved = svc.reports.progress(sid, [Position(task.meta.id, 1, 0, n)])
                 assert moved == 1
             assert len(svc._timeouts) == timers == 1
             assert task_deadline(svc.ledger.state, task.meta.id) == clock.now + 60.0

@@ -20,19 +20,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from chunkmaster.core.dataset import size_text
 from chunkmaster.core.events import Finish, StopJob
-from chunkmaster.core.model import Position, Task, TaskMeta
+from chunkmaster.core.model import Task, TaskMeta
 from chunkmaster.core.reconcile import reconcile
 from chunkmaster.formats.changed import changed_files, stop_message
 from chunkmaster.logs import about
 from chunkmaster.master.checkpoints import Checkpoints
 from chunkmaster.master.dispatch import Dispatcher
 from chunkmaster.master.job_dataset import ByName, JobDataset, Reweighted, SourceSpec
-from chunkmaster.master.leases import DataWait, LeaseKeeper
+from chunkmaster.master.leases import LeaseKeeper
 from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.reports import Reports
 from chunkmaster.master.roots import DataRoots
@@ -68,19 +68,22 @@ class Service:
         )
         self._share = TaskShare(self.ledger)
         self._timeouts = TaskTimeouts(self.ledger, s.timeout_dur, clock)
-        self._sessions = Sessions(self.ledger, s.trainer_ttl, self._share)
-        self._dispatch = Dispatcher(self.ledger, self._timeouts, s.rank_wait, self._sessions.leases)
-        self._reports = Reports(self.ledger, self._timeouts.from_now)
+        #: sessions and their leases: open, touch, data waits, end
+        self.sessions = Sessions(self.ledger, s.trainer_ttl, self._share)
+        self._dispatch = Dispatcher(self.ledger, self._timeouts, s.rank_wait, self.sessions.leases)
+        #: finishes, failures, progress and tasks handed back
+        self.reports = Reports(self.ledger, self._timeouts.from_now)
         self._dataset = JobDataset(self.ledger, s, DataRoots(s.data_roots), self._share)
-        self._checkpoints = Checkpoints(
-            self.ledger, s, clock, self._dataset, self._sessions, self._timeouts
+        #: commits, data checkpoints and restores
+        self.checkpoints = Checkpoints(
+            self.ledger, s, clock, self._dataset, self.sessions, self._timeouts
         )
         self._save = SaveApprovals(self.ledger, clock)
         self._started = False
 
     @property
     def leases(self) -> LeaseKeeper:
-        return self._sessions.leases
+        return self.sessions.leases
 
     @property
     def job(self) -> str:
@@ -241,23 +244,22 @@ class Service:
         holds (PermissionDeniedError)."""
         self._check_started()
         finish = Finish(task_id, epoch, pass_id)
-        return bool(await self._reports.finish([finish], identity=identity))
+        return bool(await self.reports.finish([finish], identity=identity))
 
     async def task_failed(
         self, meta: TaskMeta, reason: str = "", *, identity: str | None = None
     ) -> bool:
         """A unary TaskFailed; refused as `task_finished` is on a task another holds."""
         self._check_started()
-        return bool(await self._reports.fail(meta, reason, identity=identity))
+        return bool(await self.reports.fail(meta, reason, identity=identity))
 
     async def request_save_model(self, trainer_id: str, block_dur: float) -> bool:
         """Approve one trainer at a time to save the model, for `block_dur` seconds."""
         self._check_started()
         return await self._save.request(trainer_id, block_dur)
 
-    # ---- sessions (master/stream.py calls these in the order its messages arrive; those
-    # that change the state apply their events before returning, and hand back an awaitable
-    # for durability, so a report is never overtaken by a later message) -----------------
+    # ---- sessions (a session's other messages go to the part whose job they are:
+    # `sessions`, `reports`, `checkpoints`; master/stream.py) ---------------------------
 
     async def open_session(
         self,
@@ -272,58 +274,15 @@ class Service:
     ) -> str:
         """Resume `session_id` or open a new session (master/sessions.py)."""
         self._check_started()
-        return await self._sessions.open(
+        return await self.sessions.open(
             session_id, name, host, pid, report_every, world_size, rank, identity
         )
-
-    def touch(self, session: str) -> None:
-        """Renew a session's lease (every message does); raise if it has ended."""
-        self._sessions.touch(session)
-
-    def report_data_wait(self, session: str, wait: DataWait) -> None:
-        self._sessions.data_wait(session, wait)
-
-    def report_progress(self, session: str, positions: Iterable[Position]) -> int:
-        """How far the session's trainer got (master/reports.py)."""
-        return self._reports.progress(session, positions)
-
-    def submit_finishes(self, session: str, positions: Iterable[Position]) -> Awaitable[int]:
-        """Finish each task of the session, as TaskFinished would, in order; all or none."""
-        self._check_started()
-        finishes = [Finish(p.task_id, p.epoch, p.pass_id) for p in positions]
-        return self._reports.finish(finishes, session=session)
-
-    def submit_failure(
-        self, meta: TaskMeta, reason: str, session: str | None = None
-    ) -> Awaitable[int]:
-        """Fail a dispatch; over a `session`, only one of that session's own."""
-        self._check_started()
-        return self._reports.fail(meta, reason, session=session)
-
-    def submit_return(self, session: str, positions: Iterable[Position]) -> Awaitable[int]:
-        """Hand the session's tasks named back at their positions; awaitable: how many."""
-        self._check_started()
-        return self._reports.returned(session, positions)
-
-    def submit_commit(
-        self, positions: Iterable[Position], session: str = "", identity: str | None = None
-    ) -> Awaitable[int]:
-        """Commit a session's positions, all or none (master/checkpoints.py)."""
-        self._check_started()
-        return self._checkpoints.commit(positions, session, identity)
-
-    async def end_session(
-        self, session: str, reason: str, positions: Iterable[Position] = (), *, charge: bool = False
-    ) -> int:
-        """End a session; its tasks go back to the front of Todo. How many it held."""
-        self._check_started()
-        return await self._sessions.end(session, reason, positions, charge=charge)
 
     # ---- data checkpoints and status ----------------------------------------------------
 
     async def data_checkpoint(self) -> bytes:
         self._check_started()
-        return await self._checkpoints.data_checkpoint()
+        return await self.checkpoints.data_checkpoint()
 
     async def restore(
         self,
@@ -336,7 +295,7 @@ class Service:
     ) -> bool:
         """Go to a data checkpoint's position (master/checkpoints.py)."""
         self._check_started()
-        return await self._checkpoints.restore(
+        return await self.checkpoints.restore(
             blob, replace=replace, other_job=other_job, key=key, rank=rank
         )
 

@@ -118,7 +118,8 @@ class SessionConversation:
                 return
             if not self.session:
                 raise InvalidArgumentError("invalid argument: a session starts with Hello")
-            self.service.touch(self.session)
+            sessions, reports = self.service.sessions, self.service.reports
+            sessions.touch(self.session)
             if kind == "next":
                 self._next(req.next, seq)
             elif kind == "keep_alive":
@@ -126,10 +127,10 @@ class SessionConversation:
                 # one (the commonest message of all) has renewed the lease above: that is all.
                 ka = req.keep_alive
                 if ka.progress:
-                    self.service.report_progress(self.session, _positions(ka.progress))
+                    reports.progress(self.session, _positions(ka.progress))
                 if ka.HasField("data_wait"):
                     w = ka.data_wait
-                    self.service.report_data_wait(
+                    sessions.data_wait(
                         self.session,
                         DataWait(
                             w.p50_seconds, w.p99_seconds, w.share, w.batches, w.window_seconds
@@ -137,17 +138,17 @@ class SessionConversation:
                     )
             elif kind == "failed":
                 meta = TaskMeta(req.failed.meta.id, req.failed.meta.epoch)
-                failure = self.service.submit_failure(meta, req.failed.reason, self.session)
+                failure = reports.fail(meta, req.failed.reason, session=self.session)
                 self._answer(seq, failure)
             elif kind == "returned":
                 positions = _positions(req.returned.positions)
-                self._answer(seq, self.service.submit_return(self.session, positions))
+                self._answer(seq, reports.returned(self.session, positions))
             elif kind == "commit":
                 positions = _positions(req.commit.positions)
-                commit = self.service.submit_commit(positions, self.session, self.identity)
+                commit = self.service.checkpoints.commit(positions, self.session, self.identity)
                 self._answer(seq, commit)
             elif kind == "goodbye":
-                held = await self.service.end_session(
+                held = await sessions.end(
                     self.session, RETURNED_REASON, _positions(req.goodbye.progress)
                 )
                 self._out.put_nowait(pb.SessionResponse(seq=seq, ack=pb.Ack(applied=held)))
@@ -179,7 +180,7 @@ class SessionConversation:
         )
 
     def _next(self, msg: Any, seq: int) -> None:
-        finished = self.service.submit_finishes(self.session, _positions(msg.finished))
+        finished = self.service.reports.finish_positions(self.session, _positions(msg.finished))
         if not msg.want_task:
             self._answer(seq, finished)
             return
