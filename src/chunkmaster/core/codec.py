@@ -64,32 +64,28 @@ if sys.byteorder != "little":  # pragma: no cover - every platform we ship for i
     raise ImportError("chunkmaster's state codec assumes a little-endian machine")
 
 CONTAINER_MAGIC = b"CMB1"
-#: 3: quarantined records in the ledger, the error budget and a stopped job, equal steps (a
-#: version 2 snapshot reads with none of them). 4: the same with a shuffle seed, which an
-#: older build must refuse, not drop. 5: either, with who holds what (the identities of
-#: sessions and dispatches, the dispatches taken back, the finishers of each pass), the
-#: sessions' ranks and world sizes and the last restore's key: an older build must refuse it
-#: rather than let any identity resume any session (a version 2 to 4 snapshot reads with no
-#: identities, nothing taken back, no ranks). 6: the same with each session's progress
-#: deadline (a version 2 to 5 snapshot reads with none: its tasks keep their dispatch's).
+#: The snapshot versions this build reads, and what each holds beside the one before (a field
+#: a version lacks reads as its empty value). A version is new when a reader without the field
+#: would hand out other tasks or let the wrong trainer in: such a reader must refuse it.
+#:
+#: 2: the queues, passes, failures, sessions, commits and the ledger's counts.
+#: 3: quarantined records, the error budget and a stopped job, equal steps.
+#: 4: version 3 with a shuffle seed.
+#: 5: who holds what (identities of sessions and dispatches, dispatches taken back, each
+#:    pass's finishers), sessions' ranks and world sizes, the last restore's key.
+#: 6: each session's progress deadline; the version of every job that is not a mixture.
+#: 7: a mixture (its sources, plans, weights and per-source counts).
+#: 8: a mixture that sources were added to while it ran (fewer units than its tasks).
+#:
+#: Optional keys that need no version: a mixture's per-source counts of each pass, read as
+#: none; a dataset's `chunk_size`, read as None (its data checkpoints then read as cut at
+#: 4 MiB).
 SNAPSHOT_VERSION = 6
 SNAPSHOT_VERSION_SHUFFLED = SNAPSHOT_VERSION
-#: 7: a mixture job (its sources, plans, weights and per-source counts), which an older build
-#: must refuse rather than read as one dataset; a job that is not a mixture is still written
-#: as version 6.
 SNAPSHOT_VERSION_MIXTURE = 7
-#: 8: a mixture that sources were added to while it ran (AddSources): its passes are fewer
-#: units than its sources' tasks, which an older build would take for a damaged job (its data
-#: checkpoints refused); a mixture without added sources is still written as version 7.
 SNAPSHOT_VERSION_GROWN = 8
 MIXTURE_VERSIONS = (SNAPSHOT_VERSION_MIXTURE, SNAPSHOT_VERSION_GROWN)
 READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION, *MIXTURE_VERSIONS)
-#: A mixture's per-source counts of each pass (`PassLedger.sources`) are an optional key of its
-#: section, read as none when absent, and need no new version: an older build drops them and
-#: hands out the same tasks (the per-source counts of the passes it ran then start from zero).
-#: A dataset's `chunk_size` (the bound its chunks were cut at) is an optional key, read as None
-#: when absent, and needs no new version: an older build that drops it hands out the same
-#: tasks; only the data checkpoints it writes lack the size (and read as cut at 4 MiB).
 _LEN = struct.Struct("<I")
 _C = TypeVar("_C", bound=RecordCounts)
 
@@ -225,14 +221,14 @@ def _encode_open_session(ev: OpenSession) -> bytes:
 
 
 def _encode_end_session(ev: EndSession) -> bytes:
-    # A charging end has a tag of its own: an older build refuses it rather than replaying it
-    # without the failure it counts.
+    # A charging end has a tag of its own, which a reader that does not count its failure
+    # refuses.
     return (b"L" if ev.charge else b"E") + _dumps([ev.session, ev.reason, _positions(ev.positions)])
 
 
 def _encode_progress(ev: Progress) -> bytes:
-    # Progress that moves deadlines has a tag of its own: an older build refuses it rather
-    # than replaying it without the deadlines it moves.
+    # Progress that moves deadlines has a tag of its own, which a reader that does not move
+    # them refuses.
     ps = _positions(ev.positions)
     return b"G" + _dumps([ev.deadline, ps]) if ev.deadline else b"P" + _dumps(ps)
 
@@ -241,7 +237,7 @@ def _encode_restore(ev: Restore) -> bytes:
     cs = [list(c) for c in ev.commits]
     asker = [ev.rank, ev.job_id] if ev.job_id else [ev.rank] if ev.rank >= 0 else []
     mix = ev.mixture
-    if mix is not None:  # a tag of its own: an older build refuses it
+    if mix is not None:  # a tag of its own, which a reader without mixtures refuses
         plans = [[p, plan_json(plan)] for p, plan in mix.passes]
         return b"A" + _dumps(
             [ev.floor, cs, ev.source, ev.key, weights_json(mix.weights), plans, *asker]
@@ -260,7 +256,8 @@ def _encode_set_dataset(ev: SetDataset) -> bytes:
     header, blobs = _dataset_parts(ds)
     if ev.job_id:
         header = {**header, "job_id": ev.job_id}
-    # A seeded dataset, and a mixture, have tags of their own: an older build refuses them.
+    # A seeded dataset, and a mixture, have tags of their own, which a reader without them
+    # refuses.
     tag = b"M" if ds.sources else b"T" if ds.shuffle_seed is None else b"H"
     return tag + pack(header, blobs)
 

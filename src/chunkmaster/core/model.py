@@ -74,7 +74,7 @@ class Position:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """One failure of one dispatch: kept so that no failure is silent (defect D11)."""
+    """One failure of one dispatch: kept so that no failure is silent."""
 
     pass_id: int
     epoch: int

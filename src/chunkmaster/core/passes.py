@@ -39,7 +39,7 @@ def start_pass(state: MasterState) -> None:
 
 
 def maybe_roll_over(state: MasterState) -> None:
-    """A pass ends when Todo and Pending are both empty, however the last task left (D1)."""
+    """A pass ends when Todo and Pending are both empty, however the last task left."""
     while not state.todo and not state.pending:
         state.pass_done[state.cur_pass] = len(state.done)
         state.cur_pass += 1

@@ -1,4 +1,4 @@
-"""Handing out tasks, and waiting for one (defect D2: bounded by the caller's wait).
+"""Handing out tasks, and waiting for one (a wait bounded by the caller's).
 
 A request asks the core what would happen (`check_get_task`: dispatch, wait, or an error);
 a dispatch is journaled with its deadline and its timer armed before any yield. With nothing
