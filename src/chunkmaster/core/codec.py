@@ -40,6 +40,7 @@ from chunkmaster.core.events import (
     SetWeights,
     StopJob,
 )
+from chunkmaster.core.ids import UnitId
 from chunkmaster.core.master_state import (
     FAILURE_HISTORY,
     Finishers,
@@ -720,7 +721,7 @@ def _steps_from(h: dict[str, Any]) -> StepsState:
         unassigned=int(h["unassigned"]),
         queued_pads=int(h["queued_pads"]),
         pieces={
-            int(u): Piece(int(p), int(t), int(a), int(b), bool(pad), int(e), int(c))
+            int(u): Piece(int(p), UnitId(int(t)), int(a), int(b), bool(pad), int(e), int(c))
             for u, p, t, a, b, pad, e, c in h["pieces"]
         },
         next_piece=int(h["next_piece"]),

@@ -35,7 +35,7 @@ def commit_refused(state: MasterState, pos: Position) -> str | None:
             f"pass {pos.pass_id} ended more than {COMMIT_PASSES} passes ago: who held its tasks "
             f"is no longer known (commit at least once every {COMMIT_PASSES} passes)"
         )
-    if pos.task_id >= state.num_tasks:
+    if state.is_piece(pos.task_id):
         why = steps.piece_commit_refused(state, pos.task_id, pos.epoch, pos.records)
         if why is not None:
             return why
@@ -86,7 +86,7 @@ def commit(state: MasterState, pos: Position) -> int:
 
 
 def _commit_records(state: MasterState, pos: Position) -> int:
-    if pos.task_id >= state.num_tasks:
+    if state.is_piece(pos.task_id):
         return steps.commit_piece(state, pos.task_id, pos.pass_id, pos.records)
     old = state.commits.get(pos.pass_id, {}).get(pos.task_id, 0)
     if pos.records <= old:

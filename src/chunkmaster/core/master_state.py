@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from chunkmaster.core import steps
 from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.ids import TaskId, UnitId
 from chunkmaster.core.mixture import (
     MixtureState,
 )
@@ -158,19 +159,29 @@ class MasterState:
     def num_tasks(self) -> int:
         return len(self.epochs)  # one epoch a task, set with the dataset; cheaper to ask
 
+    def is_piece(self, task_id: int) -> bool:
+        """Whether a queued or dispatched ID is a piece (else a unit)."""
+        return task_id >= len(self.epochs)
+
+    def unit_of(self, task_id: int) -> UnitId:
+        """The unit a queued or dispatched ID is, or that a piece is a part of."""
+        return self.steps.pieces[task_id].task if self.is_piece(task_id) else UnitId(task_id)
+
     def task(self, task_id: int) -> Task:
+        """What a trainer is handed for the unit or piece `task_id` of this pass."""
         ds = self.dataset
         assert ds is not None
         p = self.pending.get(task_id)
         start = 0 if p is None else p.start
-        if task_id >= len(self.epochs):  # a piece: its task's chunks up to its end
-            piece = self.steps.pieces[task_id]
-            unit, end, epoch = piece.task, piece.end, piece.epoch
+        piece = self.is_piece(task_id)
+        if piece:  # its unit's chunks up to its end
+            part = self.steps.pieces[task_id]
+            unit, end, epoch = part.task, part.end, part.epoch
         else:
-            unit, end, epoch = task_id, 0, self.epochs[task_id]
+            unit, end, epoch = UnitId(task_id), 0, self.epochs[task_id]
         task = self.unit_task(unit)
         whole = ds.task_chunks(task, self.cur_pass)
-        if task_id >= len(self.epochs):
+        if piece:
             chunks = []
             first = 0
             for c in whole:
@@ -194,14 +205,14 @@ class MasterState:
             source,
         )
 
-    def unit_task(self, unit: int, pass_id: int | None = None) -> int:
+    def unit_task(self, unit: UnitId, pass_id: int | None = None) -> TaskId:
         """The dataset's task behind `unit` of a pass (default: this one): the unit itself,
         or in a mixture the task the pass's plan put there."""
         if self.mix is None:
-            return unit
-        return self.mix.plan(self.cur_pass if pass_id is None else pass_id)[unit]
+            return TaskId(unit)
+        return TaskId(self.mix.plan(self.cur_pass if pass_id is None else pass_id)[unit])
 
-    def task_chunks(self, unit: int, pass_id: int | None = None) -> tuple[Chunk, ...]:
+    def task_chunks(self, unit: UnitId, pass_id: int | None = None) -> tuple[Chunk, ...]:
         """The chunks `unit` covers in a pass (default: this one; in a mixture, a pass whose
         plan is no longer kept reads as this one)."""
         assert self.dataset is not None
@@ -213,14 +224,13 @@ class MasterState:
     def unit_source(self, task_id: int, pass_id: int | None = None) -> int:
         """A mixture's source of a unit (or piece) of a pass (default: this one)."""
         assert self.mix is not None
-        unit = task_id if task_id < len(self.epochs) else self.steps.pieces[task_id].task
-        return self.mix.source_of_task(self.unit_task(unit, pass_id))
+        return self.mix.source_of_task(self.unit_task(self.unit_of(task_id), pass_id))
 
     def task_records(self, task_id: int, pass_id: int | None = None) -> int:
         """Where a task (or a piece of one) ends, counted from the task's first record, in
         `pass_id` (default: this pass); with a shuffle seed a task covers other chunks every
         pass, and in a mixture a unit is another task every pass."""
-        if task_id < len(self.epochs):
+        if not self.is_piece(task_id):
             assert self.dataset is not None
             p = self.cur_pass if pass_id is None else pass_id
             if self.mix is not None:

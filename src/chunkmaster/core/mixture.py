@@ -30,6 +30,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from chunkmaster.core.dataset import Dataset
+from chunkmaster.core.ids import TaskId
 from chunkmaster.core.shuffle import Permutation
 
 LINEAR_STEP = 1000  # records between two evaluations of a linear schedule
@@ -481,7 +482,7 @@ class MixtureState:
                 "schedule, or first commit the passes that hold the earlier ones"
             )
 
-    def source_of_task(self, task: int) -> int:
+    def source_of_task(self, task: TaskId) -> int:
         """The source a global task ID belongs to."""
         return bisect_right(self.first_task, task) - 1
 

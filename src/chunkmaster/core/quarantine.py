@@ -22,6 +22,7 @@ from typing import Protocol
 from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import JobStoppedError
+from chunkmaster.core.ids import UnitId
 from chunkmaster.core.model import Chunk, FailedPolicy, Failure, PassLedger, RecordCounts
 
 __all__ = [
@@ -62,7 +63,7 @@ class Records(Protocol):
     @property
     def failure_log(self) -> Mapping[int, Sequence[Failure]]: ...
     def task_records(self, task_id: int, pass_id: int | None = None) -> int: ...
-    def task_chunks(self, unit: int, pass_id: int | None = None) -> tuple[Chunk, ...]: ...
+    def task_chunks(self, unit: UnitId, pass_id: int | None = None) -> tuple[Chunk, ...]: ...
     def pass_ledger(self, pass_id: int | None = None) -> PassLedger: ...
     def ledgers(self, unit: int, pass_id: int | None = None) -> tuple[RecordCounts, ...]: ...
 
@@ -99,7 +100,7 @@ def describe(state: Records, task_id: int) -> QuarantinedTask:
     log = state.failure_log.get(task_id, ())
     # With a shuffle seed a task covers other chunks every pass: name those it failed on.
     failed_in = log[-1].pass_id if log else state.cur_pass
-    return QuarantinedTask(task_id, state.task_chunks(task_id, failed_in), tuple(log))
+    return QuarantinedTask(task_id, state.task_chunks(UnitId(task_id), failed_in), tuple(log))
 
 
 def budget_limit(state: Records) -> int | None:

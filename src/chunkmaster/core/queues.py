@@ -118,7 +118,7 @@ def dispatch(state: MasterState, ev: Dispatch) -> Task | None:
         task_id = unit
     else:
         task_id = state.todo.popleft()
-    if task_id < len(state.epochs):
+    if not state.is_piece(task_id):
         state.epochs[task_id] = epoch = state.epochs[task_id] + 1
         start = state.progress.get(task_id, 0)
     else:
@@ -138,7 +138,7 @@ def dispatch(state: MasterState, ev: Dispatch) -> Task | None:
     handed = state.task_records(task_id) - start
     source = None
     if state.mix is not None:
-        unit = task_id if task_id < len(state.epochs) else state.steps.pieces[task_id].task
+        unit = state.unit_of(task_id)
         state.mix.reach(state.cur_pass, unit)
         source = state.unit_source(task_id)
         state.mix.handed[source] += handed
@@ -165,7 +165,7 @@ def finish(state: MasterState, ev: Finish) -> bool:
     leave_pending(state, ev.task_id, taken=False)
     state.progress.pop(ev.task_id, None)
     state.num_failures.pop(ev.task_id, None)
-    if ev.task_id >= len(state.epochs):
+    if state.is_piece(ev.task_id):
         steps.piece_finished(state, ev.task_id)
     else:
         state.done.append(ev.task_id)
@@ -206,7 +206,7 @@ def count_failure(state: MasterState, task_id: int, epoch: int, reason: str) -> 
 
 def quarantine_task(state: MasterState, task_id: int, holder: str) -> None:
     """Set aside a task (no longer pending) that went over failure_max, out of the pass."""
-    piecewise = state.steps.on or task_id >= state.num_tasks
+    piecewise = state.steps.on or state.is_piece(task_id)
     aside = steps.set_aside(state, task_id, holder) if piecewise else task_id
     if aside is not None:
         state.failed.append(aside)

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from chunkmaster.core.ids import UnitId
 from chunkmaster.core.model import PassLedger, RecordCounts
 
 PIECES_KEPT = 16  # passes whose pieces are remembered (for late commits), as the ledger's
@@ -46,7 +47,7 @@ class Piece:
     `pass_id` under an ID of its own. A `pad` piece repeats records of the pass."""
 
     pass_id: int
-    task: int
+    task: UnitId
     start: int
     end: int
     pad: bool = False
@@ -160,7 +161,7 @@ def remaining(state: Pass, unit: int) -> int:
     return unit_end(state, unit) - unit_start(state, unit)
 
 
-def _new_piece(state: Pass, task: int, start: int, end: int, pad: bool = False) -> int:
+def _new_piece(state: Pass, task: UnitId, start: int, end: int, pad: bool = False) -> int:
     st = state.steps
     unit = state.num_tasks + st.next_piece
     st.next_piece += 1
@@ -175,13 +176,13 @@ def _covers_from(state: Pass, unit: int) -> int:
     return state.steps.pieces[unit].start if unit >= state.num_tasks else 0
 
 
-def _retire(state: Pass, unit: int) -> tuple[int, bool]:
-    """A unit about to be split in two pieces: its task, and whether it is a pad. A retired
-    piece stays known (its earlier holder may still commit what it read of it)."""
+def _retire(state: Pass, unit: int) -> tuple[UnitId, bool]:
+    """A unit or piece about to be split in two pieces: its unit, and whether it is a pad. A
+    retired piece stays known (its earlier holder may still commit what it read of it)."""
     st = state.steps
     state.progress.pop(unit, None)
     if unit < state.num_tasks:
-        return unit, False
+        return UnitId(unit), False
     piece = st.pieces[unit]
     if piece.pad:
         del st.pieces[unit]
@@ -306,7 +307,7 @@ def _queue_pads(state: Pass, records: int) -> None:
             tries += 1
             continue
         end = min(total, st.pad_at + records)
-        unit = _new_piece(state, st.pad_task, st.pad_at, end, pad=True)
+        unit = _new_piece(state, UnitId(st.pad_task), st.pad_at, end, pad=True)
         state.todo.append(unit)
         n = end - st.pad_at
         st.unassigned += n
