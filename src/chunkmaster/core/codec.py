@@ -316,33 +316,23 @@ def _decode_open_session(v: Any) -> OpenSession:
     )
 
 
-def _restore_commits(v: Any) -> tuple[tuple[int, int, int], ...]:
-    return tuple((int(p), int(t), int(r)) for p, t, r in v)
-
-
-def _decode_restore(v: Any) -> Restore:
+def _decode_restore(v: Any, *, mixture: bool = False) -> Restore:
+    """B: floor, commits, source[, key[, rank[, job_id]]]; A, a mixture's: floor, commits,
+    source, key, weights, plans[, rank[, job_id]]."""
+    rank = 6 if mixture else 4  # where the asker's rank is, if it is there
     return Restore(
         int(v[0]),
-        _restore_commits(v[1]),
+        tuple((int(p), int(t), int(r)) for p, t, r in v[1]),
         str(v[2]),
         str(v[3]) if len(v) > 3 else "",
-        rank=int(v[4]) if len(v) > 4 else -1,
-        job_id=str(v[5]) if len(v) > 5 else "",
-    )
-
-
-def _decode_mixture_restore(v: Any) -> Restore:
-    return Restore(
-        int(v[0]),
-        _restore_commits(v[1]),
-        str(v[2]),
-        str(v[3]),
         MixturePosition(
             tuple((int(p), plan_from_json(plan)) for p, plan in v[5]),
             weights_from_json(v[4]),
-        ),
-        rank=int(v[6]) if len(v) > 6 else -1,
-        job_id=str(v[7]) if len(v) > 7 else "",
+        )
+        if mixture
+        else None,
+        rank=int(v[rank]) if len(v) > rank else -1,
+        job_id=str(v[rank + 1]) if len(v) > rank + 1 else "",
     )
 
 
@@ -357,7 +347,7 @@ _DECODERS: dict[bytes, Callable[[Any], Event]] = {
     b"G": lambda v: Progress(_positions_from(v[1]), float(v[0])),
     b"K": lambda v: Commit(_positions_from(v)),
     b"B": _decode_restore,
-    b"A": _decode_mixture_restore,
+    b"A": lambda v: _decode_restore(v, mixture=True),
     b"W": lambda v: SetWeights(weights_from_json(v)),
     b"F": lambda v: Finish(int(v[0]), int(v[1]), int(v[2])),
     b"X": lambda v: Fail(int(v[0]), int(v[1]), str(v[2])),
