@@ -151,7 +151,7 @@ def test_backoff_doubles_up_to_its_cap(caplog: pytest.LogCaptureFixture) -> None
         store.failing = "no space left"
         with pytest.raises(UnavailableError, match="no space left"):
             await ledger.commit(Finish(0, 0, 0))
-        while ledger.failed_attempts < 7:
+        while ledger.outage.attempts < 7:
             await asyncio.sleep(0.01)
         with pytest.raises(UnavailableError, match="no space left; retrying in"):
             await ledger.commit(Finish(0, 0, 0))

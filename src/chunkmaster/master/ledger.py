@@ -30,6 +30,7 @@ from chunkmaster.core.events import Configure, Event
 from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.model import Task
 from chunkmaster.core.state import apply
+from chunkmaster.master.outage import StoreOutage
 from chunkmaster.store.base import NotLeaderError, Store, StoreError
 
 log = logging.getLogger("chunkmaster.ledger")
@@ -89,16 +90,10 @@ class Ledger:
         self.durable_seq = 0  # last entry the store acknowledged
         self.entries_since_snapshot = 0
         self.compact_min = compact_min
-        self.error: str | None = None  # why we cannot commit right now, if we cannot
-        self.failing_since: float | None = None  # time.monotonic() of the first failure
-        self.failed_attempts = 0  # writes (and rebuilds) that failed since then
-        self.next_retry_at: float | None = None  # time.monotonic() of the next attempt
+        #: a store refusing writes (times are time.monotonic())
+        self.outage = StoreOutage(retry_first, retry_max, log_every)
         self._subscribers: list[LedgerSubscriber] = []
-        self._retry_first = retry_first
-        self._retry_max = retry_max
-        self._log_every = log_every
         self._lazy_flush = lazy_flush
-        self._last_log = 0.0
         self._queue: list[tuple[int, bytes]] = []
         self._queue_done: asyncio.Future[None] | None = None
         self._queue_urgent = False  # somebody waits for an event of the queue
@@ -142,16 +137,17 @@ class Ledger:
 
     @property
     def available(self) -> bool:
-        return self.error is None and not self._closed
+        return self.outage.error is None and not self._closed
 
     def unavailable(self) -> UnavailableError:
         """The error for a change refused now, with the store's cause."""
-        if self.error is None:
+        out = self.outage
+        if out.error is None:
             return UnavailableError("master cannot persist changes: it is shutting down")
         retry = ""
-        if self.next_retry_at is not None:
-            retry = f"; retrying in {max(0.0, self.next_retry_at - time.monotonic()):.1f}s"
-        return UnavailableError(f"master cannot persist changes: {self.error}{retry}")
+        if out.next_retry_at is not None:
+            retry = f"; retrying in {max(0.0, out.next_retry_at - time.monotonic()):.1f}s"
+        return UnavailableError(f"master cannot persist changes: {out.error}{retry}")
 
     async def commit(self, event: Event) -> Result:
         """Apply `event` now; return its result once it is durable (else raise)."""
@@ -305,10 +301,7 @@ class Ledger:
         if isinstance(exc, NotLeaderError):
             self._lose_leadership(exc)
             return
-        self.error = cause
-        self.failing_since = time.monotonic()
-        self.failed_attempts = 1
-        self._last_log = self.failing_since
+        self.outage.begin(cause, time.monotonic())
         log.error(
             "store write failed: %s. Refusing changes and retrying with backoff until the "
             "store works again (nothing acknowledged is lost)",
@@ -318,13 +311,12 @@ class Ledger:
             self._repair = asyncio.create_task(self._repair_loop(), name="ledger-repair")
 
     def _lose_leadership(self, exc: Exception) -> None:
-        self.error = f"no longer the leader: {exc}"
-        self.next_retry_at = None
+        self.outage.refuse_for_good(f"no longer the leader: {exc}")
         log.critical("lost the master lock: %s; refusing every change from now on", exc)
 
     async def _repair_loop(self) -> None:
         """Rebuild the durable state, then probe with one write, backing off between tries."""
-        delay = self._retry_first
+        delay = self.outage.retry_first
         rebuilt = False
         while not self._closed:
             try:
@@ -333,7 +325,7 @@ class Ledger:
                     await self.recover(level=logging.DEBUG)
                     rebuilt = True
                     self._notify_reset()
-                self.next_retry_at = time.monotonic() + delay
+                self.outage.next_retry_at = time.monotonic() + delay
                 await asyncio.sleep(delay)
                 await self._probe()
             except NotLeaderError as exc:
@@ -342,19 +334,17 @@ class Ledger:
             except Exception as exc:
                 # A failed probe may still have reached the store: rebuild before the next.
                 rebuilt = False
-                delay = min(delay * 2, self._retry_max)
+                delay = self.outage.backoff(delay)
                 self._note_failure(exc, delay)
                 continue
-            took = time.monotonic() - (self.failing_since or time.monotonic())
             log.warning(
                 "store is writable again after %d failed attempt(s) over %.1fs; taking "
                 "changes again at entry %d",
-                self.failed_attempts,
-                took,
+                self.outage.attempts,
+                self.outage.lasted(time.monotonic()),
                 self.seq,
             )
-            self.error, self.failing_since, self.next_retry_at = None, None, None
-            self.failed_attempts = 0
+            self.outage.end()
             self._notify_reset()
             for sub in self._subscribers:
                 sub.store_writable()
@@ -371,19 +361,15 @@ class Ledger:
 
     def _note_failure(self, exc: Exception, delay: float) -> None:
         cause = _cause(exc)
-        self.failed_attempts += 1
         now = time.monotonic()
-        if now - self._last_log >= self._log_every:
-            since = now - (self.failing_since or now)
+        if self.outage.failed_again(cause, now):
             log.error(
                 "store still failing (%d attempts over %.0fs): %s; next try in %.1fs",
-                self.failed_attempts,
-                since,
+                self.outage.attempts,
+                self.outage.lasted(now),
                 cause,
                 delay,
             )
-            self._last_log = now
-        self.error = cause
 
     def _notify_reset(self) -> None:
         for sub in self._subscribers:

@@ -531,14 +531,14 @@ def _source_records(names: Sequence[str], led: PassLedger) -> dict[str, SourceRe
 
 
 def _store(ledger: Ledger, kind: str) -> StoreView:
-    now = time.monotonic()
+    now, out = time.monotonic(), ledger.outage
     return StoreView(
         kind,
         ledger.available,
-        ledger.error,
-        None if ledger.failing_since is None else round(now - ledger.failing_since, 3),
-        ledger.failed_attempts,
-        None if ledger.next_retry_at is None else round(max(0.0, ledger.next_retry_at - now), 3),
+        out.error,
+        None if out.since is None else round(now - out.since, 3),
+        out.attempts,
+        None if out.next_retry_at is None else round(max(0.0, out.next_retry_at - now), 3),
         ledger.seq,
         ledger.durable_seq,
     )
