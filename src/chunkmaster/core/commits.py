@@ -5,13 +5,8 @@ job's data position at its last commits (what a data checkpoint holds).
 from __future__ import annotations
 
 from chunkmaster.core import steps
-from chunkmaster.core.master_state import (
-    COMMIT_PASSES,
-    MasterState,
-)
-from chunkmaster.core.model import (
-    Position,
-)
+from chunkmaster.core.master_state import COMMIT_PASSES, MasterState
+from chunkmaster.core.model import Position
 
 
 def commit_refused(state: MasterState, pos: Position) -> str | None:

@@ -15,9 +15,7 @@ from chunkmaster.core import steps
 from chunkmaster.core.budget import ErrorBudget, JobStop
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.ids import TaskId, UnitId
-from chunkmaster.core.mixture import (
-    MixtureState,
-)
+from chunkmaster.core.mixture import MixtureState
 from chunkmaster.core.model import (
     Chunk,
     FailedPolicy,
@@ -30,17 +28,9 @@ from chunkmaster.core.model import (
 from chunkmaster.core.shuffle import pass_queue
 
 FAILURE_HISTORY = 8  # failures remembered per task; the count is kept in full
-
-
 LEDGER_PASSES = 16  # passes whose record counts are kept
-
-
 COMMIT_PASSES = steps.PIECES_KEPT  # passes back a commit may still name (late commits)
-
-
-NO_IDENTITY = 0  # a Finishers entry: not finished in the pass (or before identities were kept)
-
-
+NO_IDENTITY = 0  # a Finishers entry: no finisher with an identity is known in the pass
 READ_FAILURE = "read failure"  # the ledger's reason for a trainer's TaskFailed
 
 

@@ -7,14 +7,8 @@ from __future__ import annotations
 
 from chunkmaster.core import steps
 from chunkmaster.core.commits import committed_position
-from chunkmaster.core.events import (
-    AddSources,
-    MixturePosition,
-)
-from chunkmaster.core.master_state import (
-    InvalidEvent,
-    MasterState,
-)
+from chunkmaster.core.events import AddSources, MixturePosition
+from chunkmaster.core.master_state import InvalidEvent, MasterState
 from chunkmaster.core.mixture import (
     MixtureError,
     MixtureState,

@@ -8,14 +8,8 @@ from __future__ import annotations
 from collections import deque
 
 from chunkmaster.core import quarantine, steps
-from chunkmaster.core.master_state import (
-    COMMIT_PASSES,
-    LEDGER_PASSES,
-    MasterState,
-)
-from chunkmaster.core.model import (
-    FailedPolicy,
-)
+from chunkmaster.core.master_state import COMMIT_PASSES, LEDGER_PASSES, MasterState
+from chunkmaster.core.model import FailedPolicy
 
 
 def start_pass(state: MasterState) -> None:

@@ -13,13 +13,7 @@ from collections.abc import Iterable
 
 from chunkmaster.core import quarantine, steps
 from chunkmaster.core.errors import AllTaskFailedError, PassAfterError, PassBeforeError
-from chunkmaster.core.events import (
-    Dispatch,
-    EndSession,
-    Fail,
-    Finish,
-    ReturnTasks,
-)
+from chunkmaster.core.events import Dispatch, EndSession, Fail, Finish, ReturnTasks
 from chunkmaster.core.master_state import (
     FAILURE_HISTORY,
     READ_FAILURE,

@@ -5,19 +5,10 @@ checkpoint's position; a restart's trainers asking for the same restore restore 
 from __future__ import annotations
 
 from chunkmaster.core import steps
-from chunkmaster.core.events import (
-    Restore,
-)
-from chunkmaster.core.master_state import (
-    InvalidEvent,
-    MasterState,
-)
-from chunkmaster.core.mixture_events import (
-    restore_plans,
-)
-from chunkmaster.core.model import (
-    FailedPolicy,
-)
+from chunkmaster.core.events import Restore
+from chunkmaster.core.master_state import InvalidEvent, MasterState
+from chunkmaster.core.mixture_events import restore_plans
+from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.passes import maybe_roll_over, start_pass
 
 

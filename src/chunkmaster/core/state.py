@@ -54,12 +54,7 @@ from chunkmaster.core.master_state import (
     Session,
 )
 from chunkmaster.core.mixture import MixtureError, MixtureState
-from chunkmaster.core.mixture_events import (
-    add_sources,
-    mixture_position,
-    replan_point,
-    set_weights,
-)
+from chunkmaster.core.mixture_events import add_sources, mixture_position, replan_point, set_weights
 from chunkmaster.core.model import FailedPolicy, Task
 from chunkmaster.core.passes import close_committed_passes, maybe_roll_over
 from chunkmaster.core.queues import (
