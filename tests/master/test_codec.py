@@ -468,7 +468,7 @@ def test_dataset_entry_is_compact() -> None:
     assert isinstance(back, SetDataset) and back.dataset.num_chunks == n
 
 
-def test_d6_bytes_per_operation_do_not_grow_with_the_dataset() -> None:
+def test_bytes_per_operation_do_not_grow_with_the_dataset() -> None:
     """The original rewrote its whole state per operation; a journal entry is O(1)."""
     sizes = []
     for n in (10, 1_000_000):

@@ -1,4 +1,6 @@
-"""A regression test for each defect of the original that the master fixes (section 11)."""
+"""What a data-dispatch master must get right under failure: a pass that ends however its last
+task left, a wait bounded by the caller's, no half-applied write, failures kept visible,
+save-model windows, stable task IDs, a dataset that cannot block the master, retried calls."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def records_file(path: Path, n: int) -> str:
     return numbered_records(path, n, b"r%d")
 
 
-def test_d1_pass_rolls_over_when_the_last_task_fails(tmp_path: Path) -> None:
+def test_pass_rolls_over_when_the_last_task_fails(tmp_path: Path) -> None:
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
@@ -64,7 +66,7 @@ def test_d1_pass_rolls_over_when_the_last_task_fails(tmp_path: Path) -> None:
     run(main)
 
 
-def test_d1_pass_rolls_over_when_every_task_fails_and_keep_policy_reports(tmp_path: Path) -> None:
+def test_pass_rolls_over_when_every_task_fails_and_keep_policy_reports(tmp_path: Path) -> None:
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
@@ -115,7 +117,7 @@ def test_a_master_restarted_with_retry_hands_out_the_tasks_keep_kept_out(tmp_pat
     run(main)
 
 
-def test_d2_a_waiting_trainer_gets_a_timed_out_task_in_the_same_pass(tmp_path: Path) -> None:
+def test_a_waiting_trainer_gets_a_timed_out_task_in_the_same_pass(tmp_path: Path) -> None:
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
@@ -136,7 +138,7 @@ def test_d2_a_waiting_trainer_gets_a_timed_out_task_in_the_same_pass(tmp_path: P
     run(main)
 
 
-def test_d2_no_more_available_only_after_the_callers_deadline(tmp_path: Path) -> None:
+def test_no_more_available_only_after_the_callers_deadline(tmp_path: Path) -> None:
     f = records_file(tmp_path / "a.rio", 1)
 
     async def main() -> None:
@@ -159,7 +161,7 @@ def test_d2_no_more_available_only_after_the_callers_deadline(tmp_path: Path) ->
     run(main)
 
 
-def test_d7_a_failed_write_leaves_no_half_applied_state(tmp_path: Path) -> None:
+def test_a_failed_write_leaves_no_half_applied_state(tmp_path: Path) -> None:
     """A real SQLite failure: another connection holds the write lock."""
     f = records_file(tmp_path / "a.rio", 3)
     db = tmp_path / "state.db"
@@ -189,7 +191,7 @@ def test_d7_a_failed_write_leaves_no_half_applied_state(tmp_path: Path) -> None:
     run(main)
 
 
-def test_d11_failures_and_reasons_stay_visible_and_retry_gets_a_fresh_count(tmp_path: Path) -> None:
+def test_failures_and_reasons_stay_visible_and_retry_gets_a_fresh_count(tmp_path: Path) -> None:
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
@@ -213,7 +215,7 @@ def test_d11_failures_and_reasons_stay_visible_and_retry_gets_a_fresh_count(tmp_
     run(main)
 
 
-def test_d12_save_model_windows_belong_to_their_approval() -> None:
+def test_save_model_windows_belong_to_their_approval() -> None:
     clock = Clock()
 
     async def main() -> None:
@@ -235,7 +237,7 @@ def test_d12_save_model_windows_belong_to_their_approval() -> None:
     run(main)
 
 
-def test_d13_task_ids_are_small_sequential_and_stable_across_passes(tmp_path: Path) -> None:
+def test_task_ids_are_small_sequential_and_stable_across_passes(tmp_path: Path) -> None:
     f = records_file(tmp_path / "a.rio", 7)
 
     async def main() -> None:
@@ -255,7 +257,7 @@ def test_d13_task_ids_are_small_sequential_and_stable_across_passes(tmp_path: Pa
     run(main)
 
 
-def test_d18_set_dataset_does_not_block_other_calls(tmp_path: Path) -> None:
+def test_set_dataset_does_not_block_other_calls(tmp_path: Path) -> None:
     """A FIFO as a dataset file is refused, never opened in a way that blocks (recordio checks
     that a path is a regular file first); while the index loads, every other call answers."""
     fifo = tmp_path / "slow.rio"
@@ -277,7 +279,7 @@ def test_d18_set_dataset_does_not_block_other_calls(tmp_path: Path) -> None:
     run(main)
 
 
-def test_d18_duplicates_removed_and_the_dataset_spec_persists(tmp_path: Path) -> None:
+def test_duplicates_removed_and_the_dataset_spec_persists(tmp_path: Path) -> None:
     a = records_file(tmp_path / "a.rio", 2)
     records_file(tmp_path / "b.rio", 3)
     db = tmp_path / "state.db"

@@ -268,7 +268,7 @@ class StateMachineVsReference(RuleBasedStateMachine):
 
     @invariant()
     def a_pass_never_stalls(self) -> None:
-        """D1: Todo and Pending are never both empty while Done holds work (RETRY: or Failed)."""
+        """Todo and Pending are never both empty while Done holds work (RETRY: or Failed)."""
         s = self.state
         if not s.todo and not s.pending:
             assert not s.done
