@@ -43,7 +43,7 @@ PROCESS_MODULES = frozenset(
 #: What of helpers.trainers starts `chunkmaster read` processes (the rest is datasets, digests).
 PROCESS_NAMES = frozenset({"Trainer", "wait_until_holding"})
 #: Directories whose every test starts processes: PyTorch DataLoader workers, containers.
-PROCESS_DIRS = frozenset({"torch", "deploy"})
+PROCESS_DIRS = frozenset({"loader", "deploy"})
 
 
 def _starts_processes(item: pytest.Item) -> bool:

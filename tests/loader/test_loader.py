@@ -143,7 +143,7 @@ def test_load_state_dict_takes_the_running_job_back_once_per_restart(tmp_path: P
     """A job restarted from its checkpoint: every rank of the restart calls load_state_dict
     with the same key; the master goes back once, and the records after the checkpoint come
     again, each once (ranks told apart: the one that asks second repeats the restore, whether
-    the first began reading or not; tests/torch/test_restore_keys.py has the rest)."""
+    the first began reading or not; tests/loader/test_restore_keys.py has the rest)."""
     n = 120
     write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(n)], max_chunk_size=30)
     data = str(tmp_path / "d.rio")
