@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.aio import run
+from helpers.aio import run, until
 from helpers.clock import Clock
 from helpers.datasets import numbered_records
 
@@ -40,3 +40,29 @@ def test_progress_moves_the_deadline_without_a_timer_per_report(tmp_path: Path) 
             await svc.close()
 
     run(main())
+
+
+def test_moving_the_clock_past_a_deadline_times_the_task_out(tmp_path: Path) -> None:
+    """The timers wait on the master's clock: a test moves it past a task's deadline (an hour
+    away) and the task times out at once; a minute short of it, nothing fires."""
+    data = numbered_records(tmp_path / "d.rio", 10)
+    clock = Clock()
+
+    async def main() -> None:
+        svc = Service(InMemStore(), chunks_per_task=10, timeout_dur=3600.0, clock=clock)
+        await svc.start()
+        try:
+            await svc.set_dataset([data])
+            await svc.get_task(0)
+            await until(lambda: clock.idle_timers() == 1, "the timer to wait on the clock")
+            clock.now += 3540.0
+            await until(lambda: clock.idle_timers() == 1, "the timer to look again")
+            assert svc.status_view().pending == 1
+            clock.now += 61.0
+            await until(lambda: svc.status_view().pending == 0, "the task to time out")
+            view = svc.status_view()
+            assert view.todo == 1 and view.tasks_with_failures == 1
+        finally:
+            await svc.close()
+
+    run(main(), timeout=10.0)
