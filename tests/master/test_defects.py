@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from helpers.aio import still_waiting, until
 from helpers.clock import Clock
 from helpers.datasets import numbered_records
+from helpers.sqlite_lock import next_write_held
 
 from chunkmaster import (
     AllTaskFailedError,
@@ -145,8 +146,7 @@ def test_d2_no_more_available_only_after_the_callers_deadline(tmp_path: Path) ->
         await svc.set_dataset([f])
         t = await svc.get_task(0)
         waiter = asyncio.create_task(svc.get_task(0, wait=30.0))
-        await asyncio.sleep(0)  # let it start waiting
-        assert not waiter.done()
+        assert await still_waiting([waiter])
         await svc.task_finished(t.meta.id)  # the pass ends: the waiter learns at once
         with pytest.raises(PassBeforeError):
             await waiter
@@ -265,7 +265,7 @@ def test_d18_set_dataset_does_not_block_other_calls(tmp_path: Path) -> None:
         svc = Service(InMemStore(), timeout_dur=60)
         await svc.start()
         loading = asyncio.create_task(svc.set_dataset([str(fifo)]))
-        await asyncio.sleep(0)
+        await asyncio.wait([loading], timeout=0.1)  # it runs (and a FIFO is refused at once)
         assert await svc.request_save_model("A", 1.0)
         assert svc.status()["ready"] is False
         with pytest.raises(NotReadyError):
@@ -379,24 +379,6 @@ def test_a_retried_get_task_gets_the_same_task_not_a_stranded_one(tmp_path: Path
     run(lambda: after_restart(held))
 
 
-@contextlib.contextmanager
-def next_write_held(db: Path) -> Iterator[None]:
-    """Another connection holds SQLite's write lock: the store's next write waits for it."""
-    other = sqlite3.connect(db, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
-
-
-async def loop_turns(n: int = 20) -> None:
-    """Turns of the event loop in which nothing but the store's write could make it durable."""
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 def test_a_retried_get_task_is_answered_only_once_its_dispatch_is_durable(
     tmp_path: Path,
 ) -> None:
@@ -412,12 +394,11 @@ def test_a_retried_get_task_is_answered_only_once_its_dispatch_is_durable(
         await svc.set_dataset([f])
         with next_write_held(db):
             first = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
-            while svc.status()["pending"] == 0:  # applied; its write waits for the lock
-                await asyncio.sleep(0)
+            await until(lambda: svc.status_view().pending == 1, "the dispatch to be applied")
             retry = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
-            await loop_turns()
-            assert not first.done()
-            assert not retry.done(), "the retry was answered before its dispatch was durable"
+            assert await still_waiting([first, retry]), (
+                "the retry was answered before its dispatch was durable"
+            )
         t, again = await first, await retry
         assert (again.meta, again.chunks) == (t.meta, t.chunks)
         await svc.close()
@@ -440,12 +421,11 @@ def test_a_repeated_finish_is_answered_only_once_the_first_is_durable(tmp_path: 
         t = await svc.get_task(0, worker="w")
         with next_write_held(db):
             first = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
-            while svc.status()["pending"] == 1:  # applied; its write waits for the lock
-                await asyncio.sleep(0)
+            await until(lambda: svc.status_view().pending == 0, "the finish to be applied")
             again = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
-            await loop_turns()
-            assert not first.done()
-            assert not again.done(), "the repeat was answered before the finish was durable"
+            assert await still_waiting([first, again]), (
+                "the repeat was answered before the finish was durable"
+            )
         assert await first is True and await again is False
         await svc.close()
 
@@ -458,14 +438,15 @@ def test_a_get_task_cancelled_mid_commit_still_times_out_its_task(tmp_path: Path
     f = records_file(tmp_path / "a.rio", 1)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=0.2, failure_max=5)
+        store = SqliteStore(tmp_path / "state.db", busy_timeout=60.0)
+        svc = Service(store, chunks_per_task=1, timeout_dur=0.2, failure_max=5)
         await svc.start()
         await svc.set_dataset([f])
-        call = asyncio.create_task(svc.get_task(0))
-        while svc.status()["pending"] == 0:  # until applied; it now waits for durability
-            await asyncio.sleep(0)
-        assert not call.done()
-        call.cancel()
+        with next_write_held(tmp_path / "state.db"):
+            call = asyncio.create_task(svc.get_task(0))
+            await until(lambda: svc.status_view().pending == 1, "the dispatch to be applied")
+            assert not call.done()
+            call.cancel()
         again = await svc.get_task(0, wait=30.0)  # comes back by timeout
         assert again.meta.epoch == 2
         await svc.close()
@@ -484,8 +465,7 @@ def test_a_trainer_ahead_of_the_master_waits_for_the_rollover(tmp_path: Path) ->
         with pytest.raises(PassAfterError, match="^pass number larger than master$"):
             await svc.get_task(1)
         ahead = asyncio.create_task(svc.get_task(1, wait=30.0))
-        await asyncio.sleep(0)
-        assert not ahead.done()
+        assert await still_waiting([ahead])
         await svc.task_finished(t.meta.id)
         assert (await ahead).pass_id == 1
         await svc.close()

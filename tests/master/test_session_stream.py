@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.aio import until
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.raw_session import RawSession, position
+from helpers.sqlite_lock import next_write_held
 from helpers.waits import wait_for
 
 from chunkmaster.rpc import master_pb2 as pb
@@ -216,13 +218,15 @@ def test_a_session_whose_trainer_leaves_while_it_is_written_still_expires(
     from chunkmaster.master.service import Service
 
     async def main() -> None:
-        svc = Service(SqliteStore(tmp_path / "s.db"), timeout_dur=60, trainer_ttl=0.3)
+        store = SqliteStore(tmp_path / "s.db", busy_timeout=60.0)
+        svc = Service(store, timeout_dur=60, trainer_ttl=0.3)
         await svc.start()
         try:
-            opening = asyncio.ensure_future(svc.open_session("", "t", "h", 1, 0))
-            await asyncio.sleep(0)  # applied; its write in flight
-            assert len(svc.ledger.state.sessions) == 1
-            opening.cancel()
+            with next_write_held(tmp_path / "s.db"):
+                opening = asyncio.ensure_future(svc.open_session("", "t", "h", 1, 0))
+                await until(lambda: len(svc.ledger.state.sessions) == 1, "the opening applied")
+                assert not opening.done()  # its write in flight
+                opening.cancel()
             deadline = time.monotonic() + 30
             while svc.ledger.state.sessions:
                 assert time.monotonic() < deadline, "the session never ended: it had no lease"

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from helpers.aio import run
+from helpers.aio import run, until
 from helpers.clock import Clock
 from helpers.datasets import numbered_records
 from helpers.full_disk import fill
@@ -185,7 +185,8 @@ def test_a_store_outage_does_not_count_against_task_deadlines(tmp_path: Path) ->
         store.failing = None
         while not svc.status()["healthy"]:
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0)  # a timer on the old deadline would fire now
+        # The timer looked at the deadlines on the clock's time: one on the old would fire.
+        await until(lambda: clock.idle_timers() == 1, "the timer to wait on the clock")
         st = svc.status()
         assert st["pending"] == 1 and st["failed"] == 0, st
         (pending,) = st["pending_tasks"]
