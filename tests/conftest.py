@@ -38,6 +38,7 @@ PROCESS_MODULES = frozenset(
         "helpers.full_disk",
         "helpers.deploy",
         "helpers.reference_recordio",
+        "helpers.session_trainer_process",
     }
 )
 #: What of helpers.trainers starts `chunkmaster read` processes (the rest is datasets, digests).

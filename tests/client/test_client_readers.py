@@ -39,7 +39,7 @@ def test_cloud_reader_yields_unpickled_records_pass_by_pass(rio: Any) -> None:
             reader()  # creating the generator uses no pass (the v2 argument check does this)
             for p in range(3):
                 assert Counter(map(_key, reader())) == Counter(map(_key, OBJECTS)), p
-                assert m.status()["cur_pass"] == p + 1
+                assert m.status_view().cur_pass == p + 1
         finally:
             reader.close()  # type: ignore[attr-defined]
 

@@ -89,4 +89,4 @@ def test_a_pass_left_early_hands_its_tasks_back_at_once(tmp_path: Path) -> None:
         with Client(m.addr) as second:
             rest = list(second.records(0))
         assert sorted(got + rest) == [b"%06d" % i for i in range(60)]
-        assert m.status()["cur_pass"] == 1
+        assert m.status_view().cur_pass == 1

@@ -8,8 +8,6 @@ remainder (dropped, or padded with repeated records).
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -19,45 +17,18 @@ from typing import Any
 import pytest
 from helpers.datasets import write_records
 from helpers.master_process import MasterProcess
+from helpers.session_trainer_process import SessionTrainerProcess
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
 
-TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 RECORDS = 1000  # 1000 = 3 * 333 + 1
 PASSES = 2
 
 
-class Trainer:
+class Trainer(SessionTrainerProcess):
     def __init__(self, addr: str, out: Path, *args: str) -> None:
-        self.out = out
-        self.log = out.with_suffix(".log")
-        cmd = [sys.executable, TRAINER, "--addr", addr, "--out", str(out), "--report-every", "5"]
-        cmd += ["--passes", str(PASSES), *args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen(cmd, stderr=err, env=env)
-
-    def records(self, pass_id: int) -> list[int]:
-        if not self.out.exists():
-            return []
-        lines = [ln.split() for ln in self.out.read_text().splitlines() if ln]
-        return [int(ln[2]) for ln in lines if ln[0] == "r" and int(ln[1]) == pass_id]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def wait(self, timeout: float = 180.0) -> None:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(
-                f"trainer did not finish:\n{self.log.read_text()[-3000:]}"
-            ) from None
-        assert code == 0, self.log.read_text()[-3000:]
+        super().__init__(out, "--addr", addr, "--report-every", "5", "--passes", str(PASSES), *args)
 
 
 def status(addr: str) -> dict[str, Any]:

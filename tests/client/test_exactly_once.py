@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -27,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
+from helpers.session_trainer_process import SessionTrainerProcess
 from helpers.waits import wait_for
 
 from chunkmaster.client import Connection
@@ -38,7 +38,6 @@ from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.checkpoint import decode
 from chunkmaster.master.datasets import load_dataset
 
-TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 RECORDS = 1500
 CHUNKS_PER_TASK = 2
 REPORT_EVERY = 10  # records; at 50 records/s (a victim's pace) a report window is 200 ms,
@@ -47,9 +46,7 @@ REPORT_EVERY = 10  # records; at 50 records/s (a victim's pace) a report window 
 
 def make_dataset(tmp_path: Path) -> str:
     """RECORDS numbered records, about 8 to a chunk: tasks of about 16 records."""
-    path = tmp_path / "data.rio"
-    write_records(path, [b"%06d" % i for i in range(RECORDS)], max_chunk_size=50)
-    return str(path)
+    return numbered_records(tmp_path / "data.rio", RECORDS, max_chunk_size=50)
 
 
 def logs_of(trainers: Sequence[Trainer]) -> str:
@@ -57,40 +54,9 @@ def logs_of(trainers: Sequence[Trainer]) -> str:
     return "".join(f"\n--- {t.log}:\n{t.log.read_text()[-2000:]}" for t in trainers)
 
 
-class Trainer:
+class Trainer(SessionTrainerProcess):
     def __init__(self, where: Sequence[str], out: Path, *args: str) -> None:
-        self.out = out
-        self.log = out.with_suffix(".log")
-        cmd = [sys.executable, TRAINER, *where, "--out", str(out), *args]
-        cmd += ["--report-every", str(REPORT_EVERY)]
-        # faulthandler: a trainer that hangs is stopped with SIGABRT, its threads' stacks in its log
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen(cmd, stderr=err, env=env)
-
-    def lines(self) -> list[list[str]]:
-        if not self.out.exists():
-            return []
-        return [ln.split() for ln in self.out.read_text().splitlines() if ln]
-
-    def records(self, pass_id: int) -> list[int]:
-        return [int(ln[2]) for ln in self.lines() if ln[0] == "r" and int(ln[1]) == pass_id]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def wait(self, timeout: float = 180.0) -> None:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGABRT)
-            self.proc.wait(10)
-            raise AssertionError(
-                f"trainer did not finish:\n{self.log.read_text()[-3000:]}"
-            ) from None
-        assert code == 0, self.log.read_text()[-3000:]
+        super().__init__(out, *where, *args, "--report-every", str(REPORT_EVERY))
 
 
 def reading(trainers: Sequence[Trainer]) -> tuple[int, int]:

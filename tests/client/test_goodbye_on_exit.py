@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
 from helpers.trainers import wait_until_holding
 
@@ -74,7 +74,7 @@ def master(tmp_path: Path) -> Iterator[MasterProcess]:
 
 
 def _dataset(tmp_path: Path) -> str:
-    return str(write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(400)]))
+    return numbered_records(tmp_path / "d.rio", 400)
 
 
 def _ended_as_returned(m: MasterProcess, pid: int) -> None:

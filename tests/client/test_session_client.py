@@ -15,9 +15,10 @@ import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.master_process import MasterProcess
+from helpers.reading import rest_of_pass
 from helpers.waits import wait_for
 
-from chunkmaster.client import Client, Connection, EndOfPass, Reading, Session
+from chunkmaster.client import Client, Connection, Reading, Session
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.checkpoint import decode
@@ -26,15 +27,6 @@ from chunkmaster.core.checkpoint import decode
 def _dataset(tmp_path: Path, n: int, chunk: int = 40) -> tuple[str, list[bytes]]:
     records = [b"%06d" % i for i in range(n)]
     return str(write_records(tmp_path / "d.rio", records, max_chunk_size=chunk)), records
-
-
-def _rest(c: Client) -> list[bytes]:
-    out = []
-    while True:
-        try:
-            out.append(c.next_record(timeout=60))
-        except EndOfPass:
-            return out
 
 
 @pytest.fixture
@@ -127,7 +119,7 @@ def test_progress_commit_checkpoint_and_goodbye_are_at_exact_positions(tmp_path:
         assert m.status()["sessions"] == 0
         with Client(m.addr) as b:
             b.start_get_records(0)
-            assert Counter(_rest(b)) == Counter(records[13:])
+            assert Counter(rest_of_pass(b)) == Counter(records[13:])
         led = m.status()["ledger"][0]
         assert led["redispatched"] == {}  # handed back exactly: nothing may come twice
 
@@ -155,7 +147,7 @@ def test_a_master_restarted_under_the_trainer_resumes_its_session(tmp_path: Path
             wait_for(lambda: bool(c.session_id), "the session to open")
             sid = c.session_id
             master.restart()
-            got += _rest(c)
+            got += rest_of_pass(c)
             assert c.session_id == sid
             assert set(got) == set(records)
             with MasterConnection(master.addr) as conn:
@@ -183,7 +175,7 @@ def test_a_session_the_master_forgot_is_replaced_by_a_new_one(tmp_path: Path) ->
             second.start()  # a fresh store: it never heard of that session
             with MasterConnection(second.addr, timeout=30) as conn:
                 conn.set_dataset([path])
-            got += _rest(c)
+            got += rest_of_pass(c)
             assert c.session_id not in ("", old)
             assert set(got) == set(records)
     finally:

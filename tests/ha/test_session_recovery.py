@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from helpers.datasets import write_records
+from helpers.datasets import ten_record_chunks
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession, position
@@ -22,9 +22,7 @@ from chunkmaster.rpc import master_pb2 as pb
 
 
 def dataset(tmp_path: Path) -> str:
-    path = tmp_path / "d.rio"
-    write_records(path, [b"%03d" % i for i in range(40)], max_chunk_size=30)  # 4 x 10 records
-    return str(path)
+    return ten_record_chunks(tmp_path / "d.rio")
 
 
 def status(addr: str) -> dict[str, Any]:

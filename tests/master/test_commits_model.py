@@ -8,10 +8,10 @@ dataset minus the records the trainers committed, each once, and the pass after 
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
+from helpers.datasets import chunk_dataset
 from hypothesis import given, settings
 
 from chunkmaster.core.dataset import Dataset
@@ -37,13 +37,6 @@ from chunkmaster.core.state import (
 )
 
 Record = tuple[int, int, int]  # (pass, task, record index in the task)
-
-
-def make_dataset(chunk_records: list[int], cpt: int) -> Dataset:
-    n = len(chunk_records)
-    return Dataset(
-        ("d",), ("f",), array("I", [0] * n), array("Q", range(n)), array("I", chunk_records), cpt
-    )
 
 
 @dataclass
@@ -142,7 +135,7 @@ class Job:
 def test_restore_delivers_exactly_what_was_not_committed(
     chunk_records: list[int], cpt: int, trainers: int, steps: list[tuple[str, int, int]]
 ) -> None:
-    ds = make_dataset(chunk_records, cpt)
+    ds = chunk_dataset(chunk_records, cpt)
     job = Job(ds, trainers)
     for op, who, n in steps:
         tr = job.trainers[who % trainers]
@@ -181,7 +174,7 @@ def test_restore_delivers_exactly_what_was_not_committed(
 
 
 def small_job(trainers: int = 2) -> Job:
-    return Job(make_dataset([5, 5, 5], 1), trainers)
+    return Job(chunk_dataset([5, 5, 5], 1), trainers)
 
 
 def test_a_lost_trainers_tasks_go_back_first_at_their_reported_position() -> None:

@@ -59,7 +59,7 @@ def test_d1_pass_rolls_over_when_the_last_task_fails(tmp_path: Path) -> None:
         a, b = await svc.get_task(0), await svc.get_task(0)
         await svc.task_finished(a.meta.id)
         assert await svc.task_failed(b.meta, "disk on fire")  # the last one leaves by failing
-        assert svc.status()["cur_pass"] == 1
+        assert svc.status_view().cur_pass == 1
         await svc.close()
 
     run(main)
@@ -131,7 +131,7 @@ def test_d2_a_waiting_trainer_gets_a_timed_out_task_in_the_same_pass(tmp_path: P
         assert again.meta.id == b.meta.id and again.meta.epoch == b.meta.epoch + 1
         assert again.pass_id == 0
         await svc.task_finished(again.meta.id)
-        assert svc.status()["cur_pass"] == 1
+        assert svc.status_view().cur_pass == 1
         await svc.close()
 
     run(main)
@@ -176,14 +176,14 @@ def test_d7_a_failed_write_leaves_no_half_applied_state(tmp_path: Path) -> None:
         blocker.close()
         # the repair loop rebuilds the state from the store: nothing pending, no orphan
         for _ in range(200):
-            if svc.status()["store"]["healthy"]:
+            if svc.status_view().store.healthy:
                 break
             await asyncio.sleep(0.02)
         st = svc.status()
         assert st["store"]["healthy"] and st["todo"] == 3 and st["pending"] == 0
         t = await svc.get_task(0)
         assert t.meta.epoch == 1  # the failed dispatch never happened
-        assert svc.status()["pending_tasks"][0]["id"] == t.meta.id
+        assert svc.status_view().pending_tasks[0].id == t.meta.id
         await svc.close()
 
     run(main)
@@ -229,7 +229,7 @@ def test_d12_save_model_windows_belong_to_their_approval() -> None:
         assert not await svc.request_save_model("B", 1.0)
         clock.now += 9.0
         assert await svc.request_save_model("B", 1.0)  # A's window is over
-        assert svc.status()["save_model"]["trainer_id"] == "B"
+        assert svc.status_view().save_model.trainer_id == "B"
         await svc.close()
 
     run(main)
@@ -267,7 +267,7 @@ def test_d18_set_dataset_does_not_block_other_calls(tmp_path: Path) -> None:
         loading = asyncio.create_task(svc.set_dataset([str(fifo)]))
         await asyncio.wait([loading], timeout=0.1)  # it runs (and a FIFO is refused at once)
         assert await svc.request_save_model("A", 1.0)
-        assert svc.status()["ready"] is False
+        assert svc.status_view().ready is False
         with pytest.raises(NotReadyError):
             await svc.get_task(0, wait=0.0)
         with pytest.raises(DatasetError, match="is a FIFO, not a regular file"):
@@ -328,7 +328,7 @@ def test_finish_from_an_older_dispatch_still_pending_completes_it(tmp_path: Path
         assert not await svc.task_failed(TaskMeta(t.meta.id, 2), "late")
         assert not await svc.task_finished(12345)
         await svc.task_finished(other.meta.id)
-        assert svc.status()["cur_pass"] == 1
+        assert svc.status_view().cur_pass == 1
         await svc.close()
 
     run(main)
@@ -361,7 +361,7 @@ def test_a_retried_get_task_gets_the_same_task_not_a_stranded_one(tmp_path: Path
         t = await svc.get_task(0, worker="w", request_id="req-1")  # "lost" answer
         again = await svc.get_task(0, worker="w", request_id="req-1")
         assert (again.meta, again.chunks) == (t.meta, t.chunks)
-        assert svc.status()["pending"] == 1
+        assert svc.status_view().pending == 1
         await svc.close()
         return t.meta.id, t.meta.epoch
 

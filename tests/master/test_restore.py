@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.datasets import write_records
+from helpers.datasets import ten_record_chunks, write_records
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession, position
 
@@ -45,9 +45,7 @@ def take(s: RawSession, finished: list[Any] | None = None) -> Any:
 
 @pytest.fixture
 def data(tmp_path: Path) -> str:
-    path = tmp_path / "d.rio"
-    write_records(path, [b"%03d" % i for i in range(40)], max_chunk_size=30)  # 4 x 10 records
-    return str(path)
+    return ten_record_chunks(tmp_path / "d.rio")
 
 
 def save_a_checkpoint(tmp_path: Path, data: str) -> tuple[Path, Any, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
+from helpers.threads import run_in_threads
 
 from chunkmaster import NoMoreAvailableError, PassBeforeError, TaskMeta
 from chunkmaster.client.connection import MasterConnection
@@ -71,40 +72,31 @@ def test_t4_concurrent_clients_each_record_once_per_pass(tmp_path: Path) -> None
     write_records(path, [bytes([i]) for i in range(50)])
     seen: dict[int, Counter[int]] = {p: Counter() for p in range(10)}
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def trainer(addr: str) -> None:
-        try:
-            with MasterConnection(addr) as c:
-                c.set_dataset([str(path)])
-                for p in range(10):
-                    mine: list[int] = []
-                    while True:
-                        try:
-                            task = c.get_task(p, wait=30.0)
-                        except PassBeforeError:
-                            break
-                        for ch in task.chunks:
-                            for rec in scan(ch.path, Index([ch.offset], [ch.num_records])):
-                                assert len(rec) == 1
-                                mine.append(rec[0])
-                        c.task_finished(task.meta.id, epoch=task.meta.epoch, pass_id=p)
-                    assert len(mine) == len(set(mine))
-                    with lock:
-                        seen[p].update(mine)
-        except BaseException as exc:
-            errors.append(exc)
+        with MasterConnection(addr) as c:
+            c.set_dataset([str(path)])
+            for p in range(10):
+                mine: list[int] = []
+                while True:
+                    try:
+                        task = c.get_task(p, wait=30.0)
+                    except PassBeforeError:
+                        break
+                    for ch in task.chunks:
+                        for rec in scan(ch.path, Index([ch.offset], [ch.num_records])):
+                            assert len(rec) == 1
+                            mine.append(rec[0])
+                    c.task_finished(task.meta.id, epoch=task.meta.epoch, pass_id=p)
+                assert len(mine) == len(set(mine))
+                with lock:
+                    seen[p].update(mine)
 
     with InProcessMaster(chunks_per_task=1, timeout_dur=60.0, failure_max=1) as m:
-        threads = [threading.Thread(target=trainer, args=(m.addr,)) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        run_in_threads(lambda: trainer(m.addr), 4)
         for p in range(10):
             assert seen[p] == Counter(range(50)), f"pass {p}"
-        assert m.status()["cur_pass"] == 10
+        assert m.status_view().cur_pass == 10
 
 
 def test_failed_report_with_reason_over_grpc(tmp_path: Path) -> None:

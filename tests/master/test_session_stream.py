@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from helpers.aio import until
-from helpers.datasets import write_records
+from helpers.datasets import ten_record_chunks
 from helpers.inproc import InProcessMaster
 from helpers.raw_session import RawSession, position
 from helpers.sqlite_lock import next_write_held
@@ -23,11 +23,7 @@ RECORDS_PER_TASK = 10
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> str:
-    # 4 tasks of 10 records: one chunk of 10 records per task (chunks_per_task=1)
-    path = tmp_path / "d.rio"
-    records = [b"%03d" % i for i in range(40)]
-    write_records(path, records, max_chunk_size=30)
-    return str(path)
+    return ten_record_chunks(tmp_path / "d.rio")
 
 
 @pytest.fixture
@@ -75,7 +71,7 @@ def test_progress_moves_the_position_a_task_is_handed_out_again_at(
     a.hello(name="a")
     t = next_task(a)
     a.send(keep_alive=pb.KeepAlive(progress=[position(t, 7)]))
-    wait_for(lambda: master.status()["trainers"][0]["records_consumed"] == 7, "progress")
+    wait_for(lambda: master.status_view().trainers[0].records_consumed == 7, "progress")
     seq = a.send(goodbye=pb.Goodbye(progress=[position(t, 8)]))
     resp = a.recv()
     assert resp.seq == seq and resp.ack.applied == 1  # one task handed back
@@ -100,9 +96,9 @@ def test_a_silent_trainer_loses_its_session_and_its_tasks_go_back(dataset: str) 
         sid = a.hello(name="a").welcome.session_id
         t = next_task(a)
         a.send(keep_alive=pb.KeepAlive(progress=[position(t, 3)]))
-        wait_for(lambda: m.status()["ledger"][-1]["consumed"] == 3, "progress")
+        wait_for(lambda: m.status_view().ledger[-1].consumed == 3, "progress")
         a.close()  # silent from now on
-        wait_for(lambda: m.status()["sessions"] == 0, "the lease to run out")
+        wait_for(lambda: m.status_view().sessions == 0, "the lease to run out")
         st = m.status()
         assert st["pending"] == 0 and st["todo"] == 4
         # The task it was reading counts a failure (docs/failures.md), and says so when it is
@@ -125,7 +121,7 @@ def test_commit_is_acknowledged_and_counted(master: InProcessMaster) -> None:
     seq = s.send(commit=pb.Commit(positions=[position(t, 4)]))
     resp = s.recv()
     assert resp.seq == seq and resp.ack.applied == 1
-    assert master.status()["ledger"][-1]["committed"] == 4
+    assert master.status_view().ledger[-1].committed == 4
     bad = position(t, 4)
     bad.epoch = 99
     seq = s.send(commit=pb.Commit(positions=[bad]))
@@ -145,7 +141,7 @@ def test_messages_before_hello_and_malformed_bytes_are_refused(master: InProcess
     assert resp.error.error == "InvalidArgumentError"
     assert s.recv() is None  # the master ends the stream
     s.close()
-    assert master.status()["sessions"] == 0
+    assert master.status_view().sessions == 0
 
 
 def next_batch(s: RawSession, count: int, request_id: str, pass_id: int = 0) -> Any:
@@ -178,7 +174,7 @@ def test_a_batch_holds_the_tasks_free_at_once_and_a_repeat_gets_the_same_ones(
     held = [*first.tasks.tasks, last]
     seq = s.send(next=pb.NextTask(finished=[position(t, RECORDS_PER_TASK) for t in held]))
     assert s.recv().seq == seq
-    wait_for(lambda: master.status()["cur_pass"] == 1, "the pass to end")
+    wait_for(lambda: master.status_view().cur_pass == 1, "the pass to end")
     late = next_batch(s, 3, "r3")  # pass 0 is over: the same error as a single request
     assert late.error.error == "PassBeforeError"
     whole = next_batch(s, 100, "r4", pass_id=1)

@@ -86,7 +86,7 @@ def test_a_missing_or_wrong_token_is_unauthenticated_on_unary_calls(
             conn.set_dataset([dataset])
         with pytest.raises(UnauthenticatedError):
             conn.get_task(0)
-    assert token_master.status()["ready"] is False  # nothing changed
+    assert token_master.status_view().ready is False  # nothing changed
 
 
 def test_a_wrong_token_is_unauthenticated_on_the_session_stream(

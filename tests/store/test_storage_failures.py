@@ -122,10 +122,10 @@ def test_failing_writes_back_off_log_rarely_and_resume(
         st = svc.status()
         assert not st["healthy"] and st["store"]["error"] == "disk I/O error on /dev/fake"
         assert st["pending"] == 0 and st["done"] == 1  # rebuilt: the failed dispatch is gone
-        while svc.status()["store"]["failed_attempts"] < 4:  # a few backed-off retries
+        while svc.status_view().store.failed_attempts < 4:  # a few backed-off retries
             await asyncio.sleep(0.05)
         store.failing = None
-        while not svc.status()["healthy"]:
+        while not svc.status_view().healthy:
             await asyncio.sleep(0.05)
         t2 = await svc.get_task(0)
         assert await svc.task_finished(t2.meta.id, epoch=t2.meta.epoch, pass_id=0)
@@ -180,10 +180,10 @@ def test_a_store_outage_does_not_count_against_task_deadlines(tmp_path: Path) ->
         with pytest.raises(UnavailableError):
             await svc.get_task(0)
         clock.now += 3600.0  # the store refused writes for an hour
-        while svc.status()["store"]["failed_attempts"] < 2:
+        while svc.status_view().store.failed_attempts < 2:
             await asyncio.sleep(0.02)
         store.failing = None
-        while not svc.status()["healthy"]:
+        while not svc.status_view().healthy:
             await asyncio.sleep(0.02)
         # The timer looked at the deadlines on the clock's time: one on the old would fire.
         await until(lambda: clock.idle_timers() == 1, "the timer to wait on the clock")
