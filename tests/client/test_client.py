@@ -11,7 +11,7 @@ import pytest
 from helpers.datasets import checksum_broken
 from helpers.inproc import InProcessMaster
 from helpers.reading import rest_of_pass
-from helpers.threads import run_in_threads
+from helpers.threads import SeenPerPass, run_in_threads
 from helpers.trainers import digest_of, sample_records
 from helpers.waits import wait_for
 
@@ -84,8 +84,7 @@ def test_t4_four_clients_buffer_one_ten_passes(rio: Any) -> None:
     """The original's TestNextRecord, strict: per pass the union is exactly {0..49}, once each."""
     path = rio("t4.rio", [bytes([i]) for i in range(50)], max_chunk_size=1)
     assert load_index(path).num_chunks == 50
-    seen: dict[int, Counter[int]] = {p: Counter() for p in range(10)}
-    lock = threading.Lock()
+    seen = SeenPerPass()
 
     def trainer(addr: str) -> None:
         with Client(addr) as c:
@@ -100,13 +99,11 @@ def test_t4_four_clients_buffer_one_ten_passes(rio: Any) -> None:
                         break
                     assert len(r) == 1 and r[0] not in mine
                     mine.add(r[0])
-                with lock:
-                    seen[p].update(mine)
+                seen.add(p, mine)
 
     with InProcessMaster(chunks_per_task=1, timeout_dur=60.0, failure_max=1) as m:
         run_in_threads(lambda: trainer(m.addr), 4)
-        for p in range(10):
-            assert seen[p] == Counter(range(50)), f"pass {p}"
+        seen.assert_each_once(10, range(50))
         assert m.status_view().cur_pass == 10
 
 

@@ -4,7 +4,9 @@ over the budget next_record() and records() raise JobStoppedError naming the fil
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,17 @@ from helpers.inproc import InProcessMaster
 from chunkmaster.client import Client, EndOfPass, TaskReadError
 from chunkmaster.core.errors import JobStoppedError
 from chunkmaster.core.quarantine import ErrorBudget
+
+
+@contextlib.contextmanager
+def _reading(budget: int, session: bool) -> Iterator[tuple[InProcessMaster, Client]]:
+    """A master that quarantines up to `budget` records (a failed task is never retried),
+    and a client of it."""
+    master = InProcessMaster(
+        chunks_per_task=1, timeout_dur=30.0, failure_max=0, error_budget=ErrorBudget(budget)
+    )
+    with master as m, Client(m.addr, session=session) as c:
+        yield m, c
 
 
 def _read_pass(c: Client) -> tuple[list[bytes], list[TaskReadError], BaseException]:
@@ -32,19 +45,14 @@ def _read_pass(c: Client) -> tuple[list[bytes], list[TaskReadError], BaseExcepti
 @pytest.mark.parametrize("session", [True, False])
 def test_within_budget_the_pass_ends_without_the_bad_chunk(tmp_path: Path, session: bool) -> None:
     path, records, bad, _ = checksum_broken(tmp_path / "bad.rio")
-    with (
-        InProcessMaster(
-            chunks_per_task=1, timeout_dur=30.0, failure_max=0, error_budget=ErrorBudget(10)
-        ) as m,
-        Client(m.addr, session=session) as c,
-    ):
+    with _reading(10, session) as (m, c):
         c.set_dataset([path])
         got, errors, end = _read_pass(c)
         assert isinstance(end, EndOfPass) and len(errors) == 1
         assert Counter(got) == Counter(r for r in records if r not in bad)
-        st = m.status()
-        assert st["job_stopped"] is None
-        assert {e["pass"]: e["quarantined"] for e in st["ledger"]}[0] == len(bad)
+        st = m.status_view()
+        assert st.job_stopped is None
+        assert {e.pass_id: e.quarantined for e in st.ledger}[0] == len(bad)
 
 
 @pytest.mark.parametrize("session", [True, False])
@@ -52,12 +60,7 @@ def test_over_budget_next_record_and_records_raise_job_stopped(
     tmp_path: Path, session: bool
 ) -> None:
     path, _, _, bad_offset = checksum_broken(tmp_path / "bad.rio")
-    with (
-        InProcessMaster(
-            chunks_per_task=1, timeout_dur=30.0, failure_max=0, error_budget=ErrorBudget(0)
-        ) as m,
-        Client(m.addr, session=session) as c,
-    ):
+    with _reading(0, session) as (_, c):
         c.set_dataset([path])
         _, errors, end = _read_pass(c)
         assert len(errors) == 1

@@ -29,6 +29,15 @@ def _dataset(tmp_path: Path, n: int, chunk: int = 40) -> tuple[str, list[bytes]]
     return str(write_records(tmp_path / "d.rio", records, max_chunk_size=chunk)), records
 
 
+def _read_in_session(c: Client, path: str, n: int) -> list[bytes]:
+    """Set the dataset and read `n` records of pass 0; return once the session is open."""
+    c.set_dataset([path])
+    c.start_get_records(0)
+    got = [c.next_record(timeout=30) for _ in range(n)]
+    wait_for(lambda: bool(c.session_id), "the session to open")
+    return got
+
+
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     """Every (kind, message) the client's sessions send, in order."""
@@ -141,10 +150,7 @@ def test_a_master_restarted_under_the_trainer_resumes_its_session(tmp_path: Path
         with Client(
             master.addr, session=Session(report_every=3), connection=Connection(rpc_timeout=5.0)
         ) as c:
-            c.set_dataset([path])
-            c.start_get_records(0)
-            got = [c.next_record(timeout=30) for _ in range(20)]
-            wait_for(lambda: bool(c.session_id), "the session to open")
+            got = _read_in_session(c, path, 20)
             sid = c.session_id
             master.restart()
             got += rest_of_pass(c)
@@ -166,10 +172,7 @@ def test_a_session_the_master_forgot_is_replaced_by_a_new_one(tmp_path: Path) ->
     second = MasterProcess([*args, "--store", str(tmp_path / "b.db")], port=port)
     try:
         with Client(first.addr, connection=Connection(rpc_timeout=5.0)) as c:
-            c.set_dataset([path])
-            c.start_get_records(0)
-            got = [c.next_record(timeout=30) for _ in range(10)]
-            wait_for(lambda: bool(c.session_id), "the session to open")
+            got = _read_in_session(c, path, 10)
             old = c.session_id
             first.kill()
             second.start()  # a fresh store: it never heard of that session

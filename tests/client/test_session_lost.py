@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from helpers.datasets import write_records
 from helpers.master_process import MasterProcess
@@ -34,14 +35,12 @@ def _records(out: Path) -> int:
 
 
 def test_a_trainer_thawed_after_its_lease_gets_a_new_session_and_a_refused_commit(
-    tmp_path: Path,
+    tmp_path: Path, master_process: Any
 ) -> None:
     data = write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(400)], max_chunk_size=50)
-    master = MasterProcess(
-        ["--store", str(tmp_path / "s.db"), "--chunk-per-task", "4", "--trainer-ttl", "1",
-         "--task-timeout-dur", "10m"],
-        log_path=tmp_path / "m.log",
-    ).start()  # fmt: skip
+    master = master_process(
+        "--chunk-per-task", "4", "--trainer-ttl", "1", "--task-timeout-dur", "10m"
+    )
     addr = str(master.addr)
     a_out, b_out = tmp_path / "a.out", tmp_path / "b.out"
     a = b = None
@@ -87,7 +86,7 @@ def _stopped(pid: int) -> bool:
 
 
 def test_a_thawed_trainer_stops_reading_the_tasks_it_lost_and_its_commit_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, master_process: Any
 ) -> None:
     """Issue 19, item 4: frozen past its lease with task 0 read and tasks 1 and 2 held (30
     records into task 1, in the middle of a run, all of it reported), the trainer is thawed
@@ -100,11 +99,9 @@ def test_a_thawed_trainer_stops_reading_the_tasks_it_lost_and_its_commit_is_refu
     data = write_records(
         tmp_path / "d.rio", [b"%06d" % i for i in range(records)], max_chunk_size=25 * 6
     )
-    master = MasterProcess(
-        ["--store", str(tmp_path / "s.db"), "--chunk-per-task", "4", "--trainer-ttl", "1",
-         "--task-timeout-dur", "10m"],
-        log_path=tmp_path / "m.log",
-    ).start()  # fmt: skip
+    master = master_process(
+        "--chunk-per-task", "4", "--trainer-ttl", "1", "--task-timeout-dur", "10m"
+    )
     addr = str(master.addr)
     a_out, b_out = tmp_path / "a.out", tmp_path / "b.out"
     a = b = None

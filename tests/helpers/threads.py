@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 
 
 def run_in_threads(target: Callable[[], None], n: int, timeout: float = 120.0) -> None:
@@ -24,3 +25,21 @@ def run_in_threads(target: Callable[[], None], n: int, timeout: float = 120.0) -
         t.join(timeout)
     if errors:
         raise errors[0]
+
+
+class SeenPerPass:
+    """The records trainer threads read, per pass, gathered under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seen: dict[int, Counter[int]] = defaultdict(Counter)
+
+    def add(self, pass_id: int, records: Iterable[int]) -> None:
+        with self._lock:
+            self.seen[pass_id].update(records)
+
+    def assert_each_once(self, passes: int, records: Iterable[int]) -> None:
+        """Every one of `records` read exactly once in each of the first `passes` passes."""
+        expected = Counter(records)
+        for p in range(passes):
+            assert self.seen[p] == expected, f"pass {p}"

@@ -113,6 +113,16 @@ class Job:
             apply(self.state, ReturnTasks(tr.sid, tuple(tr.positions())))
             tr.held.clear()
 
+    def lost_mid_task(self, tr: Trainer) -> list[Position]:
+        """The trainer reads two records of a task, reports them, and is lost (its session
+        ended): the positions it would still commit."""
+        self.get(tr)
+        self.consume(tr, 2)
+        self.progress(tr)
+        stale = tr.positions()
+        apply(self.state, EndSession(tr.sid, TRAINER_LOST_REASON))
+        return stale
+
     def commit(self, tr: Trainer) -> None:
         ps = tuple(Position(t, e, p, r) for (p, t), (e, r) in sorted(tr.uncommitted.items()))
         for pos in ps:  # nothing stale: no trainer is ever lost here
@@ -210,11 +220,7 @@ def test_goodbye_hands_tasks_back_at_the_exact_position_and_counts_no_redispatch
 def test_a_commit_for_a_task_now_held_by_another_trainer_is_refused() -> None:
     job = small_job()
     a, b = job.trainers
-    job.get(a)
-    job.consume(a, 2)
-    job.progress(a)
-    stale = a.positions()
-    apply(job.state, EndSession(a.sid, TRAINER_LOST_REASON))
+    stale = job.lost_mid_task(a)
     job.get(b)
     assert apply(job.state, Commit(tuple(stale))) == 0
     assert job.state.commits.get(0, {}) == {}
@@ -228,11 +234,7 @@ def test_a_commit_for_a_task_taken_from_its_trainer_is_refused_once_its_pass_is_
 
     job = small_job()
     a, b = job.trainers
-    job.get(a)
-    job.consume(a, 2)
-    job.progress(a)
-    stale = a.positions()
-    apply(job.state, EndSession(a.sid, TRAINER_LOST_REASON))
+    stale = job.lost_mid_task(a)
     a.held.clear()
     for _ in range(3):
         job.get(b)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from pathlib import Path
 
 import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
-from helpers.threads import run_in_threads
+from helpers.threads import SeenPerPass, run_in_threads
 
 from chunkmaster import NoMoreAvailableError, PassBeforeError, TaskMeta
 from chunkmaster.client.connection import MasterConnection
@@ -70,8 +68,7 @@ def test_t3_get_finish_fail_over_ten_passes(tmp_path: Path) -> None:
 def test_t4_concurrent_clients_each_record_once_per_pass(tmp_path: Path) -> None:
     path = tmp_path / "t4.rio"
     write_records(path, [bytes([i]) for i in range(50)])
-    seen: dict[int, Counter[int]] = {p: Counter() for p in range(10)}
-    lock = threading.Lock()
+    seen = SeenPerPass()
 
     def trainer(addr: str) -> None:
         with MasterConnection(addr) as c:
@@ -89,13 +86,11 @@ def test_t4_concurrent_clients_each_record_once_per_pass(tmp_path: Path) -> None
                             mine.append(rec[0])
                     c.task_finished(task.meta.id, epoch=task.meta.epoch, pass_id=p)
                 assert len(mine) == len(set(mine))
-                with lock:
-                    seen[p].update(mine)
+                seen.add(p, mine)
 
     with InProcessMaster(chunks_per_task=1, timeout_dur=60.0, failure_max=1) as m:
         run_in_threads(lambda: trainer(m.addr), 4)
-        for p in range(10):
-            assert seen[p] == Counter(range(50)), f"pass {p}"
+        seen.assert_each_once(10, range(50))
         assert m.status_view().cur_pass == 10
 
 

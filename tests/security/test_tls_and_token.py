@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -163,15 +164,24 @@ def _hello(conn: MasterConnection, session_id: str = "") -> pb.SessionResponse:
     return replies[0]
 
 
-def test_under_mutual_tls_a_session_is_bound_to_its_certificate(
-    mtls_master: InProcessMaster, pki: Pki
-) -> None:
+@contextlib.contextmanager
+def two_identities(
+    master: InProcessMaster, pki: Pki
+) -> Iterator[tuple[MasterConnection, MasterConnection]]:
+    """Connections to `master` under two client certificates of the same CA."""
     a = ChannelSecurity.load(TOKEN, pki.ca, pki.client_cert, pki.client_key)
     b = ChannelSecurity.load(TOKEN, pki.ca, pki.other_client_cert, pki.other_client_key)
     with (
-        MasterConnection(mtls_master.addr, security=a) as conn_a,
-        MasterConnection(mtls_master.addr, security=b) as conn_b,
+        MasterConnection(master.addr, security=a) as conn_a,
+        MasterConnection(master.addr, security=b) as conn_b,
     ):
+        yield conn_a, conn_b
+
+
+def test_under_mutual_tls_a_session_is_bound_to_its_certificate(
+    mtls_master: InProcessMaster, pki: Pki
+) -> None:
+    with two_identities(mtls_master, pki) as (conn_a, conn_b):
         sid = _hello(conn_a).welcome.session_id
         assert sid
         refused = _hello(conn_b, sid)
@@ -185,12 +195,7 @@ def test_under_mutual_tls_a_session_is_bound_to_its_certificate(
 def test_under_mutual_tls_a_trainer_cannot_report_another_trainers_task(
     mtls_master: InProcessMaster, pki: Pki, dataset: str
 ) -> None:
-    a = ChannelSecurity.load(TOKEN, pki.ca, pki.client_cert, pki.client_key)
-    b = ChannelSecurity.load(TOKEN, pki.ca, pki.other_client_cert, pki.other_client_key)
-    with (
-        MasterConnection(mtls_master.addr, security=a) as conn_a,
-        MasterConnection(mtls_master.addr, security=b) as conn_b,
-    ):
+    with two_identities(mtls_master, pki) as (conn_a, conn_b):
         conn_a.set_dataset([dataset])
         task = conn_a.get_task(0)
         for epoch in (task.meta.epoch, 0):  # 0: "not said" reports the pending dispatch
