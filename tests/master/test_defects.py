@@ -179,8 +179,8 @@ def test_d7_a_failed_write_leaves_no_half_applied_state(tmp_path: Path) -> None:
             if svc.status_view().store.healthy:
                 break
             await asyncio.sleep(0.02)
-        st = svc.status()
-        assert st["store"]["healthy"] and st["todo"] == 3 and st["pending"] == 0
+        st = svc.status_view()
+        assert st.store.healthy and st.todo == 3 and st.pending == 0
         t = await svc.get_task(0)
         assert t.meta.epoch == 1  # the failed dispatch never happened
         assert svc.status_view().pending_tasks[0].id == t.meta.id
@@ -291,8 +291,8 @@ def test_d18_duplicates_removed_and_the_dataset_spec_persists(tmp_path: Path) ->
         with pytest.raises(DatasetError, match="^no valid dataset specified"):
             await svc.set_dataset([str(tmp_path / "nothing-*.rio")])
         await svc.set_dataset(globs)
-        st = svc.status()
-        assert st["dataset"]["files"] == 2 and st["num_tasks"] == 5
+        st = svc.status_view()
+        assert st.dataset.files == 2 and st.num_tasks == 5
         with pytest.raises(DatasetMismatchError, match="differs from the master's"):
             await svc.set_dataset([a])  # the first dataset wins: another one is refused
         await svc.set_dataset([str(tmp_path / "b.rio"), a, a])  # its files: a no-op

@@ -165,9 +165,9 @@ def test_a_batch_holds_the_tasks_free_at_once_and_a_repeat_gets_the_same_ones(
     assert len(set(ids)) == 3
     again = next_batch(s, 3, "r1")  # its answer was lost, say: the same tasks come back
     assert [t.meta.id for t in again.tasks.tasks] == ids
-    st = master.status()
-    assert st["pending"] == 3 and st["todo"] == 1
-    assert st["trainers"][0]["tasks_held"] == 3
+    st = master.status_view()
+    assert st.pending == 3 and st.todo == 1
+    assert st.trainers[0].tasks_held == 3
     rest = next_batch(s, 3, "r2")  # one left: a batch of one, at once
     (last,) = rest.tasks.tasks
     assert last.meta.id not in ids
@@ -193,8 +193,8 @@ def test_a_batch_is_durable_before_it_is_answered(dataset: str, tmp_path: Path) 
         got = [t.meta.id for t in next_batch(s, 2, "req").tasks.tasks]
         s.close()
     with InProcessMaster(SqliteStore(db), chunks_per_task=1, trainer_ttl=30.0) as m:
-        st = m.status()
-        assert st["pending"] == 2 and st["todo"] == 2
+        st = m.status_view()
+        assert st.pending == 2 and st.todo == 2
         s = RawSession(m.addr)
         assert s.hello(session_id=sid).welcome.session_id == sid
         again = next_batch(s, 2, "req")  # the retry after a restart: the same two tasks

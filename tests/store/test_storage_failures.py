@@ -119,9 +119,9 @@ def test_failing_writes_back_off_log_rarely_and_resume(
             with pytest.raises(UnavailableError, match="disk I/O error on /dev/fake"):
                 await svc.get_task(0)
         assert store.attempts - attempts <= 2  # refused changes never reach the store
-        st = svc.status()
-        assert not st["healthy"] and st["store"]["error"] == "disk I/O error on /dev/fake"
-        assert st["pending"] == 0 and st["done"] == 1  # rebuilt: the failed dispatch is gone
+        st = svc.status_view()
+        assert not st.healthy and st.store.error == "disk I/O error on /dev/fake"
+        assert st.pending == 0 and st.done == 1  # rebuilt: the failed dispatch is gone
         while svc.status_view().store.failed_attempts < 4:  # a few backed-off retries
             await asyncio.sleep(0.05)
         store.failing = None
