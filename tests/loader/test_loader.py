@@ -102,7 +102,7 @@ def test_every_record_once_per_pass_whatever_the_dataloader_settings(
         for p, (seen, batches) in enumerate(read_passes(L, 3)):
             assert seen == Counter(range(n)), f"pass {p}"
             assert batches == math.ceil(n / 16), f"pass {p}"
-        assert m.status()["cur_pass"] == 3
+        assert m.status_view().cur_pass == 3
 
 
 def test_a_commit_covers_the_batches_taken_not_what_the_workers_read_ahead(
@@ -172,7 +172,7 @@ def test_load_state_dict_takes_the_running_job_back_once_per_restart(tmp_path: P
             t.start()
         for t in ranks:
             t.join(120)
-        assert m.status()["cur_pass"] == 1
+        assert m.status_view().cur_pass == 1
         assert sorted(got) == sorted(set(range(n)) - set(before))
 
 

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records, write_records
 from helpers.inproc import InProcessMaster
 from helpers.torch_parts import ids_of, record_id
 from helpers.torchrun import run_example
@@ -35,8 +35,7 @@ N = 300
 
 
 def numbered(tmp_path: Path) -> str:
-    path = tmp_path / "d.rio"
-    return str(write_records(path, [b"%06d" % i for i in range(N)], max_chunk_size=120))
+    return numbered_records(tmp_path / "d.rio", N, max_chunk_size=120)
 
 
 def first_run(m: InProcessMaster, data: str, steps: int) -> tuple[list[int], dict[str, Any]]:
@@ -129,7 +128,7 @@ def test_every_rank_of_one_restart_asks_and_the_master_goes_back_once(tmp_path: 
             r0.commit()
             r1.load_state_dict(state)  # a repeat: nothing goes back
             got += [i for batch in it0 for i in ids_of(batch)]  # rank 0 reads the rest
-            assert m.status()["cur_pass"] == 1
+            assert m.status_view().cur_pass == 1
     assert Counter(before + got) == Counter(range(N))  # a restore would have brought some back
 
 
