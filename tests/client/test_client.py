@@ -70,8 +70,8 @@ def test_finish_is_reported_when_the_last_record_is_taken(rio: Any) -> None:
         c.start_get_records(0)
         assert c.next_record() == b"a"
         assert c.next_record() == b"b"
-        st = m.status()
-        assert (st["pending"], st["done"], st["cur_pass"]) == (1, 0, 0)
+        st = m.status_view()
+        assert (st.pending, st.done, st.cur_pass) == (1, 0, 0)
         assert finished == []
         assert c.next_record() == b"c"
         assert [t.meta.id for t in finished] == [0]

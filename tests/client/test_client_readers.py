@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from helpers.inproc import InProcessMaster
+from helpers.status_view import status_view
 
 from chunkmaster.core.errors import DatasetError
 from chunkmaster.paddle import cloud_reader, recordio
@@ -56,7 +57,7 @@ def test_pass_counter_belongs_to_the_reader(rio: Any) -> None:
             for _ in r1():
                 pass
             assert len(list(r2())) == len(OBJECTS)  # r2's first pass is its pass 0
-            assert (m1.status()["cur_pass"], m2.status()["cur_pass"]) == (2, 1)
+            assert (status_view(m1.status()).cur_pass, status_view(m2.status()).cur_pass) == (2, 1)
         finally:
             r1.close()  # type: ignore[attr-defined]
             r2.close()  # type: ignore[attr-defined]

@@ -40,8 +40,8 @@ def test_a_commit_in_pass_1_also_commits_what_pass_0_consumed(tmp_path: Path) ->
         assert m.service is not None
         service = m.service
         m.call(lambda: service.restore(blob))
-        st = m.status()
-        assert st["cur_pass"] == 1, "pass 0 was consumed whole and committed: not again"
+        st = m.status_view()
+        assert st.cur_pass == 1, "pass 0 was consumed whole and committed: not again"
         with Client(m.addr) as c:
             c.start_get_records(1)
             rest = []

@@ -30,6 +30,7 @@ from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 from helpers.session_trainer_process import SessionTrainerProcess
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client import Connection
@@ -273,8 +274,8 @@ def test_a_whole_job_crash_resumes_from_the_data_checkpoint_exactly_once(
     other = ["--restore-other-job"] if kind == "etcd" else []
     fresh = Cluster(kind, tmp_path, etcd, "--restore", str(ckpt), *other)
     try:
-        st = fresh.status()
-        assert st["cur_pass"] == floor
+        st = status_view(fresh.status())
+        assert st.cur_pass == floor
         common = ["--passes", "2", "--first-pass", str(floor)]
         readers = [Trainer(fresh.where, tmp_path / f"b{i}.out", *common) for i in range(2)]
         for t in readers:
@@ -307,7 +308,7 @@ def test_trainers_joining_and_leaving_mid_pass_see_every_record_once(tmp_path: P
         got = Counter(r for t in (first, leaver, joiner) for r in t.records(0))
         assert set(got) == set(range(RECORDS))
         assert all(n == 1 for n in got.values()), [r for r, n in got.items() if n > 1]
-        st = cluster.status()
-        assert st["cur_pass"] == 1 and st["sessions"] == 0
+        st = status_view(cluster.status())
+        assert st.cur_pass == 1 and st.sessions == 0
     finally:
         cluster.kill()

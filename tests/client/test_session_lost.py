@@ -13,6 +13,7 @@ from typing import Any
 
 from helpers.datasets import write_records
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
@@ -53,7 +54,7 @@ def test_a_trainer_thawed_after_its_lease_gets_a_new_session_and_a_refused_commi
 
         def sessions() -> int:
             with MasterConnection(addr) as c:
-                return int(c.status()["sessions"])
+                return int(status_view(c.status()).sessions)
 
         wait_for(lambda: sessions() == 0, "a's lease to run out")
         # b takes a's tasks (first in line) and holds them: it reads slowly.
@@ -109,13 +110,13 @@ def test_a_thawed_trainer_stops_reading_the_tasks_it_lost_and_its_commit_is_refu
     try:
         with MasterConnection(addr, timeout=60) as c:
             c.set_dataset([str(data)])
-            assert c.status()["num_tasks"] == 6
+            assert status_view(c.status()).num_tasks == 6
         a = _trainer(addr, a_out, *common, "--freeze-after", "130")
         wait_for(lambda: ["z"] in _lines(a_out) and _stopped(a.pid), "trainer a to freeze")
 
         def sessions() -> int:
             with MasterConnection(addr) as c:
-                return int(c.status()["sessions"])
+                return int(status_view(c.status()).sessions)
 
         wait_for(lambda: sessions() == 0, "a's lease to run out")
         b = _trainer(addr, b_out, *common)

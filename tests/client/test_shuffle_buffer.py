@@ -14,6 +14,7 @@ from helpers.datasets import numbered_records
 from helpers.inproc import InProcessMaster
 from helpers.master_process import MasterProcess
 from helpers.session_trainer_process import SessionTrainerProcess
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 from hypothesis import given, settings
 
@@ -77,7 +78,7 @@ def test_a_pass_through_the_buffer_has_every_record_once_and_mixes_tasks(tmp_pat
             session=Session(report_every=7),
         ) as c:
             got = [int(r) for r in c.records(1)]
-            assert m.status()["cur_pass"] == 2
+            assert status_view(m.status()).cur_pass == 2
     assert Counter(got) == Counter(range(2000))
     assert got != in_order
     displaced = sum(1 for a, b in zip(got, sorted(got), strict=True) if abs(a - b) > 20)

@@ -19,6 +19,7 @@ from helpers.datasets import write_records
 from helpers.full_disk import fill
 from helpers.master_process import MasterProcess
 from helpers.session_trainer_process import SessionTrainerProcess
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
@@ -79,7 +80,7 @@ def test_finishes_sent_while_the_disk_is_full_are_applied_once_it_is_not(
         with MasterConnection(master.addr) as c:
             wait_for(lambda: sum(len(t.records()) for t in trainers) >= 100, "100 records read")
             filler = fill(small_fs)
-            wait_for(lambda: not c.status()["store"]["healthy"], "the store to fail a write")
+            wait_for(lambda: not status_view(c.status()).store.healthy, "the store to fail a write")
             # The trainers read on to the end of the tasks they hold (they get no more while
             # the master refuses writes) or to their next commit: the finishes (and commits)
             # they send go to a master that refuses them. (A task the store holds as theirs

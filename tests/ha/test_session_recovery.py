@@ -15,6 +15,7 @@ from helpers.datasets import ten_record_chunks
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession, position
+from helpers.status_view import master_status
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
@@ -25,15 +26,10 @@ def dataset(tmp_path: Path) -> str:
     return ten_record_chunks(tmp_path / "d.rio")
 
 
-def status(addr: str) -> dict[str, Any]:
-    with MasterConnection(addr) as c:
-        return c.status()
-
-
 def durable_progress(addr: str) -> int | None:
     """The records consumed of the pass once every applied entry is durable (a report is
     journaled lazily, docs/sessions.md), else None."""
-    st = status(addr)
+    st = master_status(addr)
     store = st["store"]
     return st["ledger"][-1]["consumed"] if store["durable_seq"] == store["seq"] else None
 
@@ -52,7 +48,7 @@ def hold_a_task(addr: str, data: str) -> tuple[str, Any]:
 
 
 def resume_and_finish(addr: str, sid: str, task: Any) -> None:
-    st = status(addr)
+    st = master_status(addr)
     (trainer,) = st["trainers"]
     assert trainer["session"] == sid and trainer["tasks_held"] == 1
     assert st["ledger"][-1]["consumed"] == 6
@@ -61,7 +57,7 @@ def resume_and_finish(addr: str, sid: str, task: Any) -> None:
     assert welcome.welcome.session_id == sid, welcome
     s.send(next=pb.NextTask(finished=[position(task, 10)], want_task=False))
     assert s.recv().ack.applied == 1
-    st = status(addr)
+    st = master_status(addr)
     assert st["done"] == 1 and st["pending"] == 0
     assert st["ledger"][-1]["redispatched"] == {}
     s.close()

@@ -18,6 +18,7 @@ import pytest
 from helpers.datasets import ten_record_chunks, write_records
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession, position
+from helpers.status_view import master_status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.rpc import master_pb2 as pb
@@ -31,11 +32,6 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def master(store: Path, *extra: str) -> MasterProcess:
     return MasterProcess(["--store", str(store), "--chunk-per-task", "1", *extra]).start()
-
-
-def status(addr: str) -> dict[str, Any]:
-    with MasterConnection(addr) as c:
-        return c.status()
 
 
 def take(s: RawSession, finished: list[Any] | None = None) -> Any:
@@ -78,8 +74,8 @@ def test_a_fresh_master_continues_from_the_committed_position(tmp_path: Path, da
     m = master(tmp_path / "second.db", "--restore", str(ckpt))
     try:
         assert m.addr is not None
-        st = status(m.addr)
-        assert (st["cur_pass"], st["done"], st["todo"]) == (0, 1, 3)
+        st = master_status_view(m.addr)
+        assert (st.cur_pass, st.done, st.todo) == (0, 1, 3)
         s = RawSession(m.addr)
         s.hello()
         got = {}
@@ -94,7 +90,7 @@ def test_a_fresh_master_continues_from_the_committed_position(tmp_path: Path, da
         m.restart()
         assert m.addr is not None
         assert "already" in m.log()
-        assert status(m.addr)["pending"] == 3
+        assert master_status_view(m.addr).pending == 3
     finally:
         m.kill()
 
@@ -114,7 +110,7 @@ def test_bad_restores_are_refused_with_the_reason(tmp_path: Path, data: str) -> 
     m = master(tmp_path / "first.db", "--restore", str(ckpt), "--restore-replace")
     try:
         assert m.addr is not None
-        assert status(m.addr)["done"] == 1
+        assert master_status_view(m.addr).done == 1
     finally:
         m.kill()
     # A damaged file: a byte of its sections, a byte of its JSON header (refused before the

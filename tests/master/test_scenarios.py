@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
+from helpers.status_view import status_view
 from helpers.threads import SeenPerPass, run_in_threads
 
 from chunkmaster import NoMoreAvailableError, PassBeforeError, TaskMeta
@@ -58,11 +59,11 @@ def test_t3_get_finish_fail_over_ten_passes(tmp_path: Path) -> None:
                 c.get_task(p)
             for t in tasks[1:]:
                 assert c.task_finished(t.meta.id, epoch=t.meta.epoch, pass_id=p)
-            assert c.status()["cur_pass"] == p + 1
+            assert status_view(c.status()).cur_pass == p + 1
             with pytest.raises(PassBeforeError, match="^pass number smaller than master"):
                 c.get_task(p)
-        st = c.status()
-        assert st["cur_pass"] == 10 and st["todo"] == 20 and st["failed"] == 0
+        st = status_view(c.status())
+        assert st.cur_pass == 10 and st.todo == 20 and st.failed == 0
 
 
 def test_t4_concurrent_clients_each_record_once_per_pass(tmp_path: Path) -> None:

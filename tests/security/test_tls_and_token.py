@@ -12,6 +12,7 @@ import pytest
 from conftest import RECORDS, TOKEN, Pki
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers.inproc import InProcessMaster
+from helpers.status_view import status_view
 
 import chunkmaster
 from chunkmaster.client import Connection
@@ -125,7 +126,7 @@ def test_the_client_takes_the_token_from_the_environment(
     with chunkmaster.Client(
         token_master.addr, session=False, connection=Connection(retry_timeout=5)
     ) as client:
-        assert client.status()["ready"] is False
+        assert status_view(client.status()).ready is False
 
 
 def test_a_client_with_token_and_mutual_tls_reads_a_whole_pass(
@@ -203,7 +204,7 @@ def test_under_mutual_tls_a_trainer_cannot_report_another_trainers_task(
                 conn_b.task_finished(task.meta.id, epoch=epoch, pass_id=0)
         with pytest.raises(PermissionDeniedError, match="another trainer's certificate"):
             conn_b.task_failed(task.meta, "not mine")
-        assert conn_a.status()["pending"] == 1  # the refusals changed nothing
+        assert status_view(conn_a.status()).pending == 1  # the refusals changed nothing
         assert conn_a.task_finished(task.meta.id, epoch=task.meta.epoch, pass_id=0)
         mine = conn_b.get_task(0)
         assert conn_b.task_failed(mine.meta, "read error")  # its own task: allowed

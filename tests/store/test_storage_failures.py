@@ -15,6 +15,7 @@ from helpers.clock import Clock
 from helpers.datasets import numbered_records
 from helpers.full_disk import fill
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import UnavailableError
@@ -46,27 +47,27 @@ def test_full_disk_refuses_changes_says_why_and_resumes_by_itself(
                 for _ in range(50):  # the WAL may have room for a few more frames
                     acked.add(finish_one(c))
             assert str(db) in str(first.value)
-            st = c.status()
-            assert st["healthy"] is False and st["store"]["healthy"] is False
-            assert "database or disk is full" in st["store"]["error"]
-            assert "bytes free on its filesystem" in st["store"]["error"]
+            st = status_view(c.status())
+            assert st.healthy is False and st.store.healthy is False
+            assert "database or disk is full" in st.store.error
+            assert "bytes free on its filesystem" in st.store.error
             for _ in range(200):  # refused at once, with the cause, without touching the disk
                 with pytest.raises(UnavailableError, match="database or disk is full"):
                     c.get_task(0)
-            st = c.status()
-            assert st["store"]["failed_attempts"] < 20
+            st = status_view(c.status())
+            assert st.store.failed_attempts < 20
             failures = [ln for ln in master.log().splitlines() if "ERROR chunkmaster.ledger" in ln]
             assert 1 <= len(failures) <= 3, failures
             assert "database or disk is full" in failures[0]
             filler.unlink()
             assert master.wait_log("store is writable again", timeout=30)
-            assert c.status()["healthy"] is True
+            assert status_view(c.status()).healthy is True
             acked |= {finish_one(c) for _ in range(3)}
-            assert c.status()["done"] == len(acked)
+            assert status_view(c.status()).done == len(acked)
         master.kill()
         master.start()
         with MasterConnection(master.addr) as c:
-            assert c.status()["done"] == len(acked)
+            assert status_view(c.status()).done == len(acked)
     finally:
         master.kill()
 
@@ -132,7 +133,7 @@ def test_failing_writes_back_off_log_rarely_and_resume(
         await svc.close()
         rebuilt = Service(store, chunks_per_task=1, timeout_dur=600)
         await rebuilt.start()
-        assert rebuilt.status()["done"] == 2
+        assert rebuilt.status_view().done == 2
         await rebuilt.close()
 
     with caplog.at_level(logging.INFO, logger="chunkmaster.ledger"):
