@@ -13,7 +13,7 @@ from chunkmaster.store.memory import InMemStore
 
 @contextlib.asynccontextmanager
 async def started_service(
-    data: Sequence[str] = (), store: Store | None = None, **settings: Any
+    store: Store | None = None, *, data: Sequence[str] = (), **settings: Any
 ) -> AsyncIterator[Service]:
     """A started Service on `store` (in memory by default) with `data` as its dataset, if
     any; closed after. `settings`: Service's keywords (chunks_per_task, clock, ...)."""

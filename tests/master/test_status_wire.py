@@ -19,7 +19,7 @@ def test_the_status_as_json_reads_back_as_the_typed_view(tmp_path: Path) -> None
     data = numbered_records(tmp_path / "d.rio", 30)
 
     async def main() -> None:
-        async with started_service([data], chunks_per_task=5, clock=Clock()) as svc:
+        async with started_service(data=[data], chunks_per_task=5, clock=Clock()) as svc:
             sid = await svc.open_session("", "t", "h", 1, 0)
             task = await svc.get_task(0, session=sid)
             svc.report_progress(sid, [Position(task.meta.id, task.meta.epoch, 0, 2)])

@@ -21,7 +21,7 @@ def test_progress_moves_the_deadline_without_a_timer_per_report(tmp_path: Path) 
 
     async def main() -> None:
         settings = {"chunks_per_task": 2000, "timeout_dur": 60.0, "clock": clock}
-        async with started_service([data], **settings) as svc:
+        async with started_service(data=[data], **settings) as svc:
             sid = await svc.open_session("", "t", "h", 1, 0)
             task = await svc.get_task(0, session=sid)
             timers = len(svc._timeouts)  # the dispatch's one
@@ -44,7 +44,7 @@ def test_moving_the_clock_past_a_deadline_times_the_task_out(tmp_path: Path) -> 
     clock = Clock()
 
     async def main() -> None:
-        async with started_service([data], timeout_dur=3600.0, clock=clock) as svc:
+        async with started_service(data=[data], timeout_dur=3600.0, clock=clock) as svc:
             await svc.get_task(0)
             await until(lambda: clock.idle_timers() == 1, "the timer to wait on the clock")
             clock.now += 3540.0
