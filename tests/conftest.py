@@ -38,12 +38,16 @@ PROCESS_MODULES = frozenset(
         "helpers.full_disk",
         "helpers.deploy",
         "helpers.reference_recordio",
+        "helpers.session_trainer_process",
     }
 )
 #: What of helpers.trainers starts `chunkmaster read` processes (the rest is datasets, digests).
 PROCESS_NAMES = frozenset({"Trainer", "wait_until_holding"})
 #: Directories whose every test starts processes: PyTorch DataLoader workers, containers.
-PROCESS_DIRS = frozenset({"torch", "deploy"})
+#: No directory here is named after a package the tests import: with tests/ on sys.path it
+#: would be imported in the package's place (a `torch` directory makes importorskip("torch")
+#: succeed on a machine without PyTorch).
+PROCESS_DIRS = frozenset({"loader", "deploy"})
 
 
 def _starts_processes(item: pytest.Item) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 
@@ -50,7 +51,7 @@ def test_bad_source_flags_are_one_line_naming_the_flag(master: MasterProcess) ->
     line = one_line(run_cli(*base, "--dataset", "/x", "--source", "a=/y@1"))
     assert "--dataset and --source" in line
     with MasterConnection(master.addr or "") as c:
-        assert c.status()["ready"] is False  # nothing was set
+        assert status_view(c.status()).ready is False  # nothing was set
 
 
 def test_weights_status_and_read_of_a_mixture(master: MasterProcess, tmp_path: Path) -> None:
@@ -209,7 +210,7 @@ def test_weights_and_names_out_of_bounds_are_one_line_and_change_nothing(
     line = one_line(run_cli(*base, "--source", f"a\x1b[31m={a}", "--source", f"b={b}"))
     assert "source name 'a\\x1b[31m' holds U+001B (Cc" in line and "at character 2:" in line
     with MasterConnection(addr) as c:
-        assert c.status()["ready"] is False  # nothing was set
+        assert status_view(c.status()).ready is False  # nothing was set
     read_pass(addr, 0, f"a={a}@3", f"b={b}@1")
     before = mixture_status(addr)
     line = one_line(run_cli("weights", "--addr", addr, "a=1e308,b=1e308"))

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.trainers import write_dataset
+from helpers.datasets import write_records
 
 from chunkmaster.recordio import Compressor
 
@@ -23,9 +23,9 @@ def rio(tmp_path: Path) -> Any:
         max_chunk_size: int = 300,
         compressor: Compressor = Compressor.SNAPPY,
     ) -> str:
-        path = write_dataset(
-            tmp_path / name, records, max_chunk_size=max_chunk_size, compressor=compressor
+        path = tmp_path / name
+        return str(
+            write_records(path, records, max_chunk_size=max_chunk_size, compressor=compressor)
         )
-        return str(path)
 
     return make

@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.datasets import checksum_broken
 from helpers.inproc import InProcessMaster
+from helpers.reading import rest_of_pass
+from helpers.threads import SeenPerPass, run_in_threads
 from helpers.trainers import digest_of, sample_records
 from helpers.waits import wait_for
 
@@ -21,15 +24,6 @@ from chunkmaster.core.errors import (
 )
 from chunkmaster.core.model import Task
 from chunkmaster.recordio import Compressor, load_index
-
-
-def _read_all(client: Client) -> list[bytes]:
-    out = []
-    while True:
-        try:
-            out.append(client.next_record(timeout=30))
-        except EndOfPass:
-            return out
 
 
 def _client_threads() -> list[str]:
@@ -58,7 +52,7 @@ def test_binary_and_empty_records_survive(rio: Any, compressor: Compressor) -> N
         c.set_dataset([path])
         assert Counter(c.records(0)) == Counter(records)  # the Pythonic way
         c.start_get_records(1)
-        assert Counter(_read_all(c)) == Counter(records)  # the original's way
+        assert Counter(rest_of_pass(c)) == Counter(records)  # the original's way
         with pytest.raises(EndOfPass):  # and it stays ended
             c.next_record()
     assert _client_threads() == []
@@ -76,8 +70,8 @@ def test_finish_is_reported_when_the_last_record_is_taken(rio: Any) -> None:
         c.start_get_records(0)
         assert c.next_record() == b"a"
         assert c.next_record() == b"b"
-        st = m.status()
-        assert (st["pending"], st["done"], st["cur_pass"]) == (1, 0, 0)
+        st = m.status_view()
+        assert (st.pending, st.done, st.cur_pass) == (1, 0, 0)
         assert finished == []
         assert c.next_record() == b"c"
         assert [t.meta.id for t in finished] == [0]
@@ -90,39 +84,27 @@ def test_t4_four_clients_buffer_one_ten_passes(rio: Any) -> None:
     """The original's TestNextRecord, strict: per pass the union is exactly {0..49}, once each."""
     path = rio("t4.rio", [bytes([i]) for i in range(50)], max_chunk_size=1)
     assert load_index(path).num_chunks == 50
-    seen: dict[int, Counter[int]] = {p: Counter() for p in range(10)}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
+    seen = SeenPerPass()
 
     def trainer(addr: str) -> None:
-        try:
-            with Client(addr) as c:
-                c.set_dataset([path])
-                for p in range(10):
-                    c.start_get_records(p)
-                    mine: set[int] = set()
-                    while True:
-                        try:
-                            r = c.next_record(timeout=60)
-                        except EndOfPass:
-                            break
-                        assert len(r) == 1 and r[0] not in mine
-                        mine.add(r[0])
-                    with lock:
-                        seen[p].update(mine)
-        except BaseException as exc:
-            errors.append(exc)
+        with Client(addr) as c:
+            c.set_dataset([path])
+            for p in range(10):
+                c.start_get_records(p)
+                mine: set[int] = set()
+                while True:
+                    try:
+                        r = c.next_record(timeout=60)
+                    except EndOfPass:
+                        break
+                    assert len(r) == 1 and r[0] not in mine
+                    mine.add(r[0])
+                seen.add(p, mine)
 
     with InProcessMaster(chunks_per_task=1, timeout_dur=60.0, failure_max=1) as m:
-        threads = [threading.Thread(target=trainer, args=(m.addr,)) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
-        for p in range(10):
-            assert seen[p] == Counter(range(50)), f"pass {p}"
-        assert m.status()["cur_pass"] == 10
+        run_in_threads(lambda: trainer(m.addr), 4)
+        seen.assert_each_once(10, range(50))
+        assert m.status_view().cur_pass == 10
 
 
 def test_next_record_from_many_threads_hands_each_record_once(rio: Any) -> None:
@@ -134,7 +116,8 @@ def test_next_record_from_many_threads_hands_each_record_once(rio: Any) -> None:
         for p in range(2):
             c.start_get_records(p)
             threads = [
-                threading.Thread(target=lambda i=i: got[i].extend(_read_all(c))) for i in range(6)
+                threading.Thread(target=lambda i=i: got[i].extend(rest_of_pass(c)))
+                for i in range(6)
             ]
             for t in threads:
                 t.start()
@@ -164,7 +147,7 @@ def test_abandoned_pass_never_mixes_into_the_next(rio: Any) -> None:
         it.close()  # leaving the loop early abandons pass 0 for A: it hands its tasks back
         b_pass0 = list(b.records(0))  # B finishes pass 0, A's tasks from where A stopped
         a.start_get_records(1)
-        with ThreadResult(lambda: _read_all(a)) as a_pass1:
+        with ThreadResult(lambda: rest_of_pass(a)) as a_pass1:
             b_pass1 = list(b.records(1))
         assert digest_of(a_pass1.value + b_pass1) == digest_of(records)
         assert digest_of(early + b_pass0) == digest_of(records)  # each record once
@@ -214,15 +197,8 @@ def test_close_mid_pass_stops_every_thread(rio: Any) -> None:
         c.close()  # idempotent
 
 
-def test_corrupt_chunk_is_raised_and_reported_with_its_reason(rio: Any, tmp_path: Path) -> None:
-    records = [f"rec{i:03d}".encode() * 5 for i in range(60)]
-    path = rio("bad.rio", records, max_chunk_size=150, compressor=Compressor.NONE)
-    index = load_index(path)
-    bad_offset = index.chunk_offsets[2]
-    raw = bytearray(Path(path).read_bytes())
-    raw[bad_offset + 30] ^= 0xFF  # a payload byte of chunk 2: its checksum no longer matches
-    Path(path).write_bytes(bytes(raw))
-    bad_records = set(records[index.first_record(2) : index.first_record(3)])
+def test_corrupt_chunk_is_raised_and_reported_with_its_reason(tmp_path: Path) -> None:
+    path, records, bad_records, bad_offset = checksum_broken(tmp_path / "bad.rio")
 
     with (
         InProcessMaster(chunks_per_task=1, timeout_dur=30.0, failure_max=0) as m,

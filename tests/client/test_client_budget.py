@@ -4,28 +4,29 @@ over the budget next_record() and records() raise JobStoppedError naming the fil
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from helpers.datasets import checksum_broken
 from helpers.inproc import InProcessMaster
 
 from chunkmaster.client import Client, EndOfPass, TaskReadError
 from chunkmaster.core.errors import JobStoppedError
 from chunkmaster.core.quarantine import ErrorBudget
-from chunkmaster.recordio import Compressor, load_index
 
 
-def _poisoned(rio: Any) -> tuple[str, list[bytes], set[bytes], int]:
-    records = [f"rec{i:03d}".encode() * 5 for i in range(60)]
-    path = rio("bad.rio", records, max_chunk_size=150, compressor=Compressor.NONE)
-    index = load_index(path)
-    bad_offset = index.chunk_offsets[2]
-    raw = bytearray(Path(path).read_bytes())
-    raw[bad_offset + 30] ^= 0xFF  # a payload byte of chunk 2: its checksum no longer matches
-    Path(path).write_bytes(bytes(raw))
-    return path, records, set(records[index.first_record(2) : index.first_record(3)]), bad_offset
+@contextlib.contextmanager
+def _reading(budget: int, session: bool) -> Iterator[tuple[InProcessMaster, Client]]:
+    """A master that quarantines up to `budget` records (a failed task is never retried),
+    and a client of it."""
+    master = InProcessMaster(
+        chunks_per_task=1, timeout_dur=30.0, failure_max=0, error_budget=ErrorBudget(budget)
+    )
+    with master as m, Client(m.addr, session=session) as c:
+        yield m, c
 
 
 def _read_pass(c: Client) -> tuple[list[bytes], list[TaskReadError], BaseException]:
@@ -42,32 +43,24 @@ def _read_pass(c: Client) -> tuple[list[bytes], list[TaskReadError], BaseExcepti
 
 
 @pytest.mark.parametrize("session", [True, False])
-def test_within_budget_the_pass_ends_without_the_bad_chunk(rio: Any, session: bool) -> None:
-    path, records, bad, _ = _poisoned(rio)
-    with (
-        InProcessMaster(
-            chunks_per_task=1, timeout_dur=30.0, failure_max=0, error_budget=ErrorBudget(10)
-        ) as m,
-        Client(m.addr, session=session) as c,
-    ):
+def test_within_budget_the_pass_ends_without_the_bad_chunk(tmp_path: Path, session: bool) -> None:
+    path, records, bad, _ = checksum_broken(tmp_path / "bad.rio")
+    with _reading(10, session) as (m, c):
         c.set_dataset([path])
         got, errors, end = _read_pass(c)
         assert isinstance(end, EndOfPass) and len(errors) == 1
         assert Counter(got) == Counter(r for r in records if r not in bad)
-        st = m.status()
-        assert st["job_stopped"] is None
-        assert {e["pass"]: e["quarantined"] for e in st["ledger"]}[0] == len(bad)
+        st = m.status_view()
+        assert st.job_stopped is None
+        assert {e.pass_id: e.quarantined for e in st.ledger}[0] == len(bad)
 
 
 @pytest.mark.parametrize("session", [True, False])
-def test_over_budget_next_record_and_records_raise_job_stopped(rio: Any, session: bool) -> None:
-    path, _, _, bad_offset = _poisoned(rio)
-    with (
-        InProcessMaster(
-            chunks_per_task=1, timeout_dur=30.0, failure_max=0, error_budget=ErrorBudget(0)
-        ) as m,
-        Client(m.addr, session=session) as c,
-    ):
+def test_over_budget_next_record_and_records_raise_job_stopped(
+    tmp_path: Path, session: bool
+) -> None:
+    path, _, _, bad_offset = checksum_broken(tmp_path / "bad.rio")
+    with _reading(0, session) as (_, c):
         c.set_dataset([path])
         _, errors, end = _read_pass(c)
         assert len(errors) == 1

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from helpers.closing import CLOSE_DEADLINE, assert_all_ended, close_within, track_calls
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records, write_records
 from helpers.master_process import MasterProcess
 from helpers.trainers import wait_until_holding
 
@@ -38,7 +38,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[weakref.ref[Any]]:
 
 
 def _dataset(tmp_path: Path, n: int = 400) -> str:
-    return str(write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(n)]))
+    return numbered_records(tmp_path / "d.rio", n)
 
 
 def _master(tmp_path: Path, *args: str) -> MasterProcess:

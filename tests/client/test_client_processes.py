@@ -7,6 +7,7 @@ import glob
 from typing import Any
 
 import pytest
+from helpers.status_view import status_view
 from helpers.trainers import (
     completed_tasks,
     covered,
@@ -111,7 +112,7 @@ def test_master_killed_and_restarted_at_the_same_address(
         assert total == expected, f"pass {p}"
     assert any("answers again" in t.log() for t in ts)  # they noticed, and said so
     with MasterConnection(m.addr) as c:
-        assert c.status()["cur_pass"] == 3
+        assert status_view(c.status()).cur_pass == 3
 
 
 def test_a_negative_prefetch_is_refused_before_anything_starts(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from helpers.inproc import InProcessMaster
+from helpers.status_view import status_view
 
 from chunkmaster.core.errors import DatasetError
 from chunkmaster.paddle import cloud_reader, recordio
@@ -39,7 +40,7 @@ def test_cloud_reader_yields_unpickled_records_pass_by_pass(rio: Any) -> None:
             reader()  # creating the generator uses no pass (the v2 argument check does this)
             for p in range(3):
                 assert Counter(map(_key, reader())) == Counter(map(_key, OBJECTS)), p
-                assert m.status()["cur_pass"] == p + 1
+                assert m.status_view().cur_pass == p + 1
         finally:
             reader.close()  # type: ignore[attr-defined]
 
@@ -56,7 +57,7 @@ def test_pass_counter_belongs_to_the_reader(rio: Any) -> None:
             for _ in r1():
                 pass
             assert len(list(r2())) == len(OBJECTS)  # r2's first pass is its pass 0
-            assert (m1.status()["cur_pass"], m2.status()["cur_pass"]) == (2, 1)
+            assert (status_view(m1.status()).cur_pass, status_view(m2.status()).cur_pass) == (2, 1)
         finally:
             r1.close()  # type: ignore[attr-defined]
             r2.close()  # type: ignore[attr-defined]

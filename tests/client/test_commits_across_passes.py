@@ -40,8 +40,8 @@ def test_a_commit_in_pass_1_also_commits_what_pass_0_consumed(tmp_path: Path) ->
         assert m.service is not None
         service = m.service
         m.call(lambda: service.restore(blob))
-        st = m.status()
-        assert st["cur_pass"] == 1, "pass 0 was consumed whole and committed: not again"
+        st = m.status_view()
+        assert st.cur_pass == 1, "pass 0 was consumed whole and committed: not again"
         with Client(m.addr) as c:
             c.start_get_records(1)
             rest = []
@@ -89,4 +89,4 @@ def test_a_pass_left_early_hands_its_tasks_back_at_once(tmp_path: Path) -> None:
         with Client(m.addr) as second:
             rest = list(second.records(0))
         assert sorted(got + rest) == [b"%06d" % i for i in range(60)]
-        assert m.status()["cur_pass"] == 1
+        assert m.status_view().cur_pass == 1

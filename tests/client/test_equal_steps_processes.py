@@ -8,61 +8,27 @@ remainder (dropped, or padded with repeated records).
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers.datasets import write_records
 from helpers.master_process import MasterProcess
+from helpers.session_trainer_process import SessionTrainerProcess
+from helpers.status_view import master_status, master_status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
 
-TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 RECORDS = 1000  # 1000 = 3 * 333 + 1
 PASSES = 2
 
 
-class Trainer:
+class Trainer(SessionTrainerProcess):
     def __init__(self, addr: str, out: Path, *args: str) -> None:
-        self.out = out
-        self.log = out.with_suffix(".log")
-        cmd = [sys.executable, TRAINER, "--addr", addr, "--out", str(out), "--report-every", "5"]
-        cmd += ["--passes", str(PASSES), *args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen(cmd, stderr=err, env=env)
-
-    def records(self, pass_id: int) -> list[int]:
-        if not self.out.exists():
-            return []
-        lines = [ln.split() for ln in self.out.read_text().splitlines() if ln]
-        return [int(ln[2]) for ln in lines if ln[0] == "r" and int(ln[1]) == pass_id]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def wait(self, timeout: float = 180.0) -> None:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(
-                f"trainer did not finish:\n{self.log.read_text()[-3000:]}"
-            ) from None
-        assert code == 0, self.log.read_text()[-3000:]
-
-
-def status(addr: str) -> dict[str, Any]:
-    with MasterConnection(addr) as c:
-        return c.status()
+        super().__init__(out, "--addr", addr, "--report-every", "5", "--passes", str(PASSES), *args)
 
 
 def start(tmp_path: Path, mode: str, *extra: str) -> tuple[MasterProcess, str]:
@@ -80,7 +46,7 @@ def trainers_then_dataset(
     assert master.addr is not None
     trainers = [Trainer(master.addr, tmp_path / f"t{i}.out", "--step-time", step) for i in range(3)]
     try:
-        wait_for(lambda: status(master.addr or "")["sessions"] == 3, "three sessions", 120)
+        wait_for(lambda: master_status_view(master.addr or "").sessions == 3, "three sessions", 120)
     except Exception as exc:
         raise AssertionError(f"{exc}; the master's log:\n{master.log()[-3000:]}") from None
     with MasterConnection(master.addr, timeout=60) as c:
@@ -96,7 +62,7 @@ def test_three_trainers_get_the_same_records_every_pass(mode: str, tmp_path: Pat
         for t in trainers:
             t.wait()
         assert master.addr is not None
-        ledger = {p["pass"]: p for p in status(master.addr)["ledger"]}
+        ledger = {p["pass"]: p for p in master_status(master.addr)["ledger"]}
         shown = subprocess.run(
             [sys.executable, "-m", "chunkmaster", "status", "--addr", master.addr],
             capture_output=True,
@@ -135,7 +101,7 @@ def test_survivors_of_a_killed_trainer_end_each_pass_equal(mode: str, tmp_path: 
         for t in survivors:
             t.wait()
         assert master.addr is not None
-        st = status(master.addr)
+        st = master_status(master.addr)
     finally:
         master.kill()
     ledger = {p["pass"]: p for p in st["ledger"]}
@@ -169,7 +135,7 @@ def test_a_master_killed_mid_pass_comes_back_with_the_same_quotas(
         for t in trainers:
             t.wait()
         assert master.addr is not None
-        ledger = {p["pass"]: p for p in status(master.addr)["ledger"]}
+        ledger = {p["pass"]: p for p in master_status(master.addr)["ledger"]}
     finally:
         master.kill()
     per = RECORDS // 3 if mode == "drop" else -(-RECORDS // 3)

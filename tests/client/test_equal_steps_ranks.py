@@ -21,16 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from helpers.datasets import write_records
+from helpers.status_view import master_status
 
 from chunkmaster import Client, Session
-from chunkmaster.client.connection import MasterConnection
 
 RECORDS = 1001  # 3 * 333 + 2
-
-
-def status(addr: str) -> dict[str, Any]:
-    with MasterConnection(addr) as c:
-        return c.status()
 
 
 def test_three_ranks_started_together_get_equal_shares(
@@ -45,7 +40,7 @@ def test_three_ranks_started_together_get_equal_shares(
         assert t.drain(timeout=120) == 0, t.log()
     for p in range(2):
         assert [t.passes[p]["records"] for t in ts] == [333, 333, 333], f"pass {p}"
-    ledger = {led["pass"]: led for led in status(m.addr)["ledger"]}
+    ledger = {led["pass"]: led for led in master_status(m.addr)["ledger"]}
     assert ledger[0]["dropped"] == ledger[1]["dropped"] == 2
 
 

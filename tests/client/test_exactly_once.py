@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -27,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
+from helpers.session_trainer_process import SessionTrainerProcess
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client import Connection
@@ -38,7 +39,6 @@ from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.checkpoint import decode
 from chunkmaster.master.datasets import load_dataset
 
-TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 RECORDS = 1500
 CHUNKS_PER_TASK = 2
 REPORT_EVERY = 10  # records; at 50 records/s (a victim's pace) a report window is 200 ms,
@@ -47,9 +47,7 @@ REPORT_EVERY = 10  # records; at 50 records/s (a victim's pace) a report window 
 
 def make_dataset(tmp_path: Path) -> str:
     """RECORDS numbered records, about 8 to a chunk: tasks of about 16 records."""
-    path = tmp_path / "data.rio"
-    write_records(path, [b"%06d" % i for i in range(RECORDS)], max_chunk_size=50)
-    return str(path)
+    return numbered_records(tmp_path / "data.rio", RECORDS, max_chunk_size=50)
 
 
 def logs_of(trainers: Sequence[Trainer]) -> str:
@@ -57,40 +55,9 @@ def logs_of(trainers: Sequence[Trainer]) -> str:
     return "".join(f"\n--- {t.log}:\n{t.log.read_text()[-2000:]}" for t in trainers)
 
 
-class Trainer:
+class Trainer(SessionTrainerProcess):
     def __init__(self, where: Sequence[str], out: Path, *args: str) -> None:
-        self.out = out
-        self.log = out.with_suffix(".log")
-        cmd = [sys.executable, TRAINER, *where, "--out", str(out), *args]
-        cmd += ["--report-every", str(REPORT_EVERY)]
-        # faulthandler: a trainer that hangs is stopped with SIGABRT, its threads' stacks in its log
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen(cmd, stderr=err, env=env)
-
-    def lines(self) -> list[list[str]]:
-        if not self.out.exists():
-            return []
-        return [ln.split() for ln in self.out.read_text().splitlines() if ln]
-
-    def records(self, pass_id: int) -> list[int]:
-        return [int(ln[2]) for ln in self.lines() if ln[0] == "r" and int(ln[1]) == pass_id]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def wait(self, timeout: float = 180.0) -> None:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGABRT)
-            self.proc.wait(10)
-            raise AssertionError(
-                f"trainer did not finish:\n{self.log.read_text()[-3000:]}"
-            ) from None
-        assert code == 0, self.log.read_text()[-3000:]
+        super().__init__(out, *where, *args, "--report-every", str(REPORT_EVERY))
 
 
 def reading(trainers: Sequence[Trainer]) -> tuple[int, int]:
@@ -307,8 +274,8 @@ def test_a_whole_job_crash_resumes_from_the_data_checkpoint_exactly_once(
     other = ["--restore-other-job"] if kind == "etcd" else []
     fresh = Cluster(kind, tmp_path, etcd, "--restore", str(ckpt), *other)
     try:
-        st = fresh.status()
-        assert st["cur_pass"] == floor
+        st = status_view(fresh.status())
+        assert st.cur_pass == floor
         common = ["--passes", "2", "--first-pass", str(floor)]
         readers = [Trainer(fresh.where, tmp_path / f"b{i}.out", *common) for i in range(2)]
         for t in readers:
@@ -341,7 +308,7 @@ def test_trainers_joining_and_leaving_mid_pass_see_every_record_once(tmp_path: P
         got = Counter(r for t in (first, leaver, joiner) for r in t.records(0))
         assert set(got) == set(range(RECORDS))
         assert all(n == 1 for n in got.values()), [r for r, n in got.items() if n > 1]
-        st = cluster.status()
-        assert st["cur_pass"] == 1 and st["sessions"] == 0
+        st = status_view(cluster.status())
+        assert st.cur_pass == 1 and st.sessions == 0
     finally:
         cluster.kill()

@@ -6,6 +6,7 @@ closes its Client, `sys.exit()` with a Client left open, and SIGINT or SIGTERM t
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
 from helpers.trainers import wait_until_holding
 
@@ -74,7 +75,7 @@ def master(tmp_path: Path) -> Iterator[MasterProcess]:
 
 
 def _dataset(tmp_path: Path) -> str:
-    return str(write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(400)]))
+    return numbered_records(tmp_path / "d.rio", 400)
 
 
 def _ended_as_returned(m: MasterProcess, pid: int) -> None:
@@ -85,31 +86,38 @@ def _ended_as_returned(m: MasterProcess, pid: int) -> None:
     assert found is not None and found.group(1) == "returned", m.log()
 
 
+@contextlib.contextmanager
+def _reading(
+    tmp_path: Path, script: str, master: MasterProcess, *args: str
+) -> Iterator[subprocess.Popen[str]]:
+    """`script` run as a trainer of `master` (its argv: the address, a dataset, `args`), once
+    it printed READING; killed after."""
+    (tmp_path / "trainer.py").write_text(script)
+    cmd = [sys.executable, str(tmp_path / "trainer.py"), str(master.addr), _dataset(tmp_path)]
+    trainer = subprocess.Popen(
+        [*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline().strip() == "READING", trainer.communicate(timeout=30)
+        yield trainer
+    finally:
+        trainer.kill()
+        trainer.wait(10)
+
+
 @pytest.mark.parametrize("mode", ["with", "open", "exit"])
 def test_a_python_trainer_says_goodbye_on_an_orderly_exit(
     tmp_path: Path, master: MasterProcess, mode: str
 ) -> None:
     """Ctrl-C reaching `with Client(...)`'s exit, Ctrl-C with the Client never closed, and
     sys.exit() with it open: the client closes (at interpreter exit for the open one)."""
-    (tmp_path / "trainer.py").write_text(SCRIPT)
-    arg = "exit" if mode == "exit" else mode
-    trainer = subprocess.Popen(
-        [sys.executable, str(tmp_path / "trainer.py"), str(master.addr), _dataset(tmp_path), arg],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert trainer.stdout is not None
-        assert trainer.stdout.readline().strip() == "READING", trainer.communicate(timeout=30)
+    with _reading(tmp_path, SCRIPT, master, mode) as trainer:
         if mode != "exit":
             trainer.send_signal(signal.SIGINT)
         _, err = trainer.communicate(timeout=60)
         assert trainer.returncode == (0 if mode == "exit" else -signal.SIGINT), err
         _ended_as_returned(master, trainer.pid)
-    finally:
-        trainer.kill()
-        trainer.wait(10)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -135,20 +143,8 @@ def test_read_says_goodbye_on_a_signal_mid_pass(
 def test_a_loader_trainer_says_goodbye_on_ctrl_c(tmp_path: Path, master: MasterProcess) -> None:
     """Ctrl-C in a training loop over a Loader never closed: the rank's session says Goodbye."""
     pytest.importorskip("torch")
-    (tmp_path / "trainer.py").write_text(LOADER_SCRIPT)
-    trainer = subprocess.Popen(
-        [sys.executable, str(tmp_path / "trainer.py"), str(master.addr), _dataset(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert trainer.stdout is not None
-        assert trainer.stdout.readline().strip() == "READING", trainer.communicate(timeout=30)
+    with _reading(tmp_path, LOADER_SCRIPT, master) as trainer:
         trainer.send_signal(signal.SIGINT)
         _, err = trainer.communicate(timeout=60)
         assert trainer.returncode == -signal.SIGINT, err
         _ended_as_returned(master, trainer.pid)
-    finally:
-        trainer.kill()
-        trainer.wait(10)

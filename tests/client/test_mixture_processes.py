@@ -13,8 +13,6 @@ what the plans hold, and the plans are whole source epochs (tests/master/test_mi
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +23,7 @@ from typing import Any
 
 from helpers.master_process import MasterProcess
 from helpers.mixtures import check_ledger_sums, check_source_epochs, windows
+from helpers.session_trainer_process import SessionTrainerProcess
 from helpers.trainers import Trainer
 
 from chunkmaster.client import Client, Source
@@ -44,7 +43,6 @@ FIRST = {"web": 0.7, "code": 0.2, "books": 0.1}
 LATER = {"web": 0.2, "code": 0.3, "books": 0.5}
 #: The weights once the source "extra" is added.
 FOURTH = {"web": 0.4, "code": 0.2, "books": 0.1, "extra": 0.3}
-SESSION_TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 
 
 class Sources:
@@ -259,28 +257,9 @@ def test_a_weight_change_and_a_killed_master_mid_pass_deliver_each_source_epoch_
         check_pass_sources(c.status(), ts, NAMES, (2,))
 
 
-class SessionTrainer:
-    """tests/helpers/session_trainer.py: logs "r PASS ID" per record, commits every so often."""
-
+class SessionTrainer(SessionTrainerProcess):
     def __init__(self, addr: str, out: Path, *args: str) -> None:
-        self.out = out
-        cmd = [sys.executable, SESSION_TRAINER, "--addr", addr, "--out", str(out), *args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(out.with_suffix(".log"), "w") as err:
-            self.proc = subprocess.Popen(cmd, stderr=err, env=env)
-
-    def records(self, p: int) -> list[int]:
-        lines = self.out.read_text().splitlines() if self.out.exists() else []
-        return [int(ln.split()[2]) for ln in lines if ln.startswith(f"r {p} ")]
-
-    def read(self) -> int:
-        lines = self.out.read_text().splitlines() if self.out.exists() else []
-        return sum(1 for ln in lines if ln.startswith("r "))
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        super().__init__(out, "--addr", addr, *args)
 
 
 def checkpointed_mid_job(

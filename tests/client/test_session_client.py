@@ -15,9 +15,11 @@ import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.master_process import MasterProcess
+from helpers.reading import rest_of_pass
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 
-from chunkmaster.client import Client, Connection, EndOfPass, Reading, Session
+from chunkmaster.client import Client, Connection, Reading, Session
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.checkpoint import decode
@@ -28,13 +30,13 @@ def _dataset(tmp_path: Path, n: int, chunk: int = 40) -> tuple[str, list[bytes]]
     return str(write_records(tmp_path / "d.rio", records, max_chunk_size=chunk)), records
 
 
-def _rest(c: Client) -> list[bytes]:
-    out = []
-    while True:
-        try:
-            out.append(c.next_record(timeout=60))
-        except EndOfPass:
-            return out
+def _read_in_session(c: Client, path: str, n: int) -> list[bytes]:
+    """Set the dataset and read `n` records of pass 0; return once the session is open."""
+    c.set_dataset([path])
+    c.start_get_records(0)
+    got = [c.next_record(timeout=30) for _ in range(n)]
+    wait_for(lambda: bool(c.session_id), "the session to open")
+    return got
 
 
 @pytest.fixture
@@ -69,7 +71,7 @@ def test_finishes_ride_on_task_requests_and_the_ledger_counts_every_record(
             assert st["cur_pass"] == 1
             led = st["ledger"][0]
             assert led["dispatched"] == led["consumed"] == len(records)
-        assert m.status()["sessions"] == 0  # Goodbye ended it
+        assert status_view(m.status()).sessions == 0  # Goodbye ended it
     nexts = [msg for kind, msg in sent if kind == "next"]
     riding = [msg for msg in nexts if msg.want_task and msg.finished]
     finished = [f.task_id for msg in nexts for f in msg.finished]
@@ -114,20 +116,20 @@ def test_progress_commit_checkpoint_and_goodbye_are_at_exact_positions(tmp_path:
             assert got == records[:12]
 
             def consumed() -> int:
-                return int(m.status()["trainers"][0]["records_consumed"])
+                return int(status_view(m.status()).trainers[0].records_consumed)
 
             # A run boundary every 5 records: 10 records since the last report wake the sender.
             wait_for(lambda: consumed() >= 10, "progress to reach the master")
             a.commit()
-            assert m.status()["ledger"][0]["committed"] == 12
+            assert status_view(m.status()).ledger[0].committed == 12
             assert decode(a.data_checkpoint()).passes[0].partial == {0: 12}
             a.commit()  # nothing new: returns at once
             assert a.next_record(timeout=30) == records[12]
         # close() said Goodbye with the exact position: 13 records taken
-        assert m.status()["sessions"] == 0
+        assert status_view(m.status()).sessions == 0
         with Client(m.addr) as b:
             b.start_get_records(0)
-            assert Counter(_rest(b)) == Counter(records[13:])
+            assert Counter(rest_of_pass(b)) == Counter(records[13:])
         led = m.status()["ledger"][0]
         assert led["redispatched"] == {}  # handed back exactly: nothing may come twice
 
@@ -149,13 +151,10 @@ def test_a_master_restarted_under_the_trainer_resumes_its_session(tmp_path: Path
         with Client(
             master.addr, session=Session(report_every=3), connection=Connection(rpc_timeout=5.0)
         ) as c:
-            c.set_dataset([path])
-            c.start_get_records(0)
-            got = [c.next_record(timeout=30) for _ in range(20)]
-            wait_for(lambda: bool(c.session_id), "the session to open")
+            got = _read_in_session(c, path, 20)
             sid = c.session_id
             master.restart()
-            got += _rest(c)
+            got += rest_of_pass(c)
             assert c.session_id == sid
             assert set(got) == set(records)
             with MasterConnection(master.addr) as conn:
@@ -174,16 +173,13 @@ def test_a_session_the_master_forgot_is_replaced_by_a_new_one(tmp_path: Path) ->
     second = MasterProcess([*args, "--store", str(tmp_path / "b.db")], port=port)
     try:
         with Client(first.addr, connection=Connection(rpc_timeout=5.0)) as c:
-            c.set_dataset([path])
-            c.start_get_records(0)
-            got = [c.next_record(timeout=30) for _ in range(10)]
-            wait_for(lambda: bool(c.session_id), "the session to open")
+            got = _read_in_session(c, path, 10)
             old = c.session_id
             first.kill()
             second.start()  # a fresh store: it never heard of that session
             with MasterConnection(second.addr, timeout=30) as conn:
                 conn.set_dataset([path])
-            got += _rest(c)
+            got += rest_of_pass(c)
             assert c.session_id not in ("", old)
             assert set(got) == set(records)
     finally:
@@ -198,9 +194,9 @@ def test_goodbye_hands_back_tasks_held_but_not_read(tmp_path: Path) -> None:
             a.set_dataset([path])
             a.start_get_records(0)
             a.next_record(timeout=30)
-            wait_for(lambda: m.status()["pending"] == 3, "the prefetched tasks")
-        st = m.status()
-        assert st["pending"] == 0 and st["sessions"] == 0
+            wait_for(lambda: status_view(m.status()).pending == 3, "the prefetched tasks")
+        st = status_view(m.status())
+        assert st.pending == 0 and st.sessions == 0
 
 
 def _in_request_iterator(frame: Any) -> bool:
@@ -263,7 +259,9 @@ def test_before_reading_a_task_that_failed_the_master_has_every_earlier_finish(
                 got.append(record)
             # (its one record is its last too: the client has just taken it as finished)
             assert finished[-1] == suspect.meta.id and len(got) == 49
-            assert m.status()["done"] == len(finished) - 1 == 49, m.status()["done"]
+            assert status_view(m.status()).done == len(finished) - 1 == 49, status_view(
+                m.status()
+            ).done
 
 
 def test_finishes_refused_together_for_one_taken_task_are_each_judged_alone(
@@ -285,7 +283,7 @@ def test_finishes_refused_together_for_one_taken_task_are_each_judged_alone(
         assert m.service is not None
         service = m.service
         m.call(lambda: service.set_dataset([data]))
-        assert m.status()["num_tasks"] == 2
+        assert status_view(m.status()).num_tasks == 2
         s = TrainerSession(
             MasterLink(m.addr),
             name="a",
@@ -297,7 +295,7 @@ def test_finishes_refused_together_for_one_taken_task_are_each_judged_alone(
         other = RawSession(m.addr)
         try:
             (first,) = s.next_tasks(0, 1, 5.0, "r1", CancelToken())
-            wait_for(lambda: m.status()["pending"] == 0, "task 0's dispatch to time out")
+            wait_for(lambda: status_view(m.status()).pending == 0, "task 0's dispatch to time out")
             (second,) = s.next_tasks(0, 1, 5.0, "r2", CancelToken())
             other.hello(name="b")
             other.send(next=pb.NextTask(want_task=True, pass_id=0, wait_seconds=5))
@@ -308,7 +306,7 @@ def test_finishes_refused_together_for_one_taken_task_are_each_judged_alone(
             reply = s.settle(woken.set)
             assert reply is not None
             wait_for(lambda: reply.done, "the answer to both finishes")
-            wait_for(lambda: m.status()["done"] == 1, "task 1's finish to be applied")
+            wait_for(lambda: status_view(m.status()).done == 1, "task 1's finish to be applied")
             st = m.status()
             held = {t["name"]: t["tasks_held"] for t in st["trainers"]}
             assert st["pending"] == 1 and held == {"a": 0, "b": 1}, st

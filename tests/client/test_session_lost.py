@@ -9,9 +9,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from helpers.datasets import write_records
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
@@ -34,14 +36,12 @@ def _records(out: Path) -> int:
 
 
 def test_a_trainer_thawed_after_its_lease_gets_a_new_session_and_a_refused_commit(
-    tmp_path: Path,
+    tmp_path: Path, master_process: Any
 ) -> None:
     data = write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(400)], max_chunk_size=50)
-    master = MasterProcess(
-        ["--store", str(tmp_path / "s.db"), "--chunk-per-task", "4", "--trainer-ttl", "1",
-         "--task-timeout-dur", "10m"],
-        log_path=tmp_path / "m.log",
-    ).start()  # fmt: skip
+    master = master_process(
+        "--chunk-per-task", "4", "--trainer-ttl", "1", "--task-timeout-dur", "10m"
+    )
     addr = str(master.addr)
     a_out, b_out = tmp_path / "a.out", tmp_path / "b.out"
     a = b = None
@@ -54,7 +54,7 @@ def test_a_trainer_thawed_after_its_lease_gets_a_new_session_and_a_refused_commi
 
         def sessions() -> int:
             with MasterConnection(addr) as c:
-                return int(c.status()["sessions"])
+                return int(status_view(c.status()).sessions)
 
         wait_for(lambda: sessions() == 0, "a's lease to run out")
         # b takes a's tasks (first in line) and holds them: it reads slowly.
@@ -87,7 +87,7 @@ def _stopped(pid: int) -> bool:
 
 
 def test_a_thawed_trainer_stops_reading_the_tasks_it_lost_and_its_commit_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, master_process: Any
 ) -> None:
     """Issue 19, item 4: frozen past its lease with task 0 read and tasks 1 and 2 held (30
     records into task 1, in the middle of a run, all of it reported), the trainer is thawed
@@ -100,11 +100,9 @@ def test_a_thawed_trainer_stops_reading_the_tasks_it_lost_and_its_commit_is_refu
     data = write_records(
         tmp_path / "d.rio", [b"%06d" % i for i in range(records)], max_chunk_size=25 * 6
     )
-    master = MasterProcess(
-        ["--store", str(tmp_path / "s.db"), "--chunk-per-task", "4", "--trainer-ttl", "1",
-         "--task-timeout-dur", "10m"],
-        log_path=tmp_path / "m.log",
-    ).start()  # fmt: skip
+    master = master_process(
+        "--chunk-per-task", "4", "--trainer-ttl", "1", "--task-timeout-dur", "10m"
+    )
     addr = str(master.addr)
     a_out, b_out = tmp_path / "a.out", tmp_path / "b.out"
     a = b = None
@@ -112,13 +110,13 @@ def test_a_thawed_trainer_stops_reading_the_tasks_it_lost_and_its_commit_is_refu
     try:
         with MasterConnection(addr, timeout=60) as c:
             c.set_dataset([str(data)])
-            assert c.status()["num_tasks"] == 6
+            assert status_view(c.status()).num_tasks == 6
         a = _trainer(addr, a_out, *common, "--freeze-after", "130")
         wait_for(lambda: ["z"] in _lines(a_out) and _stopped(a.pid), "trainer a to freeze")
 
         def sessions() -> int:
             with MasterConnection(addr) as c:
-                return int(c.status()["sessions"])
+                return int(status_view(c.status()).sessions)
 
         wait_for(lambda: sessions() == 0, "a's lease to run out")
         b = _trainer(addr, b_out, *common)

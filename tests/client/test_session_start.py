@@ -12,8 +12,9 @@ import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
 from helpers.raw_session import RawSession, position
+from helpers.reading import rest_of_pass
 
-from chunkmaster.client import Client, EndOfPass
+from chunkmaster.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.checkpoint import decode
 
@@ -65,21 +66,12 @@ def test_a_task_resumes_at_its_start_without_reading_the_chunks_before(
             assert first == records[start : start + 2]  # the task handed back comes first
             if session:
                 c.commit()  # the position counts from the task's first record
-                committed = m.status()["ledger"][0]["committed"]
+                committed = m.status_view().ledger[0].committed
                 assert committed == start + 2
                 assert decode(c.data_checkpoint()).passes[0].partial == {0: start + 2}
-            rest = _rest_of_pass(c)
+            rest = rest_of_pass(c)
         got = Counter(first + rest)
         assert got == Counter(records[start:]), "each record after the start exactly once"
-
-
-def _rest_of_pass(c: Client) -> list[bytes]:
-    out = []
-    while True:
-        try:
-            out.append(c.next_record(timeout=30))
-        except EndOfPass:
-            return out
 
 
 def test_a_task_handed_back_at_its_end_is_finished_without_reading(tmp_path: Path) -> None:
@@ -99,4 +91,4 @@ def test_a_task_handed_back_at_its_end_is_finished_without_reading(tmp_path: Pat
             s.close()
         with Client(m.addr) as c:
             assert list(c.records(0)) == []
-            assert m.status()["cur_pass"] == 1
+            assert m.status_view().cur_pass == 1

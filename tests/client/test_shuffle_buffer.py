@@ -4,19 +4,17 @@ a whole-job crash with buffered trainers that resumes from the data checkpoint e
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records
 from helpers.inproc import InProcessMaster
 from helpers.master_process import MasterProcess
+from helpers.session_trainer_process import SessionTrainerProcess
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 from hypothesis import given, settings
 
@@ -26,8 +24,6 @@ from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.shuffle_buffer import ShuffleBuffer, buffer_rng
 from chunkmaster.core.checkpoint import decode
 from chunkmaster.master.datasets import load_dataset
-
-TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 
 
 @given(st.integers(1, 30), st.lists(st.integers(0, 3), max_size=300), st.integers(0, 99))
@@ -67,9 +63,7 @@ def test_deferred_finishes_wait_for_their_records() -> None:
 
 
 def numbered(tmp_path: Path, n: int, chunk: int = 50) -> str:
-    path = tmp_path / "data.rio"
-    write_records(path, [b"%06d" % i for i in range(n)], max_chunk_size=chunk)
-    return str(path)
+    return numbered_records(tmp_path / "data.rio", n, max_chunk_size=chunk)
 
 
 def test_a_pass_through_the_buffer_has_every_record_once_and_mixes_tasks(tmp_path: Path) -> None:
@@ -84,7 +78,7 @@ def test_a_pass_through_the_buffer_has_every_record_once_and_mixes_tasks(tmp_pat
             session=Session(report_every=7),
         ) as c:
             got = [int(r) for r in c.records(1)]
-            assert m.status()["cur_pass"] == 2
+            assert status_view(m.status()).cur_pass == 2
     assert Counter(got) == Counter(range(2000))
     assert got != in_order
     displaced = sum(1 for a, b in zip(got, sorted(got), strict=True) if abs(a - b) > 20)
@@ -128,26 +122,9 @@ def task_records(data: str, seed: int, pass_id: int, cpt: int) -> list[list[int]
     ]
 
 
-class Trainer:
+class Trainer(SessionTrainerProcess):
     def __init__(self, addr: str, out: Path, *args: str) -> None:
-        self.out = out
-        self.log = out.with_suffix(".log")
-        cmd = [sys.executable, TRAINER, "--addr", addr, "--out", str(out), *args]
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen(cmd, stderr=err, env=dict(os.environ))
-
-    def lines(self) -> list[list[str]]:
-        if not self.out.exists():
-            return []
-        return [ln.split() for ln in self.out.read_text().splitlines() if ln]
-
-    def records(self, p: int) -> list[int]:
-        return [int(ln[2]) for ln in self.lines() if ln[0] == "r" and int(ln[1]) == p]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        super().__init__(out, "--addr", addr, *args)
 
 
 def test_buffered_trainers_crash_and_resume_from_the_data_checkpoint_exactly_once(

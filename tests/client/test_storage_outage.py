@@ -9,10 +9,6 @@ record they take, so every check is on exact sets.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,34 +18,22 @@ import pytest
 from helpers.datasets import write_records
 from helpers.full_disk import fill
 from helpers.master_process import MasterProcess
+from helpers.session_trainer_process import SessionTrainerProcess
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
 
-TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 RECORDS = 600
 CHUNKS_PER_TASK = 10  # one record a chunk: task k is records 10k .. 10k+9
 
 
-class SessionTrainer:
-    """A session_trainer.py process; its --out file holds "r PASS RECORD" per record taken."""
+class SessionTrainer(SessionTrainerProcess):
+    """A session_trainer.py process named `name`, its files in `tmp`."""
 
     def __init__(self, name: str, addr: str, tmp: Path, *args: str) -> None:
+        super().__init__(tmp / f"{name}.out", "--addr", addr, "--name", name, *args)
         self.name = name
-        self.out = tmp / f"{name}.out"
-        self.log = tmp / f"{name}.log"
-        cmd = [sys.executable, TRAINER, "--addr", addr, "--out", str(self.out), "--name", name]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen([*cmd, *args], stderr=err, env=env)
-
-    def lines(self) -> list[list[str]]:
-        if not self.out.exists():
-            return []
-        return [ln.split() for ln in self.out.read_text().splitlines()]
-
-    def records(self) -> list[int]:
-        return [int(ln[2]) for ln in self.lines() if len(ln) == 3 and ln[0] == "r"]
 
     def tasks(self) -> tuple[set[int], set[int]]:
         """The tasks this trainer started reading, and those it read whole."""
@@ -68,20 +52,6 @@ class SessionTrainer:
         task it started to the end (it gets no more), or it waits for a commit."""
         started, whole = self.tasks()
         return started <= whole or self.committing(commit_every)
-
-    def wait(self, timeout: float = 120.0) -> None:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack, in its log
-            self.proc.wait(10)
-            raise AssertionError(f"{self.name} did not finish:\n{self.log.read_text()}") from None
-        assert code == 0, f"{self.name} exited {code}:\n{self.log.read_text()}"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def held_by(status: dict[str, Any], name: str) -> set[int]:
@@ -110,7 +80,7 @@ def test_finishes_sent_while_the_disk_is_full_are_applied_once_it_is_not(
         with MasterConnection(master.addr) as c:
             wait_for(lambda: sum(len(t.records()) for t in trainers) >= 100, "100 records read")
             filler = fill(small_fs)
-            wait_for(lambda: not c.status()["store"]["healthy"], "the store to fail a write")
+            wait_for(lambda: not status_view(c.status()).store.healthy, "the store to fail a write")
             # The trainers read on to the end of the tasks they hold (they get no more while
             # the master refuses writes) or to their next commit: the finishes (and commits)
             # they send go to a master that refuses them. (A task the store holds as theirs
@@ -140,7 +110,7 @@ def test_finishes_sent_while_the_disk_is_full_are_applied_once_it_is_not(
             wait_for(heard_since, "every trainer to talk to the master again")
             filler.unlink()
             for t in trainers:
-                t.wait()
+                t.wait(120.0)
             st = c.status()
         taken = Counter(r for t in trainers for r in t.records())
         twice = sorted(r for r, n in taken.items() if n > 1)

@@ -17,11 +17,11 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession
+from helpers.status_view import master_status, master_status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
@@ -31,11 +31,6 @@ TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer
 RECORDS = 30  # one task of them all
 TIMEOUT = 3.0  # --task-timeout-dur, seconds
 STEP = 0.3  # seconds a record: the task takes 3 timeouts to read
-
-
-def status(addr: str) -> dict[str, Any]:
-    with MasterConnection(addr) as c:
-        return c.status()
 
 
 def start_trainer(addr: str, out: Path, name: str, *args: str) -> subprocess.Popen[bytes]:
@@ -70,12 +65,12 @@ def test_a_slow_trainer_making_progress_keeps_its_task(tmp_path: Path) -> None:
     trainers = []
     try:
         trainers.append(start_trainer(addr, slow_out, "slow", "--step-time", str(STEP)))
-        wait_for(lambda: status(addr)["pending"] == 1, "the slow trainer to hold the task")
+        wait_for(lambda: master_status_view(addr).pending == 1, "the slow trainer to hold the task")
         # Another trainer, idle, that a timed-out task would go to.
         trainers.append(start_trainer(addr, other_out, "other"))
         for t in trainers:
             assert t.wait(timeout=120) == 0, slow_out.with_suffix(".log").read_text()[-3000:]
-        st = status(addr)
+        st = master_status(addr)
     finally:
         for t in trainers:
             if t.poll() is None:
@@ -102,10 +97,10 @@ def test_a_live_session_that_stops_progressing_loses_its_task(tmp_path: Path) ->
 
         def timed_out() -> bool:
             s.send(keep_alive=pb.KeepAlive(progress=[at]))  # alive, the same position
-            return status(addr)["tasks_with_failures"] == 1
+            return master_status_view(addr).tasks_with_failures == 1
 
         wait_for(timed_out, "the stuck session's task to time out", 60)
-        st = status(addr)
+        st = master_status(addr)
         assert st["sessions"] == 1  # alive all along: its lease never ran out
         assert [r["reason"] for r in st["failed_tasks"][0]["reasons"]] == ["timeout"]
         # Handed out again from the position the session reported.

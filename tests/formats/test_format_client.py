@@ -50,7 +50,7 @@ def test_a_batch_taken_counts_its_rows_for_commits(tmp_path: Path) -> None:
         assert decode(c.data_checkpoint()).passes[0].partial == {0: 20}
         assert sum(b.num_rows for b in it) == 30  # the rest; the last batch finishes it
         c.commit()
-        assert m.status()["ledger"][0]["committed"] == 50
+        assert m.status_view().ledger[0].committed == 50
 
 
 def test_batches_of_a_row_dataset_are_refused(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import UnavailableError
@@ -81,13 +82,13 @@ def test_etcd_out_of_space_refuses_changes_says_why_and_resumes_by_itself(
                 with pytest.raises(UnavailableError, match=NO_SPACE):
                     for _ in range(20):
                         acked.add(finish_one(c))
-                st = c.status()
-                assert st["healthy"] is False and st["store"]["healthy"] is False
-                assert NO_SPACE in st["store"]["error"]
+                st = status_view(c.status())
+                assert st.healthy is False and st.store.healthy is False
+                assert NO_SPACE in st.store.error
                 for _ in range(200):  # refused at once, with the cause
                     with pytest.raises(UnavailableError, match=NO_SPACE):
                         c.get_task(0)
-                assert c.status()["store"]["failed_attempts"] < 20
+                assert status_view(c.status()).store.failed_attempts < 20
                 errors = [
                     ln for ln in master.log().splitlines() if "ERROR chunkmaster.ledger" in ln
                 ]
@@ -95,13 +96,13 @@ def test_etcd_out_of_space_refuses_changes_says_why_and_resumes_by_itself(
                 assert NO_SPACE in errors[0]
                 free_etcd(etcd)
                 assert master.wait_log("store is writable again", timeout=60), master.log()
-                assert c.status()["healthy"] is True
+                assert status_view(c.status()).healthy is True
                 acked |= {finish_one(c) for _ in range(3)}
-                assert c.status()["done"] == len(acked)
+                assert status_view(c.status()).done == len(acked)
             master.kill()
             master.start()
             assert master.addr is not None
             with MasterConnection(master.addr) as c:
-                assert c.status()["done"] == len(acked)  # nothing acknowledged was lost
+                assert status_view(c.status()).done == len(acked)  # nothing acknowledged was lost
         finally:
             master.kill()

@@ -23,6 +23,7 @@ from typing import Any
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess, wait_leader
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client.client import Client
@@ -182,7 +183,7 @@ def test_master_restarted_at_the_same_address_is_reconnected(
         m.start(timeout=30)  # same port; it leads once the old lease has expired
         assert m.addr == first_addr
         with MasterConnection(m.addr) as conn:
-            assert conn.status()["cur_pass"] == 0  # killed mid-pass 0
+            assert status_view(conn.status()).cur_pass == 0  # killed mid-pass 0
         for t in threads:
             t.join(120)
             assert not t.is_alive(), "trainer stuck after the master came back"
@@ -193,6 +194,6 @@ def test_master_restarted_at_the_same_address_is_reconnected(
                 total.merge(totals[i][p])
             assert total == expected, f"pass {p}"
         with MasterConnection(m.addr) as conn:
-            assert conn.status()["cur_pass"] == passes
+            assert status_view(conn.status()).cur_pass == passes
     finally:
         m.kill()

@@ -12,6 +12,7 @@ import pytest
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess, wait_leader
+from helpers.status_view import status_view
 
 from chunkmaster import PassBeforeError, UnavailableError
 from chunkmaster.client.connection import MasterConnection, TransportError
@@ -78,10 +79,10 @@ def test_standby_takes_over_with_the_state_after_sigkill_and_at_once_after_sigte
         a.kill()  # SIGKILL: the lease expires after the TTL
         new = wait_leader([b, c], 30)
         with MasterConnection(new.addr) as conn:
-            st = conn.status()
+            st = status_view(conn.status())
             # the acknowledged finishes survive; the two pending tasks kept their deadlines
             # (1 s, long past after a TTL-long failover), so they come back by timeout
-            assert st["done"] == 3 and st["pending"] + st["todo"] == 9
+            assert st.done == 3 and st.pending + st.todo == 9
             finished = _drain_pass(conn, 0)
             assert sorted(finished) == sorted(set(range(12)) - {t.meta.id for t in tasks[:3]})
         standby = c if new is b else b
@@ -89,7 +90,7 @@ def test_standby_takes_over_with_the_state_after_sigkill_and_at_once_after_sigte
         assert standby.wait_serving(10)
         assert read_key(etcd_server, "/master/addr") == standby.addr.encode()
         with MasterConnection(standby.addr) as conn:
-            assert conn.status()["cur_pass"] == 1
+            assert status_view(conn.status()).cur_pass == 1
     finally:
         for m in (a, b, c):
             m.kill()
@@ -118,14 +119,14 @@ def test_a_master_that_loses_its_lock_stops_serving_and_stands_by(
         assert a.wait_log("lost the master lock")
         assert b.wait_serving(15)
         with MasterConnection(b.addr) as conn:
-            st = conn.status()
-            assert st["ready"] and st["num_tasks"] == 1
+            st = status_view(conn.status())
+            assert st.ready and st.num_tasks == 1
         assert a.wait_log("campaigning for the master lock again, as a standby")
         assert a.running  # a standby now, not an exited process
         assert b.terminate() == 0  # revokes b's lease: the standby need not wait for its TTL
         assert a.wait_serving(30)
         with MasterConnection(a.addr) as conn:
-            assert conn.status()["num_tasks"] == 1
+            assert status_view(conn.status()).num_tasks == 1
     finally:
         a.kill()
         b.kill()
@@ -144,15 +145,15 @@ def test_etcd_outage_refuses_changes_then_carries_on(
             etcd_server.kill()
             with pytest.raises(UnavailableError):
                 conn.get_task(0)
-            st = conn.status()
-            assert st["store"]["healthy"] is False and st["store"]["error"]
+            st = status_view(conn.status())
+            assert st.store.healthy is False and st.store.error
             etcd_server.restart()
             deadline = time.monotonic() + 30
-            while not conn.status()["store"]["healthy"]:
+            while not status_view(conn.status()).store.healthy:
                 assert time.monotonic() < deadline, conn.status()["store"]
                 time.sleep(0.05)
-            st = conn.status()
-            assert (st["done"], st["pending"], st["todo"]) == (1, 0, 5)  # nothing acked lost
+            st = status_view(conn.status())
+            assert (st.done, st.pending, st.todo) == (1, 0, 5)  # nothing acked lost
             assert sorted(_drain_pass(conn, 0)) == sorted(set(range(6)) - {t.meta.id})
     finally:
         a.kill()

@@ -11,10 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from helpers.datasets import write_records
+from helpers.datasets import ten_record_chunks
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession, position
+from helpers.status_view import master_status
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import MasterConnection
@@ -22,20 +23,13 @@ from chunkmaster.rpc import master_pb2 as pb
 
 
 def dataset(tmp_path: Path) -> str:
-    path = tmp_path / "d.rio"
-    write_records(path, [b"%03d" % i for i in range(40)], max_chunk_size=30)  # 4 x 10 records
-    return str(path)
-
-
-def status(addr: str) -> dict[str, Any]:
-    with MasterConnection(addr) as c:
-        return c.status()
+    return ten_record_chunks(tmp_path / "d.rio")
 
 
 def durable_progress(addr: str) -> int | None:
     """The records consumed of the pass once every applied entry is durable (a report is
     journaled lazily, docs/sessions.md), else None."""
-    st = status(addr)
+    st = master_status(addr)
     store = st["store"]
     return st["ledger"][-1]["consumed"] if store["durable_seq"] == store["seq"] else None
 
@@ -54,7 +48,7 @@ def hold_a_task(addr: str, data: str) -> tuple[str, Any]:
 
 
 def resume_and_finish(addr: str, sid: str, task: Any) -> None:
-    st = status(addr)
+    st = master_status(addr)
     (trainer,) = st["trainers"]
     assert trainer["session"] == sid and trainer["tasks_held"] == 1
     assert st["ledger"][-1]["consumed"] == 6
@@ -63,7 +57,7 @@ def resume_and_finish(addr: str, sid: str, task: Any) -> None:
     assert welcome.welcome.session_id == sid, welcome
     s.send(next=pb.NextTask(finished=[position(task, 10)], want_task=False))
     assert s.recv().ack.applied == 1
-    st = status(addr)
+    st = master_status(addr)
     assert st["done"] == 1 and st["pending"] == 0
     assert st["ledger"][-1]["redispatched"] == {}
     s.close()

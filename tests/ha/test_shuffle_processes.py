@@ -16,6 +16,7 @@ import pytest
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 from helpers.trainers import Trainer, sum_lines
 
 from chunkmaster.client.connection import MasterConnection
@@ -55,7 +56,7 @@ def one_run(tmp_path: Path, data: str, seed: int | None, name: str) -> dict[int,
         passes = read_passes(t)
         check_exactly_once(t, file_digest(data))
         with MasterConnection(m.addr) as conn:
-            assert conn.status()["shuffle_seed"] == seed
+            assert status_view(conn.status()).shuffle_seed == seed
         return passes
     finally:
         m.kill()

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from chunkmaster.master.server import MasterServer
 from chunkmaster.master.service import Service
+from chunkmaster.master.status import Status
 from chunkmaster.store.base import Store
 from chunkmaster.store.memory import InMemStore
 
@@ -66,6 +67,16 @@ class InProcessMaster:
 
         async def st() -> dict[str, Any]:
             return service.status()
+
+        return self.call(st)
+
+    def status_view(self) -> Status:
+        """The status as the master's typed view (Service.status_view)."""
+        assert self.service is not None
+        service = self.service
+
+        async def st() -> Status:
+            return service.status_view()
 
         return self.call(st)
 

@@ -17,14 +17,6 @@ from typing import Any
 import pytest
 
 from chunkmaster.digest import Digest, file_digest
-from chunkmaster.recordio import Compressor
-from helpers.datasets import write_records
-
-
-def write_dataset(
-    path: Path, records: Sequence[bytes], *, max_chunk_size: int, compressor: Compressor
-) -> Path:
-    return write_records(path, records, max_chunk_size=max_chunk_size, compressor=compressor)
 
 
 def sample_records(n: int, tag: str = "") -> list[bytes]:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 from test_checkpoint_blob import checkpoint, parts
 
 from chunkmaster.client.connection import MasterConnection
@@ -201,7 +202,7 @@ def test_another_jobs_checkpoint_restores_only_when_asked(tmp_path: Path) -> Non
     ).start()
     try:
         with MasterConnection(str(m.addr)) as conn:
-            assert conn.status()["ready"] is True
+            assert status_view(conn.status()).ready is True
         assert "restored the data checkpoint of job 'alpha'" in m.log()
     finally:
         m.kill()

@@ -8,10 +8,10 @@ dataset minus the records the trainers committed, each once, and the pass after 
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
+from helpers.datasets import chunk_dataset
 from hypothesis import given, settings
 
 from chunkmaster.core.dataset import Dataset
@@ -37,13 +37,6 @@ from chunkmaster.core.state import (
 )
 
 Record = tuple[int, int, int]  # (pass, task, record index in the task)
-
-
-def make_dataset(chunk_records: list[int], cpt: int) -> Dataset:
-    n = len(chunk_records)
-    return Dataset(
-        ("d",), ("f",), array("I", [0] * n), array("Q", range(n)), array("I", chunk_records), cpt
-    )
 
 
 @dataclass
@@ -120,6 +113,16 @@ class Job:
             apply(self.state, ReturnTasks(tr.sid, tuple(tr.positions())))
             tr.held.clear()
 
+    def lost_mid_task(self, tr: Trainer) -> list[Position]:
+        """The trainer reads two records of a task, reports them, and is lost (its session
+        ended): the positions it would still commit."""
+        self.get(tr)
+        self.consume(tr, 2)
+        self.progress(tr)
+        stale = tr.positions()
+        apply(self.state, EndSession(tr.sid, TRAINER_LOST_REASON))
+        return stale
+
     def commit(self, tr: Trainer) -> None:
         ps = tuple(Position(t, e, p, r) for (p, t), (e, r) in sorted(tr.uncommitted.items()))
         for pos in ps:  # nothing stale: no trainer is ever lost here
@@ -142,7 +145,7 @@ class Job:
 def test_restore_delivers_exactly_what_was_not_committed(
     chunk_records: list[int], cpt: int, trainers: int, steps: list[tuple[str, int, int]]
 ) -> None:
-    ds = make_dataset(chunk_records, cpt)
+    ds = chunk_dataset(chunk_records, cpt)
     job = Job(ds, trainers)
     for op, who, n in steps:
         tr = job.trainers[who % trainers]
@@ -181,7 +184,7 @@ def test_restore_delivers_exactly_what_was_not_committed(
 
 
 def small_job(trainers: int = 2) -> Job:
-    return Job(make_dataset([5, 5, 5], 1), trainers)
+    return Job(chunk_dataset([5, 5, 5], 1), trainers)
 
 
 def test_a_lost_trainers_tasks_go_back_first_at_their_reported_position() -> None:
@@ -217,11 +220,7 @@ def test_goodbye_hands_tasks_back_at_the_exact_position_and_counts_no_redispatch
 def test_a_commit_for_a_task_now_held_by_another_trainer_is_refused() -> None:
     job = small_job()
     a, b = job.trainers
-    job.get(a)
-    job.consume(a, 2)
-    job.progress(a)
-    stale = a.positions()
-    apply(job.state, EndSession(a.sid, TRAINER_LOST_REASON))
+    stale = job.lost_mid_task(a)
     job.get(b)
     assert apply(job.state, Commit(tuple(stale))) == 0
     assert job.state.commits.get(0, {}) == {}
@@ -235,11 +234,7 @@ def test_a_commit_for_a_task_taken_from_its_trainer_is_refused_once_its_pass_is_
 
     job = small_job()
     a, b = job.trainers
-    job.get(a)
-    job.consume(a, 2)
-    job.progress(a)
-    stale = a.positions()
-    apply(job.state, EndSession(a.sid, TRAINER_LOST_REASON))
+    stale = job.lost_mid_task(a)
     a.held.clear()
     for _ in range(3):
         job.get(b)

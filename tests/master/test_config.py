@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.status_view import status_view
 
 from chunkmaster.cli.master_cmd import SETTINGS
 from chunkmaster.core.model import FailedPolicy
@@ -174,7 +175,7 @@ def test_the_ready_file_names_the_address_and_goes_at_a_clean_exit() -> None:
         assert info is not None and m.proc is not None
         assert info == {"addr": m.addr, "pid": m.proc.pid, "store": "memory"}
         with MasterConnection(str(info["addr"])) as c:
-            assert c.status()["cur_pass"] == 0
+            assert status_view(c.status()).cur_pass == 0
         assert m.terminate() == 0
         assert read_ready_file(m.ready_file) is None
     finally:

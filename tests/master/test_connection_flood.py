@@ -21,6 +21,7 @@ import pytest
 from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession
+from helpers.status_view import status_view
 from helpers.waits import wait_for
 
 from chunkmaster.client.connection import ChannelSecurity, MasterConnection
@@ -128,7 +129,7 @@ def test_a_connection_flood_leaves_sessions_served_and_the_log_short(tmp_path: P
         def served() -> bool:
             try:
                 with MasterConnection(master.addr, timeout=2) as c:
-                    return c.status()["ready"] is True
+                    return status_view(c.status()).ready is True
             except Exception:
                 return False
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster import PassBeforeError
 from chunkmaster.client.connection import MasterConnection
@@ -35,8 +36,8 @@ def test_kill_9_mid_pass_loses_nothing_acknowledged(tmp_path: Path) -> None:
         master.kill()
         master.restart()
         with MasterConnection(master.addr) as c:
-            st = c.status()
-            assert (st["cur_pass"], st["done"], st["pending"], st["todo"]) == (0, 7, 3, 20)
+            st = status_view(c.status())
+            assert (st.cur_pass, st.done, st.pending, st.todo) == (0, 7, 3, 20)
             handed = []
             while True:
                 try:
@@ -51,7 +52,7 @@ def test_kill_9_mid_pass_loses_nothing_acknowledged(tmp_path: Path) -> None:
             again = {t.meta.id: t.meta.epoch for t in handed}
             for t in taken[7:]:
                 assert again[t.meta.id] > t.meta.epoch  # epochs keep growing across the crash
-            assert c.status()["cur_pass"] == 1
+            assert status_view(c.status()).cur_pass == 1
     finally:
         master.kill()
 

@@ -5,16 +5,18 @@ save-model windows, stable task IDs, a dataset that cannot block the master, ret
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from helpers.aio import still_waiting, until
 from helpers.clock import Clock
 from helpers.datasets import numbered_records
+from helpers.service import started_service
+from helpers.sqlite_lock import next_write_held
 
 from chunkmaster import (
     AllTaskFailedError,
@@ -54,14 +56,13 @@ def test_pass_rolls_over_when_the_last_task_fails(tmp_path: Path) -> None:
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=0)
-        await svc.start()
-        await svc.set_dataset([f])
-        a, b = await svc.get_task(0), await svc.get_task(0)
-        await svc.task_finished(a.meta.id)
-        assert await svc.task_failed(b.meta, "disk on fire")  # the last one leaves by failing
-        assert svc.status()["cur_pass"] == 1
-        await svc.close()
+        async with started_service(
+            InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=0, data=[f]
+        ) as svc:
+            a, b = await svc.get_task(0), await svc.get_task(0)
+            await svc.task_finished(a.meta.id)
+            assert await svc.task_failed(b.meta, "disk on fire")  # the last one leaves by failing
+            assert svc.status_view().cur_pass == 1
 
     run(main)
 
@@ -70,20 +71,22 @@ def test_pass_rolls_over_when_every_task_fails_and_keep_policy_reports(tmp_path:
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
-        svc = Service(
-            InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=0, failed_policy="keep"
-        )
-        await svc.start()
-        await svc.set_dataset([f])
-        for _ in range(2):
-            t = await svc.get_task(0)
-            await svc.task_failed(t.meta, "unreadable")
-        st = svc.status()
-        assert st["cur_pass"] == 1 and st["failed"] == 2 and st["todo"] == 0
-        assert {t["id"] for t in st["failed_tasks"]} == {0, 1}
-        with pytest.raises(AllTaskFailedError, match="^all task finished$"):
-            await svc.get_task(1)
-        await svc.close()
+        async with started_service(
+            InMemStore(),
+            chunks_per_task=1,
+            timeout_dur=60,
+            failure_max=0,
+            failed_policy="keep",
+            data=[f],
+        ) as svc:
+            for _ in range(2):
+                t = await svc.get_task(0)
+                await svc.task_failed(t.meta, "unreadable")
+            st = svc.status()
+            assert st["cur_pass"] == 1 and st["failed"] == 2 and st["todo"] == 0
+            assert {t["id"] for t in st["failed_tasks"]} == {0, 1}
+            with pytest.raises(AllTaskFailedError, match="^all task finished$"):
+                await svc.get_task(1)
 
     run(main)
 
@@ -95,24 +98,26 @@ def test_a_master_restarted_with_retry_hands_out_the_tasks_keep_kept_out(tmp_pat
     db = str(tmp_path / "state.db")
 
     async def main() -> None:
-        svc = Service(
-            SqliteStore(db), chunks_per_task=1, timeout_dur=60, failure_max=0, failed_policy="keep"
-        )
-        await svc.start()
-        await svc.set_dataset([f])
-        for _ in range(2):
-            t = await svc.get_task(0)
-            await svc.task_failed(t.meta, "unreadable")
-        with pytest.raises(AllTaskFailedError):
-            await svc.get_task(1)
-        await svc.close()
-        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=60, failed_policy="retry")
-        await svc.start()
-        st = svc.status()
-        assert (st["cur_pass"], st["todo"], st["failed"]) == (2, 2, 0), st
-        got = {(await svc.get_task(2)).meta.id for _ in range(2)}
-        assert got == {0, 1}
-        await svc.close()
+        async with started_service(
+            SqliteStore(db),
+            chunks_per_task=1,
+            timeout_dur=60,
+            failure_max=0,
+            failed_policy="keep",
+            data=[f],
+        ) as svc:
+            for _ in range(2):
+                t = await svc.get_task(0)
+                await svc.task_failed(t.meta, "unreadable")
+            with pytest.raises(AllTaskFailedError):
+                await svc.get_task(1)
+        async with started_service(
+            SqliteStore(db), chunks_per_task=1, timeout_dur=60, failed_policy="retry"
+        ) as svc:
+            st = svc.status()
+            assert (st["cur_pass"], st["todo"], st["failed"]) == (2, 2, 0), st
+            got = {(await svc.get_task(2)).meta.id for _ in range(2)}
+            assert got == {0, 1}
 
     run(main)
 
@@ -121,19 +126,18 @@ def test_a_waiting_trainer_gets_a_timed_out_task_in_the_same_pass(tmp_path: Path
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=0.2, failure_max=3)
-        await svc.start()
-        await svc.set_dataset([f])
-        a = await svc.get_task(0, worker="A")
-        b = await svc.get_task(0, worker="B")  # B will vanish
-        await svc.task_finished(a.meta.id)
-        # A asks again in pass 0: nothing in Todo, B's task pending. A waits, not "no more".
-        again = await svc.get_task(0, wait=30.0, worker="A")
-        assert again.meta.id == b.meta.id and again.meta.epoch == b.meta.epoch + 1
-        assert again.pass_id == 0
-        await svc.task_finished(again.meta.id)
-        assert svc.status()["cur_pass"] == 1
-        await svc.close()
+        async with started_service(
+            InMemStore(), chunks_per_task=1, timeout_dur=0.2, failure_max=3, data=[f]
+        ) as svc:
+            a = await svc.get_task(0, worker="A")
+            b = await svc.get_task(0, worker="B")  # B will vanish
+            await svc.task_finished(a.meta.id)
+            # A asks again in pass 0: nothing in Todo, B's task pending. A waits, not "no more".
+            again = await svc.get_task(0, wait=30.0, worker="A")
+            assert again.meta.id == b.meta.id and again.meta.epoch == b.meta.epoch + 1
+            assert again.pass_id == 0
+            await svc.task_finished(again.meta.id)
+            assert svc.status_view().cur_pass == 1
 
     run(main)
 
@@ -142,21 +146,19 @@ def test_no_more_available_only_after_the_callers_deadline(tmp_path: Path) -> No
     f = records_file(tmp_path / "a.rio", 1)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=600, failure_max=3)
-        await svc.start()
-        await svc.set_dataset([f])
-        t = await svc.get_task(0)
-        waiter = asyncio.create_task(svc.get_task(0, wait=30.0))
-        await asyncio.sleep(0)  # let it start waiting
-        assert not waiter.done()
-        await svc.task_finished(t.meta.id)  # the pass ends: the waiter learns at once
-        with pytest.raises(PassBeforeError):
-            await waiter
-        t1 = await svc.get_task(1)
-        assert t1.meta.id == t.meta.id
-        with pytest.raises(NoMoreAvailableError, match="^no more available task$"):
-            await svc.get_task(1, wait=0.05)
-        await svc.close()
+        async with started_service(
+            InMemStore(), chunks_per_task=1, timeout_dur=600, failure_max=3, data=[f]
+        ) as svc:
+            t = await svc.get_task(0)
+            waiter = asyncio.create_task(svc.get_task(0, wait=30.0))
+            assert await still_waiting([waiter])
+            await svc.task_finished(t.meta.id)  # the pass ends: the waiter learns at once
+            with pytest.raises(PassBeforeError):
+                await waiter
+            t1 = await svc.get_task(1)
+            assert t1.meta.id == t.meta.id
+            with pytest.raises(NoMoreAvailableError, match="^no more available task$"):
+                await svc.get_task(1, wait=0.05)
 
     run(main)
 
@@ -167,26 +169,25 @@ def test_a_failed_write_leaves_no_half_applied_state(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
 
     async def main() -> None:
-        svc = Service(SqliteStore(db, busy_timeout=0.1), chunks_per_task=1, timeout_dur=60)
-        await svc.start()
-        await svc.set_dataset([f])
-        blocker = sqlite3.connect(db, isolation_level=None)
-        blocker.execute("BEGIN EXCLUSIVE")
-        with pytest.raises(UnavailableError, match="database is locked"):
-            await svc.get_task(0)
-        blocker.execute("ROLLBACK")
-        blocker.close()
-        # the repair loop rebuilds the state from the store: nothing pending, no orphan
-        for _ in range(200):
-            if svc.status()["store"]["healthy"]:
-                break
-            await asyncio.sleep(0.02)
-        st = svc.status()
-        assert st["store"]["healthy"] and st["todo"] == 3 and st["pending"] == 0
-        t = await svc.get_task(0)
-        assert t.meta.epoch == 1  # the failed dispatch never happened
-        assert svc.status()["pending_tasks"][0]["id"] == t.meta.id
-        await svc.close()
+        async with started_service(
+            SqliteStore(db, busy_timeout=0.1), chunks_per_task=1, timeout_dur=60, data=[f]
+        ) as svc:
+            blocker = sqlite3.connect(db, isolation_level=None)
+            blocker.execute("BEGIN EXCLUSIVE")
+            with pytest.raises(UnavailableError, match="database is locked"):
+                await svc.get_task(0)
+            blocker.execute("ROLLBACK")
+            blocker.close()
+            # the repair loop rebuilds the state from the store: nothing pending, no orphan
+            for _ in range(200):
+                if svc.status_view().store.healthy:
+                    break
+                await asyncio.sleep(0.02)
+            st = svc.status_view()
+            assert st.store.healthy and st.todo == 3 and st.pending == 0
+            t = await svc.get_task(0)
+            assert t.meta.epoch == 1  # the failed dispatch never happened
+            assert svc.status_view().pending_tasks[0].id == t.meta.id
 
     run(main)
 
@@ -195,22 +196,21 @@ def test_failures_and_reasons_stay_visible_and_retry_gets_a_fresh_count(tmp_path
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=1)
-        await svc.start()
-        await svc.set_dataset([f])
-        good = await svc.get_task(0)
-        await svc.task_finished(good.meta.id)
-        for reason in ("bad chunk", "still bad"):
-            t = await svc.get_task(0)
-            await svc.task_failed(t.meta, reason)
-        st = svc.status()
-        assert st["cur_pass"] == 1  # rolled over with the failed task
-        (ft,) = st["failed_tasks"]
-        assert [r["reason"] for r in ft["reasons"]] == ["bad chunk", "still bad"]
-        assert ft["total_failures"] == 2 and ft["failures"] == 0  # fresh count for pass 1
-        order = [(await svc.get_task(1)).meta.id for _ in range(2)]
-        assert order == [good.meta.id, ft["id"]]  # done first, then the retried failure
-        await svc.close()
+        async with started_service(
+            InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=1, data=[f]
+        ) as svc:
+            good = await svc.get_task(0)
+            await svc.task_finished(good.meta.id)
+            for reason in ("bad chunk", "still bad"):
+                t = await svc.get_task(0)
+                await svc.task_failed(t.meta, reason)
+            st = svc.status()
+            assert st["cur_pass"] == 1  # rolled over with the failed task
+            (ft,) = st["failed_tasks"]
+            assert [r["reason"] for r in ft["reasons"]] == ["bad chunk", "still bad"]
+            assert ft["total_failures"] == 2 and ft["failures"] == 0  # fresh count for pass 1
+            order = [(await svc.get_task(1)).meta.id for _ in range(2)]
+            assert order == [good.meta.id, ft["id"]]  # done first, then the retried failure
 
     run(main)
 
@@ -219,20 +219,18 @@ def test_save_model_windows_belong_to_their_approval() -> None:
     clock = Clock()
 
     async def main() -> None:
-        svc = Service(InMemStore(), clock=clock)
-        await svc.start()
-        with pytest.raises(TrainerIdEmptyError, match="^trainer id is empty$"):
-            await svc.request_save_model("", 1.0)
-        assert await svc.request_save_model("A", 1.0)
-        assert not await svc.request_save_model("B", 1.0)
-        clock.now += 0.5
-        assert await svc.request_save_model("A", 10.0)  # renewed: A's window is now 10 s
-        clock.now += 2.0  # the first window would have ended here
-        assert not await svc.request_save_model("B", 1.0)
-        clock.now += 9.0
-        assert await svc.request_save_model("B", 1.0)  # A's window is over
-        assert svc.status()["save_model"]["trainer_id"] == "B"
-        await svc.close()
+        async with started_service(InMemStore(), clock=clock) as svc:
+            with pytest.raises(TrainerIdEmptyError, match="^trainer id is empty$"):
+                await svc.request_save_model("", 1.0)
+            assert await svc.request_save_model("A", 1.0)
+            assert not await svc.request_save_model("B", 1.0)
+            clock.now += 0.5
+            assert await svc.request_save_model("A", 10.0)  # renewed: A's window is now 10 s
+            clock.now += 2.0  # the first window would have ended here
+            assert not await svc.request_save_model("B", 1.0)
+            clock.now += 9.0
+            assert await svc.request_save_model("B", 1.0)  # A's window is over
+            assert svc.status_view().save_model.trainer_id == "B"
 
     run(main)
 
@@ -241,18 +239,17 @@ def test_task_ids_are_small_sequential_and_stable_across_passes(tmp_path: Path) 
     f = records_file(tmp_path / "a.rio", 7)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=2, timeout_dur=60)
-        await svc.start()
-        await svc.set_dataset([f])
-        per_pass = []
-        for p in range(2):
-            tasks = [await svc.get_task(p) for _ in range(4)]
-            per_pass.append({t.meta.id: t.chunks for t in tasks})
-            for t in tasks:
-                await svc.task_finished(t.meta.id)
-        assert sorted(per_pass[0]) == [0, 1, 2, 3]
-        assert per_pass[0] == per_pass[1]
-        await svc.close()
+        async with started_service(
+            InMemStore(), chunks_per_task=2, timeout_dur=60, data=[f]
+        ) as svc:
+            per_pass = []
+            for p in range(2):
+                tasks = [await svc.get_task(p) for _ in range(4)]
+                per_pass.append({t.meta.id: t.chunks for t in tasks})
+                for t in tasks:
+                    await svc.task_finished(t.meta.id)
+            assert sorted(per_pass[0]) == [0, 1, 2, 3]
+            assert per_pass[0] == per_pass[1]
 
     run(main)
 
@@ -264,17 +261,15 @@ def test_set_dataset_does_not_block_other_calls(tmp_path: Path) -> None:
     os.mkfifo(fifo)
 
     async def main() -> None:
-        svc = Service(InMemStore(), timeout_dur=60)
-        await svc.start()
-        loading = asyncio.create_task(svc.set_dataset([str(fifo)]))
-        await asyncio.sleep(0)
-        assert await svc.request_save_model("A", 1.0)
-        assert svc.status()["ready"] is False
-        with pytest.raises(NotReadyError):
-            await svc.get_task(0, wait=0.0)
-        with pytest.raises(DatasetError, match="is a FIFO, not a regular file"):
-            await loading
-        await svc.close()
+        async with started_service(InMemStore(), timeout_dur=60) as svc:
+            loading = asyncio.create_task(svc.set_dataset([str(fifo)]))
+            await asyncio.wait([loading], timeout=0.1)  # it runs (and a FIFO is refused at once)
+            assert await svc.request_save_model("A", 1.0)
+            assert svc.status_view().ready is False
+            with pytest.raises(NotReadyError):
+                await svc.get_task(0, wait=0.0)
+            with pytest.raises(DatasetError, match="is a FIFO, not a regular file"):
+                await loading
 
     run(main)
 
@@ -286,28 +281,24 @@ def test_duplicates_removed_and_the_dataset_spec_persists(tmp_path: Path) -> Non
     globs = [str(tmp_path / "*.rio"), a]
 
     async def first() -> None:
-        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=60)
-        await svc.start()
-        with pytest.raises(NoDatasetError, match="^no dataset specified$"):
-            await svc.set_dataset([])
-        with pytest.raises(DatasetError, match="^no valid dataset specified"):
-            await svc.set_dataset([str(tmp_path / "nothing-*.rio")])
-        await svc.set_dataset(globs)
-        st = svc.status()
-        assert st["dataset"]["files"] == 2 and st["num_tasks"] == 5
-        with pytest.raises(DatasetMismatchError, match="differs from the master's"):
-            await svc.set_dataset([a])  # the first dataset wins: another one is refused
-        await svc.set_dataset([str(tmp_path / "b.rio"), a, a])  # its files: a no-op
-        await svc.close()
+        async with started_service(SqliteStore(db), chunks_per_task=1, timeout_dur=60) as svc:
+            with pytest.raises(NoDatasetError, match="^no dataset specified$"):
+                await svc.set_dataset([])
+            with pytest.raises(DatasetError, match="^no valid dataset specified"):
+                await svc.set_dataset([str(tmp_path / "nothing-*.rio")])
+            await svc.set_dataset(globs)
+            st = svc.status_view()
+            assert st.dataset.files == 2 and st.num_tasks == 5
+            with pytest.raises(DatasetMismatchError, match="differs from the master's"):
+                await svc.set_dataset([a])  # the first dataset wins: another one is refused
+            await svc.set_dataset([str(tmp_path / "b.rio"), a, a])  # its files: a no-op
 
     async def second() -> None:
-        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=60)
-        await svc.start()
-        st = svc.status()
-        assert st["ready"] and st["dataset"]["globs"] == globs and st["num_tasks"] == 5
-        with pytest.raises(NoDatasetError):  # checked even after initialisation
-            await svc.set_dataset([])
-        await svc.close()
+        async with started_service(SqliteStore(db), chunks_per_task=1, timeout_dur=60) as svc:
+            st = svc.status()
+            assert st["ready"] and st["dataset"]["globs"] == globs and st["num_tasks"] == 5
+            with pytest.raises(NoDatasetError):  # checked even after initialisation
+                await svc.set_dataset([])
 
     run(first)
     run(second)
@@ -317,21 +308,20 @@ def test_finish_from_an_older_dispatch_still_pending_completes_it(tmp_path: Path
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=5)
-        await svc.start()
-        await svc.set_dataset([f])
-        t = await svc.get_task(0)
-        await svc.task_failed(t.meta, "flaky")
-        other = await svc.get_task(0)
-        again = await svc.get_task(0)
-        assert again.meta.id == t.meta.id and again.meta.epoch == 2
-        assert await svc.task_finished(t.meta.id, epoch=1, pass_id=0)  # the older dispatch
-        assert not await svc.task_finished(t.meta.id, epoch=2)  # already done: harmless
-        assert not await svc.task_failed(TaskMeta(t.meta.id, 2), "late")
-        assert not await svc.task_finished(12345)
-        await svc.task_finished(other.meta.id)
-        assert svc.status()["cur_pass"] == 1
-        await svc.close()
+        async with started_service(
+            InMemStore(), chunks_per_task=1, timeout_dur=60, failure_max=5, data=[f]
+        ) as svc:
+            t = await svc.get_task(0)
+            await svc.task_failed(t.meta, "flaky")
+            other = await svc.get_task(0)
+            again = await svc.get_task(0)
+            assert again.meta.id == t.meta.id and again.meta.epoch == 2
+            assert await svc.task_finished(t.meta.id, epoch=1, pass_id=0)  # the older dispatch
+            assert not await svc.task_finished(t.meta.id, epoch=2)  # already done: harmless
+            assert not await svc.task_failed(TaskMeta(t.meta.id, 2), "late")
+            assert not await svc.task_finished(12345)
+            await svc.task_finished(other.meta.id)
+            assert svc.status_view().cur_pass == 1
 
     run(main)
 
@@ -357,46 +347,25 @@ def test_a_retried_get_task_gets_the_same_task_not_a_stranded_one(tmp_path: Path
     db = tmp_path / "state.db"
 
     async def first() -> tuple[int, int]:
-        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=600)
-        await svc.start()
-        await svc.set_dataset([f])
-        t = await svc.get_task(0, worker="w", request_id="req-1")  # "lost" answer
-        again = await svc.get_task(0, worker="w", request_id="req-1")
-        assert (again.meta, again.chunks) == (t.meta, t.chunks)
-        assert svc.status()["pending"] == 1
-        await svc.close()
+        async with started_service(
+            SqliteStore(db), chunks_per_task=1, timeout_dur=600, data=[f]
+        ) as svc:
+            t = await svc.get_task(0, worker="w", request_id="req-1")  # "lost" answer
+            again = await svc.get_task(0, worker="w", request_id="req-1")
+            assert (again.meta, again.chunks) == (t.meta, t.chunks)
+            assert svc.status_view().pending == 1
         return t.meta.id, t.meta.epoch
 
     async def after_restart(expected: tuple[int, int]) -> None:
-        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=600)
-        await svc.start()
-        t = await svc.get_task(0, worker="w", request_id="req-1")
-        assert (t.meta.id, t.meta.epoch) == expected
-        await svc.task_finished(t.meta.id)
-        other = await svc.get_task(0, worker="w", request_id="req-1")  # answered: a new one
-        assert other.meta.id != t.meta.id
-        await svc.close()
+        async with started_service(SqliteStore(db), chunks_per_task=1, timeout_dur=600) as svc:
+            t = await svc.get_task(0, worker="w", request_id="req-1")
+            assert (t.meta.id, t.meta.epoch) == expected
+            await svc.task_finished(t.meta.id)
+            other = await svc.get_task(0, worker="w", request_id="req-1")  # answered: a new one
+            assert other.meta.id != t.meta.id
 
     held = run(first)
     run(lambda: after_restart(held))
-
-
-@contextlib.contextmanager
-def next_write_held(db: Path) -> Iterator[None]:
-    """Another connection holds SQLite's write lock: the store's next write waits for it."""
-    other = sqlite3.connect(db, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
-
-
-async def loop_turns(n: int = 20) -> None:
-    """Turns of the event loop in which nothing but the store's write could make it durable."""
-    for _ in range(n):
-        await asyncio.sleep(0)
 
 
 def test_a_retried_get_task_is_answered_only_once_its_dispatch_is_durable(
@@ -409,20 +378,18 @@ def test_a_retried_get_task_is_answered_only_once_its_dispatch_is_durable(
     db = tmp_path / "state.db"
 
     async def main() -> None:
-        svc = Service(SqliteStore(db, busy_timeout=60.0), chunks_per_task=1, timeout_dur=600)
-        await svc.start()
-        await svc.set_dataset([f])
-        with next_write_held(db):
-            first = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
-            while svc.status()["pending"] == 0:  # applied; its write waits for the lock
-                await asyncio.sleep(0)
-            retry = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
-            await loop_turns()
-            assert not first.done()
-            assert not retry.done(), "the retry was answered before its dispatch was durable"
-        t, again = await first, await retry
-        assert (again.meta, again.chunks) == (t.meta, t.chunks)
-        await svc.close()
+        async with started_service(
+            SqliteStore(db, busy_timeout=60.0), chunks_per_task=1, timeout_dur=600, data=[f]
+        ) as svc:
+            with next_write_held(db):
+                first = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
+                await until(lambda: svc.status_view().pending == 1, "the dispatch to be applied")
+                retry = asyncio.create_task(svc.get_task(0, worker="w", request_id="req-1"))
+                assert await still_waiting([first, retry]), (
+                    "the retry was answered before its dispatch was durable"
+                )
+            t, again = await first, await retry
+            assert (again.meta, again.chunks) == (t.meta, t.chunks)
 
     run(main)
 
@@ -436,20 +403,18 @@ def test_a_repeated_finish_is_answered_only_once_the_first_is_durable(tmp_path: 
     db = tmp_path / "state.db"
 
     async def main() -> None:
-        svc = Service(SqliteStore(db, busy_timeout=60.0), chunks_per_task=1, timeout_dur=600)
-        await svc.start()
-        await svc.set_dataset([f])
-        t = await svc.get_task(0, worker="w")
-        with next_write_held(db):
-            first = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
-            while svc.status()["pending"] == 1:  # applied; its write waits for the lock
-                await asyncio.sleep(0)
-            again = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
-            await loop_turns()
-            assert not first.done()
-            assert not again.done(), "the repeat was answered before the finish was durable"
-        assert await first is True and await again is False
-        await svc.close()
+        async with started_service(
+            SqliteStore(db, busy_timeout=60.0), chunks_per_task=1, timeout_dur=600, data=[f]
+        ) as svc:
+            t = await svc.get_task(0, worker="w")
+            with next_write_held(db):
+                first = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
+                await until(lambda: svc.status_view().pending == 0, "the finish to be applied")
+                again = asyncio.create_task(svc.task_finished(t.meta.id, epoch=t.meta.epoch))
+                assert await still_waiting([first, again]), (
+                    "the repeat was answered before the finish was durable"
+                )
+            assert await first is True and await again is False
 
     run(main)
 
@@ -460,17 +425,17 @@ def test_a_get_task_cancelled_mid_commit_still_times_out_its_task(tmp_path: Path
     f = records_file(tmp_path / "a.rio", 1)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=0.2, failure_max=5)
-        await svc.start()
-        await svc.set_dataset([f])
-        call = asyncio.create_task(svc.get_task(0))
-        while svc.status()["pending"] == 0:  # until applied; it now waits for durability
-            await asyncio.sleep(0)
-        assert not call.done()
-        call.cancel()
-        again = await svc.get_task(0, wait=30.0)  # comes back by timeout
-        assert again.meta.epoch == 2
-        await svc.close()
+        store = SqliteStore(tmp_path / "state.db", busy_timeout=60.0)
+        async with started_service(
+            store, chunks_per_task=1, timeout_dur=0.2, failure_max=5, data=[f]
+        ) as svc:
+            with next_write_held(tmp_path / "state.db"):
+                call = asyncio.create_task(svc.get_task(0))
+                await until(lambda: svc.status_view().pending == 1, "the dispatch to be applied")
+                assert not call.done()
+                call.cancel()
+            again = await svc.get_task(0, wait=30.0)  # comes back by timeout
+            assert again.meta.epoch == 2
 
     run(main)
 
@@ -479,18 +444,16 @@ def test_a_trainer_ahead_of_the_master_waits_for_the_rollover(tmp_path: Path) ->
     f = records_file(tmp_path / "a.rio", 1)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60)
-        await svc.start()
-        await svc.set_dataset([f])
-        t = await svc.get_task(0)
-        with pytest.raises(PassAfterError, match="^pass number larger than master$"):
-            await svc.get_task(1)
-        ahead = asyncio.create_task(svc.get_task(1, wait=30.0))
-        await asyncio.sleep(0)
-        assert not ahead.done()
-        await svc.task_finished(t.meta.id)
-        assert (await ahead).pass_id == 1
-        await svc.close()
+        async with started_service(
+            InMemStore(), chunks_per_task=1, timeout_dur=60, data=[f]
+        ) as svc:
+            t = await svc.get_task(0)
+            with pytest.raises(PassAfterError, match="^pass number larger than master$"):
+                await svc.get_task(1)
+            ahead = asyncio.create_task(svc.get_task(1, wait=30.0))
+            assert await still_waiting([ahead])
+            await svc.task_finished(t.meta.id)
+            assert (await ahead).pass_id == 1
 
     run(main)
 
@@ -499,16 +462,15 @@ def test_concurrent_get_tasks_race_for_the_last_task_cleanly(tmp_path: Path) -> 
     f = records_file(tmp_path / "a.rio", 2)
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=60)
-        await svc.start()
-        await svc.set_dataset([f])
-        results = await asyncio.gather(
-            *(svc.get_task(0, worker=f"w{i}") for i in range(10)), return_exceptions=True
-        )
-        got = [r for r in results if not isinstance(r, BaseException)]
-        assert sorted(t.meta.id for t in got) == [0, 1]
-        assert all(isinstance(r, NoMoreAvailableError) for r in results if r not in got)
-        await svc.close()
+        async with started_service(
+            InMemStore(), chunks_per_task=1, timeout_dur=60, data=[f]
+        ) as svc:
+            results = await asyncio.gather(
+                *(svc.get_task(0, worker=f"w{i}") for i in range(10)), return_exceptions=True
+            )
+            got = [r for r in results if not isinstance(r, BaseException)]
+            assert sorted(t.meta.id for t in got) == [0, 1]
+            assert all(isinstance(r, NoMoreAvailableError) for r in results if r not in got)
 
     run(main)
 
@@ -522,11 +484,10 @@ def test_time_without_a_master_does_not_count_against_task_deadlines(tmp_path: P
     data = numbered_records(tmp_path / "d.rio", 4, b"%03d")
 
     async def first() -> int:
-        svc = Service(SqliteStore(db), chunks_per_task=1, timeout_dur=60, clock=clock)
-        await svc.start()
-        await svc.set_dataset([data])
-        task = await svc.get_task(0)
-        await svc.close()
+        async with started_service(
+            SqliteStore(db), chunks_per_task=1, timeout_dur=60, clock=clock, data=[data]
+        ) as svc:
+            task = await svc.get_task(0)
         return task.meta.id
 
     async def after_downtime() -> dict[str, object]:
@@ -563,14 +524,12 @@ def test_sources_added_stop_at_the_limit_a_trainers_mixture_is_held_to(
     spec = {n: SourceSpec(n, (f,)) for n, f in files.items()}
 
     async def main() -> None:
-        svc = Service(InMemStore(), chunks_per_task=1, timeout_dur=600)
-        await svc.start()
-        await svc.set_dataset([], [spec["a"], spec["b"]])
-        await svc.set_weights([], add=[spec["c"]])  # three: the limit
-        with pytest.raises(DatasetError, match="4 sources.*over 3"):
-            await svc.set_weights([], add=[spec["d"]])
-        assert [s["name"] for s in svc.status()["mixture"]["sources"]] == ["a", "b", "c"]
-        await svc.set_dataset([], [spec["a"], spec["b"], spec["c"]])  # trainers still may
-        await svc.close()
+        async with started_service(InMemStore(), chunks_per_task=1, timeout_dur=600) as svc:
+            await svc.set_dataset([], [spec["a"], spec["b"]])
+            await svc.set_weights([], add=[spec["c"]])  # three: the limit
+            with pytest.raises(DatasetError, match="4 sources.*over 3"):
+                await svc.set_weights([], add=[spec["d"]])
+            assert [s["name"] for s in svc.status()["mixture"]["sources"]] == ["a", "b", "c"]
+            await svc.set_dataset([], [spec["a"], spec["b"], spec["c"]])  # trainers still may
 
     run(main)

@@ -7,14 +7,13 @@ plays a pass the way trainers would: ask while allowed, finish what they hold.
 from __future__ import annotations
 
 import random
-from array import array
 from collections import Counter
 
 import hypothesis.strategies as st
 import pytest
+from helpers.datasets import chunk_dataset
 from hypothesis import given, settings
 
-from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import (
     Commit,
     Dispatch,
@@ -39,22 +38,10 @@ from chunkmaster.core.state import (
 from chunkmaster.core.steps import StepsMode, contested, quota, split, world
 
 
-def dataset(records_per_chunk: list[int], cpt: int) -> Dataset:
-    n = len(records_per_chunk)
-    return Dataset(
-        ("x",),
-        ("f",),
-        array("I", [0] * n),
-        array("Q", range(n)),
-        array("I", records_per_chunk),
-        cpt,
-    )
-
-
 def started(mode: str, chunks: list[int], cpt: int, trainers: int) -> MasterState:
     s = MasterState()
     apply(s, EqualSteps(mode))
-    apply(s, SetDataset(dataset(chunks, cpt)))
+    apply(s, SetDataset(chunk_dataset(chunks, cpt)))
     for i in range(trainers):
         apply(s, OpenSession(f"s{i}", f"t{i}", "h", i))
     return s

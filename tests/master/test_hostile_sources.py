@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster.client import Client
 from chunkmaster.client.connection import MasterConnection
@@ -34,7 +35,7 @@ def test_a_source_that_never_answers_neither_jams_nor_outlives_the_master(tmp_pa
             c.set_dataset([f"ftp://127.0.0.1:{port}/train-*.rio"], timeout=1.0)
         assert accepted.wait(30), "the master never reached the source"
         with MasterConnection(master.addr) as conn:
-            assert conn.status()["ready"] is False  # other calls are answered meanwhile
+            assert status_view(conn.status()).ready is False  # other calls are answered meanwhile
         # The indexing thread is still blocked on the silent source (its own timeout is 30 s):
         # a stop must not wait for it.
         assert master.terminate(timeout=20) == 0

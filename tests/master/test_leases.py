@@ -5,23 +5,10 @@ test moves; the ends seen from outside are in tests/master/test_session_stream.p
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-
-from helpers.aio import run
+from helpers.aio import run, until
 from helpers.clock import Clock
 
 from chunkmaster.master.leases import LeaseKeeper
-
-
-async def until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    """Wait (yielding to the keeper) until `cond()`; fail naming `what` after `timeout` s."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def test_a_renewed_lease_moves_behind_the_others_and_the_oldest_ends_first() -> None:
@@ -43,8 +30,8 @@ def test_a_renewed_lease_moves_behind_the_others_and_the_oldest_ends_first() -> 
         keeper.start()
         try:
             await until(lambda: len(ended) == 2, f"b and c to end (ended: {ended})")
-            for _ in range(20):  # the keeper has every chance to end a too early
-                await asyncio.sleep(0)
+            # The keeper waits on the clock again: it looked at a's lease and found it live.
+            await until(lambda: clock.idle_timers() == 1, "the keeper to wait on the clock")
             assert ended == ["b", "c"]
             lease = keeper.get("a")
             assert lease is not None and lease.expires == 13.0 and lease.heard == 3.0

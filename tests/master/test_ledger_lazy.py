@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers.aio import run
+from helpers.aio import run, still_waiting
 
 from chunkmaster.core.events import Configure
 from chunkmaster.core.model import FailedPolicy
@@ -58,13 +58,12 @@ def test_lazy_events_ride_with_the_next_awaited_one_in_one_write(tmp_path: Path)
 
     async def main() -> None:
         ledger, writes = await opened(db, HOUR)
-        lazy = [ledger.submit(configure(i), lazy=True)[1] for i in range(1, 6)]
-        for _ in range(20):  # many turns of the loop: nothing is written for them alone
-            await asyncio.sleep(0)
+        lazy = asyncio.gather(*(ledger.submit(configure(i), lazy=True)[1] for i in range(1, 6)))
+        assert await still_waiting([lazy]), "written for themselves alone"
         assert writes == [] and ledger.durable_seq == 0
         await ledger.commit(configure(9))
         assert writes == [6]  # the five reports and the commit: one write
-        await asyncio.gather(*lazy)
+        await lazy
         await closed(ledger)
         again = await reopened(db)
         assert again.seq == 6 and again.state.failure_max == 9

@@ -67,14 +67,14 @@ def test_a_dataset_whose_weights_overflow_is_refused_and_a_correct_one_then_set(
     with Client(master.addr) as client:
         with pytest.raises(DatasetError, match="source 'a' has weight 1e\\+308 at record 0"):
             client.set_dataset({n: Source(files[n], 1e308) for n in NAMES})
-        assert master.status()["ready"] is False  # nothing set, nothing journaled
+        assert master.status_view().ready is False  # nothing set, nothing journaled
         with pytest.raises(DatasetError, match="source 'b' has weight 5e-324"):
             client.set_dataset({"a": Source(files["a"], 0), "b": Source(files["b"], 5e-324)})
         with pytest.raises(DatasetError, match="source 'c' has weight 1e-13 at record 0, 1e-13"):
             client.set_dataset({"a": Source(files["a"]), "c": Source(files["c"], 1e-13)})
-        assert master.status()["ready"] is False
+        assert master.status_view().ready is False
         client.set_dataset({n: Source(files[n], 1) for n in NAMES})
-    assert master.status()["num_tasks"] == 18
+    assert master.status_view().num_tasks == 18
     assert read_pass(master.addr, 0) == every_record(files)
 
 
@@ -156,7 +156,7 @@ def test_a_source_name_with_a_control_character_is_refused_naming_its_position(
         message = str(info.value)
         assert f"source name {shown} holds {code}" in message and f"at character {at}:" in message
         assert "\n" not in message and "\x1b" not in message  # one line, shown escaped
-        assert master.status()["ready"] is False
+        assert master.status_view().ready is False
         client.set_dataset({n: Source(files[n], 1) for n in NAMES})
     with MasterConnection(master.addr) as conn:
         added = pb.Source(name=name, globs=[files["d"]], weight=1)

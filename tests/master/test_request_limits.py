@@ -14,6 +14,7 @@ import pytest
 from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession
+from helpers.status_view import status_view
 
 import chunkmaster
 from chunkmaster.cli.main import main
@@ -77,7 +78,7 @@ def test_a_stream_that_floods_waiting_requests_is_ended_and_memory_stays_bounded
     finally:
         s.close()
     with MasterConnection(master.addr) as c:  # the master goes on serving
-        assert c.status()["sessions"] == 1
+        assert status_view(c.status()).sessions == 1
 
 
 def test_a_failure_reason_of_megabytes_is_cut(master: MasterProcess, tmp_path: Path) -> None:
@@ -97,7 +98,7 @@ def test_a_failure_reason_of_megabytes_is_cut(master: MasterProcess, tmp_path: P
     with chunkmaster.Client(
         master.addr, session=False, connection=Connection(retry_timeout=10)
     ) as client:
-        assert client.status()["failed"] == 0
+        assert status_view(client.status()).failed == 0
     assert main(["status", "--addr", master.addr]) == 0
     assert master.wait_log("task 1 failed")
     long_lines = [ln for ln in master.log().splitlines() if len(ln) > 2000]
@@ -111,7 +112,7 @@ def test_over_long_identifiers_are_refused(master: MasterProcess) -> None:
             c.set_dataset(["/data/" + "a" * 4994])
         with pytest.raises(InvalidArgumentError, match="request_id is 5000 bytes long"):
             c.get_task(0, request_id="r" * 5000)
-        assert c.status()["ready"] is False
+        assert status_view(c.status()).ready is False
 
 
 def test_control_characters_are_escaped_in_the_log_and_in_status(

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.datasets import write_records
+from helpers.datasets import ten_record_chunks, write_records
 from helpers.master_process import MasterProcess
 from helpers.raw_session import RawSession, position
+from helpers.status_view import master_status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.rpc import master_pb2 as pb
@@ -33,11 +34,6 @@ def master(store: Path, *extra: str) -> MasterProcess:
     return MasterProcess(["--store", str(store), "--chunk-per-task", "1", *extra]).start()
 
 
-def status(addr: str) -> dict[str, Any]:
-    with MasterConnection(addr) as c:
-        return c.status()
-
-
 def take(s: RawSession, finished: list[Any] | None = None) -> Any:
     s.send(next=pb.NextTask(finished=finished or [], want_task=True, pass_id=0, wait_seconds=5))
     return s.recv().task
@@ -45,9 +41,7 @@ def take(s: RawSession, finished: list[Any] | None = None) -> Any:
 
 @pytest.fixture
 def data(tmp_path: Path) -> str:
-    path = tmp_path / "d.rio"
-    write_records(path, [b"%03d" % i for i in range(40)], max_chunk_size=30)  # 4 x 10 records
-    return str(path)
+    return ten_record_chunks(tmp_path / "d.rio")
 
 
 def save_a_checkpoint(tmp_path: Path, data: str) -> tuple[Path, Any, Any]:
@@ -80,8 +74,8 @@ def test_a_fresh_master_continues_from_the_committed_position(tmp_path: Path, da
     m = master(tmp_path / "second.db", "--restore", str(ckpt))
     try:
         assert m.addr is not None
-        st = status(m.addr)
-        assert (st["cur_pass"], st["done"], st["todo"]) == (0, 1, 3)
+        st = master_status_view(m.addr)
+        assert (st.cur_pass, st.done, st.todo) == (0, 1, 3)
         s = RawSession(m.addr)
         s.hello()
         got = {}
@@ -96,7 +90,7 @@ def test_a_fresh_master_continues_from_the_committed_position(tmp_path: Path, da
         m.restart()
         assert m.addr is not None
         assert "already" in m.log()
-        assert status(m.addr)["pending"] == 3
+        assert master_status_view(m.addr).pending == 3
     finally:
         m.kill()
 
@@ -116,7 +110,7 @@ def test_bad_restores_are_refused_with_the_reason(tmp_path: Path, data: str) -> 
     m = master(tmp_path / "first.db", "--restore", str(ckpt), "--restore-replace")
     try:
         assert m.addr is not None
-        assert status(m.addr)["done"] == 1
+        assert master_status_view(m.addr).done == 1
     finally:
         m.kill()
     # A damaged file: a byte of its sections, a byte of its JSON header (refused before the

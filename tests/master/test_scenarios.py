@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from pathlib import Path
 
 import pytest
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
+from helpers.status_view import status_view
+from helpers.threads import SeenPerPass, run_in_threads
 
 from chunkmaster import NoMoreAvailableError, PassBeforeError, TaskMeta
 from chunkmaster.client.connection import MasterConnection
@@ -59,52 +59,40 @@ def test_t3_get_finish_fail_over_ten_passes(tmp_path: Path) -> None:
                 c.get_task(p)
             for t in tasks[1:]:
                 assert c.task_finished(t.meta.id, epoch=t.meta.epoch, pass_id=p)
-            assert c.status()["cur_pass"] == p + 1
+            assert status_view(c.status()).cur_pass == p + 1
             with pytest.raises(PassBeforeError, match="^pass number smaller than master"):
                 c.get_task(p)
-        st = c.status()
-        assert st["cur_pass"] == 10 and st["todo"] == 20 and st["failed"] == 0
+        st = status_view(c.status())
+        assert st.cur_pass == 10 and st.todo == 20 and st.failed == 0
 
 
 def test_t4_concurrent_clients_each_record_once_per_pass(tmp_path: Path) -> None:
     path = tmp_path / "t4.rio"
     write_records(path, [bytes([i]) for i in range(50)])
-    seen: dict[int, Counter[int]] = {p: Counter() for p in range(10)}
-    lock = threading.Lock()
-    errors: list[BaseException] = []
+    seen = SeenPerPass()
 
     def trainer(addr: str) -> None:
-        try:
-            with MasterConnection(addr) as c:
-                c.set_dataset([str(path)])
-                for p in range(10):
-                    mine: list[int] = []
-                    while True:
-                        try:
-                            task = c.get_task(p, wait=30.0)
-                        except PassBeforeError:
-                            break
-                        for ch in task.chunks:
-                            for rec in scan(ch.path, Index([ch.offset], [ch.num_records])):
-                                assert len(rec) == 1
-                                mine.append(rec[0])
-                        c.task_finished(task.meta.id, epoch=task.meta.epoch, pass_id=p)
-                    assert len(mine) == len(set(mine))
-                    with lock:
-                        seen[p].update(mine)
-        except BaseException as exc:
-            errors.append(exc)
+        with MasterConnection(addr) as c:
+            c.set_dataset([str(path)])
+            for p in range(10):
+                mine: list[int] = []
+                while True:
+                    try:
+                        task = c.get_task(p, wait=30.0)
+                    except PassBeforeError:
+                        break
+                    for ch in task.chunks:
+                        for rec in scan(ch.path, Index([ch.offset], [ch.num_records])):
+                            assert len(rec) == 1
+                            mine.append(rec[0])
+                    c.task_finished(task.meta.id, epoch=task.meta.epoch, pass_id=p)
+                assert len(mine) == len(set(mine))
+                seen.add(p, mine)
 
     with InProcessMaster(chunks_per_task=1, timeout_dur=60.0, failure_max=1) as m:
-        threads = [threading.Thread(target=trainer, args=(m.addr,)) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
-        for p in range(10):
-            assert seen[p] == Counter(range(50)), f"pass {p}"
-        assert m.status()["cur_pass"] == 10
+        run_in_threads(lambda: trainer(m.addr), 4)
+        seen.assert_each_once(10, range(50))
+        assert m.status_view().cur_pass == 10
 
 
 def test_failed_report_with_reason_over_grpc(tmp_path: Path) -> None:

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.datasets import write_records
+from helpers.aio import until
+from helpers.datasets import ten_record_chunks
 from helpers.inproc import InProcessMaster
 from helpers.raw_session import RawSession, position
+from helpers.sqlite_lock import next_write_held
 from helpers.waits import wait_for
 
 from chunkmaster.rpc import master_pb2 as pb
@@ -21,11 +23,7 @@ RECORDS_PER_TASK = 10
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> str:
-    # 4 tasks of 10 records: one chunk of 10 records per task (chunks_per_task=1)
-    path = tmp_path / "d.rio"
-    records = [b"%03d" % i for i in range(40)]
-    write_records(path, records, max_chunk_size=30)
-    return str(path)
+    return ten_record_chunks(tmp_path / "d.rio")
 
 
 @pytest.fixture
@@ -73,7 +71,7 @@ def test_progress_moves_the_position_a_task_is_handed_out_again_at(
     a.hello(name="a")
     t = next_task(a)
     a.send(keep_alive=pb.KeepAlive(progress=[position(t, 7)]))
-    wait_for(lambda: master.status()["trainers"][0]["records_consumed"] == 7, "progress")
+    wait_for(lambda: master.status_view().trainers[0].records_consumed == 7, "progress")
     seq = a.send(goodbye=pb.Goodbye(progress=[position(t, 8)]))
     resp = a.recv()
     assert resp.seq == seq and resp.ack.applied == 1  # one task handed back
@@ -98,9 +96,9 @@ def test_a_silent_trainer_loses_its_session_and_its_tasks_go_back(dataset: str) 
         sid = a.hello(name="a").welcome.session_id
         t = next_task(a)
         a.send(keep_alive=pb.KeepAlive(progress=[position(t, 3)]))
-        wait_for(lambda: m.status()["ledger"][-1]["consumed"] == 3, "progress")
+        wait_for(lambda: m.status_view().ledger[-1].consumed == 3, "progress")
         a.close()  # silent from now on
-        wait_for(lambda: m.status()["sessions"] == 0, "the lease to run out")
+        wait_for(lambda: m.status_view().sessions == 0, "the lease to run out")
         st = m.status()
         assert st["pending"] == 0 and st["todo"] == 4
         # The task it was reading counts a failure (docs/failures.md), and says so when it is
@@ -123,7 +121,7 @@ def test_commit_is_acknowledged_and_counted(master: InProcessMaster) -> None:
     seq = s.send(commit=pb.Commit(positions=[position(t, 4)]))
     resp = s.recv()
     assert resp.seq == seq and resp.ack.applied == 1
-    assert master.status()["ledger"][-1]["committed"] == 4
+    assert master.status_view().ledger[-1].committed == 4
     bad = position(t, 4)
     bad.epoch = 99
     seq = s.send(commit=pb.Commit(positions=[bad]))
@@ -143,7 +141,7 @@ def test_messages_before_hello_and_malformed_bytes_are_refused(master: InProcess
     assert resp.error.error == "InvalidArgumentError"
     assert s.recv() is None  # the master ends the stream
     s.close()
-    assert master.status()["sessions"] == 0
+    assert master.status_view().sessions == 0
 
 
 def next_batch(s: RawSession, count: int, request_id: str, pass_id: int = 0) -> Any:
@@ -167,16 +165,16 @@ def test_a_batch_holds_the_tasks_free_at_once_and_a_repeat_gets_the_same_ones(
     assert len(set(ids)) == 3
     again = next_batch(s, 3, "r1")  # its answer was lost, say: the same tasks come back
     assert [t.meta.id for t in again.tasks.tasks] == ids
-    st = master.status()
-    assert st["pending"] == 3 and st["todo"] == 1
-    assert st["trainers"][0]["tasks_held"] == 3
+    st = master.status_view()
+    assert st.pending == 3 and st.todo == 1
+    assert st.trainers[0].tasks_held == 3
     rest = next_batch(s, 3, "r2")  # one left: a batch of one, at once
     (last,) = rest.tasks.tasks
     assert last.meta.id not in ids
     held = [*first.tasks.tasks, last]
     seq = s.send(next=pb.NextTask(finished=[position(t, RECORDS_PER_TASK) for t in held]))
     assert s.recv().seq == seq
-    wait_for(lambda: master.status()["cur_pass"] == 1, "the pass to end")
+    wait_for(lambda: master.status_view().cur_pass == 1, "the pass to end")
     late = next_batch(s, 3, "r3")  # pass 0 is over: the same error as a single request
     assert late.error.error == "PassBeforeError"
     whole = next_batch(s, 100, "r4", pass_id=1)
@@ -195,8 +193,8 @@ def test_a_batch_is_durable_before_it_is_answered(dataset: str, tmp_path: Path) 
         got = [t.meta.id for t in next_batch(s, 2, "req").tasks.tasks]
         s.close()
     with InProcessMaster(SqliteStore(db), chunks_per_task=1, trainer_ttl=30.0) as m:
-        st = m.status()
-        assert st["pending"] == 2 and st["todo"] == 2
+        st = m.status_view()
+        assert st.pending == 2 and st.todo == 2
         s = RawSession(m.addr)
         assert s.hello(session_id=sid).welcome.session_id == sid
         again = next_batch(s, 2, "req")  # the retry after a restart: the same two tasks
@@ -216,13 +214,15 @@ def test_a_session_whose_trainer_leaves_while_it_is_written_still_expires(
     from chunkmaster.master.service import Service
 
     async def main() -> None:
-        svc = Service(SqliteStore(tmp_path / "s.db"), timeout_dur=60, trainer_ttl=0.3)
+        store = SqliteStore(tmp_path / "s.db", busy_timeout=60.0)
+        svc = Service(store, timeout_dur=60, trainer_ttl=0.3)
         await svc.start()
         try:
-            opening = asyncio.ensure_future(svc.open_session("", "t", "h", 1, 0))
-            await asyncio.sleep(0)  # applied; its write in flight
-            assert len(svc.ledger.state.sessions) == 1
-            opening.cancel()
+            with next_write_held(tmp_path / "s.db"):
+                opening = asyncio.ensure_future(svc.open_session("", "t", "h", 1, 0))
+                await until(lambda: len(svc.ledger.state.sessions) == 1, "the opening applied")
+                assert not opening.done()  # its write in flight
+                opening.cancel()
             deadline = time.monotonic() + 30
             while svc.ledger.state.sessions:
                 assert time.monotonic() < deadline, "the session never ended: it had no lease"

@@ -4,12 +4,12 @@ tasks depend on the seed and the pass only (replays, snapshots and restores give
 from __future__ import annotations
 
 import random
-from array import array
 from collections import Counter
 from itertools import pairwise
 
 import hypothesis.strategies as st
 import pytest
+from helpers.datasets import chunk_dataset
 from hypothesis import given, settings
 
 from chunkmaster.core import checkpoint
@@ -91,14 +91,7 @@ def test_pass_queue_orders_members_by_the_pass_permutation() -> None:
 
 def dataset(num_chunks: int, cpt: int, seed: int | None) -> Dataset:
     rng = random.Random(num_chunks)
-    return Dataset(
-        ("x",),
-        ("f",),
-        array("I", [0] * num_chunks),
-        array("Q", range(num_chunks)),
-        array("I", [rng.randrange(1, 9) for _ in range(num_chunks)]),
-        cpt,
-    ).with_shuffle(seed)
+    return chunk_dataset([rng.randrange(1, 9) for _ in range(num_chunks)], cpt).with_shuffle(seed)
 
 
 def run_pass(state: MasterState, events: list[Event]) -> list[tuple[int, tuple[int, ...]]]:

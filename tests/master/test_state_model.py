@@ -11,15 +11,13 @@ holds in dispatch order, which is quarantined like any failing task once over th
 
 from __future__ import annotations
 
-from array import array
-
 import hypothesis.strategies as st
 import pytest
+from helpers.datasets import chunk_dataset
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from chunkmaster.core import errors
-from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import (
     ApproveSave,
     Dispatch,
@@ -37,17 +35,6 @@ from chunkmaster.core.state import (
     check_get_task,
     save_allowed,
 )
-
-
-def dataset(num_chunks: int, cpt: int) -> Dataset:
-    return Dataset(
-        ("x",),
-        ("f",),
-        array("I", [0] * num_chunks),
-        array("Q", range(num_chunks)),
-        array("I", [1] * num_chunks),
-        cpt,
-    )
 
 
 class Reference:
@@ -152,7 +139,7 @@ class StateMachineVsReference(RuleBasedStateMachine):
         policy=st.sampled_from(list(FailedPolicy)),
     )
     def setup(self, chunks: int, cpt: int, failure_max: int, policy: FailedPolicy) -> None:
-        ds = dataset(chunks, cpt)
+        ds = chunk_dataset([1] * chunks, cpt)
         self.state = MasterState(failure_max=failure_max, failed_policy=policy)
         apply(self.state, SetDataset(ds))
         self.ref = Reference(ds.num_tasks, failure_max, policy)

@@ -14,6 +14,7 @@ import pytest
 from helpers.datasets import numbered_records, write_records
 from helpers.http_server import HttpServer
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import DatasetError, PermissionDeniedError
@@ -78,7 +79,7 @@ def test_no_spelling_of_an_http_url_leaves_the_root(site: HttpServer) -> None:
                 assert repr(url) in str(err.value), url
             with pytest.raises(DatasetError, match="HTTP has no listing"):
                 conn.set_dataset([f"{site.url}/data/*.rio"])
-            assert conn.status()["ready"] is False
+            assert status_view(conn.status()).ready is False
     finally:
         m.kill()
     assert not [r for r in site.requests if "secret" in r]

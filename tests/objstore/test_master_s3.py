@@ -11,6 +11,7 @@ import pytest
 from helpers.datasets import write_records
 from helpers.master_process import MasterProcess
 from helpers.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
+from helpers.status_view import status_view
 
 from chunkmaster.client import Client
 from chunkmaster.client.connection import MasterConnection
@@ -140,11 +141,11 @@ def test_no_spelling_of_a_url_leaves_the_data_root(s3: S3Server, tmp_path: Path)
                 c.set_dataset([url])
             assert repr(url) in str(err.value), url
         with MasterConnection(m.addr) as conn:
-            assert conn.status()["ready"] is False
+            assert status_view(conn.status()).ready is False
         with Client(m.addr) as c:
             c.set_dataset(["S3://data/train/part-*.rio"])  # a scheme's case is no spelling
         with MasterConnection(m.addr) as conn:
-            assert conn.status()["dataset"]["records"] == 20
+            assert status_view(conn.status()).dataset.records == 20
     finally:
         m.terminate()
 

@@ -15,6 +15,7 @@ from conftest import RECORDS
 from helpers.datasets import numbered_records
 from helpers.inproc import InProcessMaster
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import PermissionDeniedError
@@ -112,9 +113,9 @@ def test_a_master_refuses_outside_its_roots_and_keeps_its_state(
         with pytest.raises(PermissionDeniedError) as info:
             conn.set_dataset([str(tree / "root" / "a.rio"), str(tree / "root" / "link.rio")])
         assert "link.rio" in str(info.value)
-        assert rooted_master.status()["ready"] is False
+        assert status_view(rooted_master.status()).ready is False
         conn.set_dataset([str(tree / "root" / "sub" / "*.rio")])
-    assert rooted_master.status()["dataset"]["records"] == 5
+    assert status_view(rooted_master.status()).dataset.records == 5
 
 
 def test_an_ftp_dataset_makes_no_connection(tmp_path: Path) -> None:
@@ -127,14 +128,14 @@ def test_an_ftp_dataset_makes_no_connection(tmp_path: Path) -> None:
             conn.set_dataset([f"ftp://user:pw@127.0.0.1:{port}/x.rio"])
         with pytest.raises(TimeoutError):
             listener.accept()
-        assert master.status()["ready"] is False
+        assert status_view(master.status()).ready is False
 
 
 def test_without_roots_local_paths_work_as_before(tmp_path: Path) -> None:
     path = numbered_records(tmp_path / "d.rio", RECORDS)
     with InProcessMaster() as master, MasterConnection(master.addr) as conn:
         conn.set_dataset([path])
-        assert master.status()["dataset"]["records"] == RECORDS
+        assert status_view(master.status()).dataset.records == RECORDS
 
 
 def test_the_master_command_takes_repeated_data_roots(tree: Path) -> None:

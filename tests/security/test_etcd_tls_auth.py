@@ -14,6 +14,7 @@ import pytest
 from conftest import Pki
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 
@@ -81,7 +82,7 @@ def test_a_master_on_an_etcd_with_tls_and_a_password(
         try:
             assert m.addr is not None
             with MasterConnection(m.addr) as c:
-                assert c.status()["store"]["healthy"]
+                assert status_view(c.status()).store.healthy
             assert PASSWORD not in m.log()
         finally:
             m.kill()

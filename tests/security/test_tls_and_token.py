@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from conftest import RECORDS, TOKEN, Pki
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers.inproc import InProcessMaster
+from helpers.status_view import status_view
 
 import chunkmaster
 from chunkmaster.client import Connection
@@ -86,7 +88,7 @@ def test_a_missing_or_wrong_token_is_unauthenticated_on_unary_calls(
             conn.set_dataset([dataset])
         with pytest.raises(UnauthenticatedError):
             conn.get_task(0)
-    assert token_master.status()["ready"] is False  # nothing changed
+    assert token_master.status_view().ready is False  # nothing changed
 
 
 def test_a_wrong_token_is_unauthenticated_on_the_session_stream(
@@ -124,7 +126,7 @@ def test_the_client_takes_the_token_from_the_environment(
     with chunkmaster.Client(
         token_master.addr, session=False, connection=Connection(retry_timeout=5)
     ) as client:
-        assert client.status()["ready"] is False
+        assert status_view(client.status()).ready is False
 
 
 def test_a_client_with_token_and_mutual_tls_reads_a_whole_pass(
@@ -163,15 +165,24 @@ def _hello(conn: MasterConnection, session_id: str = "") -> pb.SessionResponse:
     return replies[0]
 
 
-def test_under_mutual_tls_a_session_is_bound_to_its_certificate(
-    mtls_master: InProcessMaster, pki: Pki
-) -> None:
+@contextlib.contextmanager
+def two_identities(
+    master: InProcessMaster, pki: Pki
+) -> Iterator[tuple[MasterConnection, MasterConnection]]:
+    """Connections to `master` under two client certificates of the same CA."""
     a = ChannelSecurity.load(TOKEN, pki.ca, pki.client_cert, pki.client_key)
     b = ChannelSecurity.load(TOKEN, pki.ca, pki.other_client_cert, pki.other_client_key)
     with (
-        MasterConnection(mtls_master.addr, security=a) as conn_a,
-        MasterConnection(mtls_master.addr, security=b) as conn_b,
+        MasterConnection(master.addr, security=a) as conn_a,
+        MasterConnection(master.addr, security=b) as conn_b,
     ):
+        yield conn_a, conn_b
+
+
+def test_under_mutual_tls_a_session_is_bound_to_its_certificate(
+    mtls_master: InProcessMaster, pki: Pki
+) -> None:
+    with two_identities(mtls_master, pki) as (conn_a, conn_b):
         sid = _hello(conn_a).welcome.session_id
         assert sid
         refused = _hello(conn_b, sid)
@@ -185,12 +196,7 @@ def test_under_mutual_tls_a_session_is_bound_to_its_certificate(
 def test_under_mutual_tls_a_trainer_cannot_report_another_trainers_task(
     mtls_master: InProcessMaster, pki: Pki, dataset: str
 ) -> None:
-    a = ChannelSecurity.load(TOKEN, pki.ca, pki.client_cert, pki.client_key)
-    b = ChannelSecurity.load(TOKEN, pki.ca, pki.other_client_cert, pki.other_client_key)
-    with (
-        MasterConnection(mtls_master.addr, security=a) as conn_a,
-        MasterConnection(mtls_master.addr, security=b) as conn_b,
-    ):
+    with two_identities(mtls_master, pki) as (conn_a, conn_b):
         conn_a.set_dataset([dataset])
         task = conn_a.get_task(0)
         for epoch in (task.meta.epoch, 0):  # 0: "not said" reports the pending dispatch
@@ -198,7 +204,7 @@ def test_under_mutual_tls_a_trainer_cannot_report_another_trainers_task(
                 conn_b.task_finished(task.meta.id, epoch=epoch, pass_id=0)
         with pytest.raises(PermissionDeniedError, match="another trainer's certificate"):
             conn_b.task_failed(task.meta, "not mine")
-        assert conn_a.status()["pending"] == 1  # the refusals changed nothing
+        assert status_view(conn_a.status()).pending == 1  # the refusals changed nothing
         assert conn_a.task_finished(task.meta.id, epoch=task.meta.epoch, pass_id=0)
         mine = conn_b.get_task(0)
         assert conn_b.task_failed(mine.meta, "read error")  # its own task: allowed

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import TOKEN
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 import chunkmaster
 from chunkmaster.client import Connection
@@ -162,7 +163,7 @@ def test_the_client_reads_the_token_file_variable_and_an_explicit_token_wins(
     monkeypatch.setenv("CHUNKMASTER_TOKEN_FILE", token_file)
     connection = Connection(retry_timeout=10)
     with chunkmaster.Client(master.addr, session=False, connection=connection) as client:
-        assert client.status()["ready"] is False
+        assert status_view(client.status()).ready is False
     with (
         chunkmaster.Client(master.addr, token="another", session=False) as client,
         pytest.raises(UnauthenticatedError, match="not this master's"),

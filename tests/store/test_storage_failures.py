@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from helpers.aio import run
+from helpers.aio import run, until
 from helpers.clock import Clock
 from helpers.datasets import numbered_records
 from helpers.full_disk import fill
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import UnavailableError
@@ -46,27 +47,27 @@ def test_full_disk_refuses_changes_says_why_and_resumes_by_itself(
                 for _ in range(50):  # the WAL may have room for a few more frames
                     acked.add(finish_one(c))
             assert str(db) in str(first.value)
-            st = c.status()
-            assert st["healthy"] is False and st["store"]["healthy"] is False
-            assert "database or disk is full" in st["store"]["error"]
-            assert "bytes free on its filesystem" in st["store"]["error"]
+            st = status_view(c.status())
+            assert st.healthy is False and st.store.healthy is False
+            assert "database or disk is full" in st.store.error
+            assert "bytes free on its filesystem" in st.store.error
             for _ in range(200):  # refused at once, with the cause, without touching the disk
                 with pytest.raises(UnavailableError, match="database or disk is full"):
                     c.get_task(0)
-            st = c.status()
-            assert st["store"]["failed_attempts"] < 20
+            st = status_view(c.status())
+            assert st.store.failed_attempts < 20
             failures = [ln for ln in master.log().splitlines() if "ERROR chunkmaster.ledger" in ln]
             assert 1 <= len(failures) <= 3, failures
             assert "database or disk is full" in failures[0]
             filler.unlink()
             assert master.wait_log("store is writable again", timeout=30)
-            assert c.status()["healthy"] is True
+            assert status_view(c.status()).healthy is True
             acked |= {finish_one(c) for _ in range(3)}
-            assert c.status()["done"] == len(acked)
+            assert status_view(c.status()).done == len(acked)
         master.kill()
         master.start()
         with MasterConnection(master.addr) as c:
-            assert c.status()["done"] == len(acked)
+            assert status_view(c.status()).done == len(acked)
     finally:
         master.kill()
 
@@ -119,20 +120,20 @@ def test_failing_writes_back_off_log_rarely_and_resume(
             with pytest.raises(UnavailableError, match="disk I/O error on /dev/fake"):
                 await svc.get_task(0)
         assert store.attempts - attempts <= 2  # refused changes never reach the store
-        st = svc.status()
-        assert not st["healthy"] and st["store"]["error"] == "disk I/O error on /dev/fake"
-        assert st["pending"] == 0 and st["done"] == 1  # rebuilt: the failed dispatch is gone
-        while svc.status()["store"]["failed_attempts"] < 4:  # a few backed-off retries
+        st = svc.status_view()
+        assert not st.healthy and st.store.error == "disk I/O error on /dev/fake"
+        assert st.pending == 0 and st.done == 1  # rebuilt: the failed dispatch is gone
+        while svc.status_view().store.failed_attempts < 4:  # a few backed-off retries
             await asyncio.sleep(0.05)
         store.failing = None
-        while not svc.status()["healthy"]:
+        while not svc.status_view().healthy:
             await asyncio.sleep(0.05)
         t2 = await svc.get_task(0)
         assert await svc.task_finished(t2.meta.id, epoch=t2.meta.epoch, pass_id=0)
         await svc.close()
         rebuilt = Service(store, chunks_per_task=1, timeout_dur=600)
         await rebuilt.start()
-        assert rebuilt.status()["done"] == 2
+        assert rebuilt.status_view().done == 2
         await rebuilt.close()
 
     with caplog.at_level(logging.INFO, logger="chunkmaster.ledger"):
@@ -180,12 +181,13 @@ def test_a_store_outage_does_not_count_against_task_deadlines(tmp_path: Path) ->
         with pytest.raises(UnavailableError):
             await svc.get_task(0)
         clock.now += 3600.0  # the store refused writes for an hour
-        while svc.status()["store"]["failed_attempts"] < 2:
+        while svc.status_view().store.failed_attempts < 2:
             await asyncio.sleep(0.02)
         store.failing = None
-        while not svc.status()["healthy"]:
+        while not svc.status_view().healthy:
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0)  # a timer on the old deadline would fire now
+        # The timer looked at the deadlines on the clock's time: one on the old would fire.
+        await until(lambda: clock.idle_timers() == 1, "the timer to wait on the clock")
         st = svc.status()
         assert st["pending"] == 1 and st["failed"] == 0, st
         (pending,) = st["pending_tasks"]

@@ -20,6 +20,7 @@ import pytest
 from helpers.aio import run
 from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
+from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.codec import encode_event
@@ -70,7 +71,7 @@ def done_after_restart(db: Path, extra: Sequence[str] = ()) -> int:
     master = MasterProcess(["--store", str(db), *extra]).start()
     try:
         with MasterConnection(master.addr) as c:
-            return int(c.status()["done"])
+            return int(status_view(c.status()).done)
     finally:
         master.kill()
 
@@ -182,7 +183,7 @@ def test_older_backup_copied_back_is_refused(tmp_path: Path) -> None:
         with MasterConnection(master.addr) as c:
             t = c.get_task(0)
             assert c.task_finished(t.meta.id, epoch=t.meta.epoch, pass_id=0)
-            newer = c.status()["store"]["durable_seq"]
+            newer = status_view(c.status()).store.durable_seq
     finally:
         assert master.terminate() == 0
     shutil.copy(backup, db)

@@ -16,6 +16,8 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
+from chunkmaster.master.timer_wait import wait_woken
+
 log = logging.getLogger("chunkmaster.sessions")
 
 RATE_WINDOW = 30.0  # seconds of (time, records consumed) samples behind a session's rate
@@ -139,8 +141,7 @@ class LeaseKeeper:
             sid, lease = due
             delay = lease.expires - self._clock()
             if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                await wait_woken(self._clock, self._wake, delay)
                 continue
             # Out of the order while it ends: ending it drops it; a message meanwhile grants
             # it a fresh lease (and ending it then drops that one).

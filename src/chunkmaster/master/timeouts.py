@@ -23,6 +23,7 @@ from chunkmaster.core.model import TIMEOUT_REASON
 from chunkmaster.core.queues import fail_ignored, fail_quarantines, task_deadline
 from chunkmaster.master.ledger import Ledger, LedgerSubscriber, started
 from chunkmaster.master.reports import log_failure
+from chunkmaster.master.timer_wait import wait_woken
 
 log = logging.getLogger("chunkmaster.timeouts")
 
@@ -65,8 +66,7 @@ class TimeoutScheduler:
                 continue
             delay = self._heap[0][0] - self._clock()
             if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=min(delay, 3600.0))
+                await wait_woken(self._clock, self._wake, min(delay, 3600.0))
                 continue
             _, task_id, epoch = heapq.heappop(self._heap)
             try:

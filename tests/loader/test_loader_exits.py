@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records
 from helpers.inproc import InProcessMaster
 from helpers.torch_parts import ids_of, record_id
 
@@ -106,11 +106,7 @@ CASES = [
 
 
 def numbered(tmp_path: Path, max_chunk_size: int = 600) -> str:
-    return str(
-        write_records(
-            tmp_path / "d.rio", [b"%06d" % i for i in range(N)], max_chunk_size=max_chunk_size
-        )
-    )
+    return numbered_records(tmp_path / "d.rio", N, max_chunk_size=max_chunk_size)
 
 
 def rest_after_restore(

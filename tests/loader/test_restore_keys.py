@@ -21,8 +21,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records, write_records
 from helpers.inproc import InProcessMaster
+from helpers.loader_state import saved_after
 from helpers.torch_parts import ids_of, record_id
 from helpers.torchrun import run_example
 
@@ -35,16 +36,13 @@ N = 300
 
 
 def numbered(tmp_path: Path) -> str:
-    path = tmp_path / "d.rio"
-    return str(write_records(path, [b"%06d" % i for i in range(N)], max_chunk_size=120))
+    return numbered_records(tmp_path / "d.rio", N, max_chunk_size=120)
 
 
-def first_run(m: InProcessMaster, data: str, steps: int) -> tuple[list[int], dict[str, Any]]:
-    """A first run: `steps` batches of 10, committed, then the state saved with the model."""
-    with Loader(m.addr, dataset=[data], transform=record_id, batch_size=10) as loader:
-        it = iter(loader)
-        taken = [i for _ in range(steps) for i in ids_of(next(it))]
-        return taken, loader.state_dict()
+def rank_loader(m: InProcessMaster, rank: int) -> Loader:
+    """Rank `rank` of two, restarted under the restore key "r"."""
+    session = Session(world_size=2, rank=rank)
+    return Loader(m.addr, transform=record_id, batch_size=10, restore_key="r", session=session)
 
 
 def restart(
@@ -69,7 +67,7 @@ def test_a_key_used_again_by_a_rank_restores_again(tmp_path: Path) -> None:
     data = numbered(tmp_path)
     ranked = {"session": Session(world_size=1, rank=0)}
     with InProcessMaster(chunks_per_task=1) as m:
-        before, state = first_run(m, data, 3)
+        before, state = saved_after(m.addr, data, 3)
         restart(m, state, "run-1", 5, **ranked)  # trains 50 records, never saved
         again = restart(m, state, "run-1", None, **ranked)  # from the same checkpoint
     assert Counter(before + again) == Counter(range(N))
@@ -78,7 +76,7 @@ def test_a_key_used_again_by_a_rank_restores_again(tmp_path: Path) -> None:
 def test_a_key_used_again_without_a_rank_is_refused_naming_it(tmp_path: Path) -> None:
     data = numbered(tmp_path)
     with InProcessMaster(chunks_per_task=1) as m:
-        before, state = first_run(m, data, 3)
+        before, state = saved_after(m.addr, data, 3)
         restart(m, state, "by-hand", 5)
         ledger = m.status()["ledger"]
         with pytest.raises(CheckpointRefusedError, match=r"restart key 'by-hand' took the job"):
@@ -91,7 +89,7 @@ def test_a_key_used_again_without_a_rank_is_refused_naming_it(tmp_path: Path) ->
 def test_another_checkpoint_under_the_same_key_is_another_restore(tmp_path: Path) -> None:
     data = numbered(tmp_path)
     with InProcessMaster(chunks_per_task=1) as m:
-        _, early = first_run(m, data, 2)
+        _, early = saved_after(m.addr, data, 2)
         with Loader(m.addr, transform=record_id, batch_size=10, restore_key="k") as loader:
             loader.load_state_dict(early)
             it = iter(loader)
@@ -107,21 +105,9 @@ def test_every_rank_of_one_restart_asks_and_the_master_goes_back_once(tmp_path: 
     of the same restart), so rank 0's tasks are not taken from it."""
     data = numbered(tmp_path)
     with InProcessMaster(chunks_per_task=1) as m:
-        before, state = first_run(m, data, 3)
-        r0 = Loader(
-            m.addr,
-            transform=record_id,
-            batch_size=10,
-            restore_key="r",
-            session=Session(world_size=2, rank=0),
-        )
-        r1 = Loader(
-            m.addr,
-            transform=record_id,
-            batch_size=10,
-            restore_key="r",
-            session=Session(world_size=2, rank=1),
-        )
+        before, state = saved_after(m.addr, data, 3)
+        r0 = rank_loader(m, 0)
+        r1 = rank_loader(m, 1)
         with r0, r1:
             r0.load_state_dict(state)
             it0 = iter(r0)
@@ -129,7 +115,7 @@ def test_every_rank_of_one_restart_asks_and_the_master_goes_back_once(tmp_path: 
             r0.commit()
             r1.load_state_dict(state)  # a repeat: nothing goes back
             got += [i for batch in it0 for i in ids_of(batch)]  # rank 0 reads the rest
-            assert m.status()["cur_pass"] == 1
+            assert m.status_view().cur_pass == 1
     assert Counter(before + got) == Counter(range(N))  # a restore would have brought some back
 
 

@@ -102,7 +102,7 @@ def test_every_record_once_per_pass_whatever_the_dataloader_settings(
         for p, (seen, batches) in enumerate(read_passes(L, 3)):
             assert seen == Counter(range(n)), f"pass {p}"
             assert batches == math.ceil(n / 16), f"pass {p}"
-        assert m.status()["cur_pass"] == 3
+        assert m.status_view().cur_pass == 3
 
 
 def test_a_commit_covers_the_batches_taken_not_what_the_workers_read_ahead(
@@ -143,7 +143,7 @@ def test_load_state_dict_takes_the_running_job_back_once_per_restart(tmp_path: P
     """A job restarted from its checkpoint: every rank of the restart calls load_state_dict
     with the same key; the master goes back once, and the records after the checkpoint come
     again, each once (ranks told apart: the one that asks second repeats the restore, whether
-    the first began reading or not; tests/torch/test_restore_keys.py has the rest)."""
+    the first began reading or not; tests/loader/test_restore_keys.py has the rest)."""
     n = 120
     write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(n)], max_chunk_size=30)
     data = str(tmp_path / "d.rio")
@@ -172,7 +172,7 @@ def test_load_state_dict_takes_the_running_job_back_once_per_restart(tmp_path: P
             t.start()
         for t in ranks:
             t.join(120)
-        assert m.status()["cur_pass"] == 1
+        assert m.status_view().cur_pass == 1
         assert sorted(got) == sorted(set(range(n)) - set(before))
 
 

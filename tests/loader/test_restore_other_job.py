@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,6 +18,8 @@ pytest.importorskip("torch")
 
 from helpers.datasets import write_records
 from helpers.inproc import InProcessMaster
+from helpers.loader_state import saved_after
+from helpers.status_view import status_view
 from helpers.torch_parts import ids_of, record_id
 
 from chunkmaster.core import checkpoint
@@ -29,13 +30,6 @@ from chunkmaster.torch import Loader
 N = 200
 
 
-def saved_after(m: InProcessMaster, data: str, steps: int) -> tuple[list[int], dict[str, Any]]:
-    with Loader(m.addr, dataset=[data], transform=record_id, batch_size=10) as loader:
-        it = iter(loader)
-        taken = [i for _ in range(steps) for i in ids_of(next(it))]
-        return taken, loader.state_dict()
-
-
 def test_a_state_of_another_job_on_the_same_files_is_refused_naming_both(
     tmp_path: Path,
 ) -> None:
@@ -43,9 +37,9 @@ def test_a_state_of_another_job_on_the_same_files_is_refused_naming_both(
         write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(N)], max_chunk_size=80)
     )
     with InProcessMaster(chunks_per_task=1) as other:
-        _, foreign = saved_after(other, data, 4)
+        _, foreign = saved_after(other.addr, data, 4)
     with InProcessMaster(chunks_per_task=1) as m:
-        mine, state = saved_after(m, data, 2)
+        mine, state = saved_after(m.addr, data, 2)
         ledger = m.status()["ledger"]
         with (
             Loader(m.addr, transform=record_id, batch_size=10) as loader,
@@ -64,7 +58,7 @@ def test_a_state_of_another_job_on_the_same_files_is_refused_naming_both(
         assert Counter(mine + rest) == Counter(range(N))
         with Loader(m.addr, transform=record_id, batch_size=10) as loader:
             loader.load_state_dict(foreign, other_job=True)  # said so: taken
-            assert loader.client.status()["cur_pass"] == 0
+            assert status_view(loader.client.status()).cur_pass == 0
             (ledger,) = [led for led in m.status()["ledger"] if led["pass"] == 0]
             assert ledger["committed"] == 40
 
@@ -77,7 +71,7 @@ def test_a_job_started_from_a_checkpoint_is_that_checkpoints_job(tmp_path: Path)
         write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(N)], max_chunk_size=80)
     )
     with InProcessMaster(chunks_per_task=1) as m:
-        taken, state = saved_after(m, data, 3)
+        taken, state = saved_after(m.addr, data, 3)
     for _ in range(2):  # started from the checkpoint, then restarted on its store
         with InProcessMaster(SqliteStore(str(tmp_path / "b.db")), chunks_per_task=1) as m:
             service = m.service

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from helpers.datasets import write_records
+from helpers.datasets import numbered_records
 from helpers.inproc import InProcessMaster
 from helpers.torch_parts import ids_of, record_id
 
@@ -23,9 +23,7 @@ N = 40
 
 
 def numbered(tmp_path: Path) -> str:
-    path = tmp_path / "d.rio"
-    write_records(path, [b"%06d" % i for i in range(N)], max_chunk_size=64)
-    return str(path)
+    return numbered_records(tmp_path / "d.rio", N, max_chunk_size=64)
 
 
 def test_a_new_loader_logs_the_pass_it_starts_at_and_a_pass_over_says_set_pass(
@@ -37,7 +35,7 @@ def test_a_new_loader_logs_the_pass_it_starts_at_and_a_pass_over_says_set_pass(
             with caplog.at_level(logging.INFO, logger="chunkmaster.torch"):
                 assert Counter(i for b in first for i in ids_of(b)) == Counter(range(N))
             assert "iteration reads pass 0 (the master's current pass)" in caplog.text
-        assert m.status()["cur_pass"] == 1
+        assert m.status_view().cur_pass == 1
         caplog.clear()
         with Loader(m.addr, dataset=[data], transform=record_id, batch_size=8) as late:
             with caplog.at_level(logging.INFO, logger="chunkmaster.torch"):
