@@ -52,28 +52,29 @@ class Reply:
             if not self._done.is_set():
                 self._callbacks.append(fn)
 
-    def _run_callbacks(self) -> None:
+    def _settle(
+        self,
+        response: pb.SessionResponse | None = None,
+        error: BaseException | None = None,
+        cancelled: bool = False,
+    ) -> bool:
+        """The answer, an error or a cancel came: the first of them settles it."""
         with self._lock:
+            if self._done.is_set():
+                return False
+            self._response, self._error, self.cancelled = response, error, cancelled
+            self._done.set()
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             fn()
+        return True
 
     def resolve(self, response: pb.SessionResponse) -> bool:
         """Deliver the answer; False if the waiter gave up (cancelled) before it came."""
-        with self._lock:
-            if self.cancelled or self._done.is_set():
-                return False
-            self._response = response
-            self._done.set()
-        self._run_callbacks()
-        return True
+        return self._settle(response=response)
 
     def fail(self, exc: BaseException) -> None:
-        with self._lock:
-            if not self._done.is_set():
-                self._error = exc
-                self._done.set()
-        self._run_callbacks()
+        self._settle(error=exc)
 
     @property
     def done(self) -> bool:
@@ -94,12 +95,7 @@ class Reply:
         return response
 
     def cancel(self) -> None:
-        with self._lock:
-            if self._done.is_set():
-                return
-            self.cancelled = True
-            self._done.set()
-        self._run_callbacks()
+        self._settle(cancelled=True)
 
 
 class SessionStream:
