@@ -50,3 +50,28 @@ def test_a_wait_is_said_as_it_starts_then_every_so_often(
         (logging.INFO, "pass 3: no task free"),
         (logging.WARNING, "pass 3: no task free (for 31s, 3 tries)"),
     ]
+
+
+def test_a_pass_s_answers_end_it_or_mean_a_wait(caplog: pytest.LogCaptureFixture) -> None:
+    from chunkmaster.client.errors import EndOfPass
+    from chunkmaster.client.fetcher import PassAnswers
+    from chunkmaster.client.link import CancelToken
+
+    answers = PassAnswers(4, CancelToken(), None)
+    over = errors.PassBeforeError("the master is in pass 5")
+    assert isinstance(answers.end(over, got_task=True, joined=False), EndOfPass)
+    assert isinstance(answers.end(over, got_task=False, joined=False), errors.PassOverError)
+    stopped = errors.JobStoppedError("budget")
+    assert answers.end(stopped, got_task=True, joined=False) is stopped
+    with pytest.raises(errors.UnavailableError):
+        answers.end(errors.UnavailableError("x"), got_task=True, joined=False)
+    with caplog.at_level(logging.INFO, "chunkmaster.client"):
+        dry = errors.NoMoreAvailableError("none free")
+        assert answers.end(dry, got_task=True, joined=False) is None
+        assert answers.end(dry, got_task=True, joined=False) is None  # the same wait
+        answers.tasks()
+        quiet = PassAnswers(4, CancelToken(), None, (errors.NoMoreAvailableError,))
+        assert quiet.end(dry, got_task=True, joined=False) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "pass 4: no task free; waiting for the other trainers' tasks to finish or come back"
+    ]

@@ -13,21 +13,7 @@ from dataclasses import dataclass
 
 from chunkmaster.client.connection import TransportError
 from chunkmaster.client.errors import NeverConnectedError
-from chunkmaster.core.errors import (
-    AllTaskFailedError,
-    JobStoppedError,
-    MasterError,
-    NoMoreAvailableError,
-    NotReadyError,
-    PassAfterError,
-    PassBeforeError,
-    PermissionDeniedError,
-    RanksMissingError,
-    SessionExpiredError,
-    UnauthenticatedError,
-    UnavailableError,
-    WorldMismatchError,
-)
+from chunkmaster.core import errors
 
 
 class Act(enum.Enum):
@@ -54,36 +40,36 @@ class Meaning:
 TABLE = (
     Meaning(NeverConnectedError, Act.STOP, Act.STOP, Act.STOP),
     Meaning(TransportError, Act.RAISE, Act.STOP, Act.RECONNECT),
-    Meaning(UnavailableError, Act.RETRY, Act.RETRY, Act.RECONNECT),
-    Meaning(UnauthenticatedError, Act.RAISE, Act.STOP, Act.STOP),
-    Meaning(SessionExpiredError, Act.RAISE, Act.RENEW, Act.RENEW),
-    Meaning(PermissionDeniedError, Act.RAISE, Act.SPLIT, Act.RETRY),
-    Meaning(PassBeforeError, Act.END, Act.STOP, Act.RETRY),
+    Meaning(errors.UnavailableError, Act.RETRY, Act.RETRY, Act.RECONNECT),
+    Meaning(errors.UnauthenticatedError, Act.RAISE, Act.STOP, Act.STOP),
+    Meaning(errors.SessionExpiredError, Act.RAISE, Act.RENEW, Act.RENEW),
+    Meaning(errors.PermissionDeniedError, Act.RAISE, Act.SPLIT, Act.RETRY),
+    Meaning(errors.PassBeforeError, Act.END, Act.STOP, Act.RETRY),
     Meaning(
-        NoMoreAvailableError,
+        errors.NoMoreAvailableError,
         Act.WAIT,
         Act.STOP,
         Act.RETRY,
         "no task free; waiting for the other trainers' tasks to finish or come back",
     ),
     Meaning(
-        NotReadyError,
+        errors.NotReadyError,
         Act.WAIT,
         Act.RETRY,
         Act.RETRY,
         "the master has no dataset yet; waiting for a trainer's set_dataset",
     ),
     Meaning(
-        PassAfterError,
+        errors.PassAfterError,
         Act.POLL,
         Act.STOP,
         Act.RETRY,
         "the master is still in an earlier pass; waiting for it to finish",
     ),
-    Meaning(AllTaskFailedError, Act.STOP, Act.STOP, Act.RETRY),
-    Meaning(JobStoppedError, Act.STOP, Act.STOP, Act.RETRY),
-    Meaning(RanksMissingError, Act.STOP, Act.STOP, Act.RETRY),
-    Meaning(WorldMismatchError, Act.STOP, Act.STOP, Act.RETRY),
+    Meaning(errors.AllTaskFailedError, Act.STOP, Act.STOP, Act.RETRY),
+    Meaning(errors.JobStoppedError, Act.STOP, Act.STOP, Act.RETRY),
+    Meaning(errors.RanksMissingError, Act.STOP, Act.STOP, Act.RETRY),
+    Meaning(errors.WorldMismatchError, Act.STOP, Act.STOP, Act.RETRY),
 )
 """First match wins (NeverConnectedError is a TransportError). Another master error is an
 answer for the caller to raise, or at Hello a refusal to retry; anything else is a bug."""
@@ -97,4 +83,4 @@ def meaning(exc: BaseException) -> Meaning:
     for row in TABLE:
         if isinstance(exc, row.error):
             return row
-    return OTHER_MASTER_ERROR if isinstance(exc, MasterError) else NOT_AN_ANSWER
+    return OTHER_MASTER_ERROR if isinstance(exc, errors.MasterError) else NOT_AN_ANSWER

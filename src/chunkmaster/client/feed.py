@@ -16,20 +16,17 @@ keeps asking the master meanwhile; `wait_ready` says when a task came back or th
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections import deque
 from dataclasses import replace
 
-from chunkmaster.client.fetcher import PassAnswers, TaskSource
+from chunkmaster.client.fetcher import PassAnswers, TaskSource, until_end
 from chunkmaster.client.link import Cancelled, CancelToken, Startup
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.errors import NoMoreAvailableError
 from chunkmaster.core.model import Position, Task
-
-log = logging.getLogger("chunkmaster.client")
 
 
 class PassFeed:
@@ -171,14 +168,7 @@ class PassFeed:
     # ---- the feed's thread --------------------------------------------------------------------
 
     def _loop(self) -> None:
-        try:
-            self._fetch()
-        except Cancelled:
-            pass
-        except BaseException as exc:  # a bug or a fatal answer: the trainer must see it
-            if not self.cancel.cancelled:
-                log.exception("feed of pass %d failed", self.pass_id)
-            self._finish(exc)
+        until_end(self._fetch, self.cancel, self._finish, f"feed of pass {self.pass_id}")
 
     def _finish(self, end: BaseException) -> None:
         with self._cond:

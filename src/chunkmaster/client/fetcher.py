@@ -127,14 +127,7 @@ class TaskFetcher:
 
     def _loop(self) -> None:
         buf = self._buffer
-        try:
-            self._fetch()
-        except Cancelled:
-            pass
-        except BaseException as exc:  # a bug or a fatal answer: the trainer must see it
-            if not buf.cancel.cancelled:
-                log.exception("fetcher of pass %d failed", buf.pass_id)
-            buf.finish(exc)
+        until_end(self._fetch, buf.cancel, buf.finish, f"fetcher of pass {buf.pass_id}")
 
     def _fetch(self) -> None:
         buf = self._buffer
@@ -169,6 +162,24 @@ class TaskFetcher:
                     for unclaimed in tasks:
                         self._on_unclaimed(unclaimed)
                 raise
+
+
+def until_end(
+    fetch: Callable[[], None],
+    cancel: CancelToken,
+    finish: Callable[[BaseException], None],
+    what: str,
+) -> None:
+    """Run a pass's fetch loop; the error that stops it (a bug, a fatal answer) ends the
+    pass's reading with it, which the trainer must see."""
+    try:
+        fetch()
+    except Cancelled:
+        pass
+    except BaseException as exc:
+        if not cancel.cancelled:
+            log.exception("%s failed", what)
+        finish(exc)
 
 
 class PassAnswers:

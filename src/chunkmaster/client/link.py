@@ -137,7 +137,7 @@ class Locator(Protocol):
 
 class Awaited(Protocol[T_co]):
     """An answer in flight that another thread may cancel: a long-polling GetTask
-    (connection.PendingCall) or a message on the session stream (session.Reply)."""
+    (connection.PendingCall) or a message on the session stream (stream.Reply)."""
 
     def result(self) -> T_co: ...
 
