@@ -212,10 +212,14 @@ class PassAnswers:
             return exc
         if row.task not in (Act.WAIT, Act.POLL):
             raise exc
-        every = starting(self._startup, exc)
-        if every is None:  # no dataset for the whole start-up bound
-            assert self._startup is not None
-            return self._startup.no_dataset(time.monotonic())
+        every, startup = WAIT_LOG_EVERY, self._startup
+        if startup is not None and not startup.dataset:
+            if not isinstance(exc, NotReadyError):
+                startup.dataset = True  # any other answer says the master has a dataset
+            elif startup.over(time.monotonic()):  # none for the whole start-up bound
+                return startup.no_dataset(time.monotonic())
+            else:
+                every = startup.log_every(WAIT_LOG_EVERY)
         first = None if isinstance(exc, self._quiet) else logging.INFO
         if self._waits.wait(type(exc), row.why, every=every, first=first):
             self._polls = 0
@@ -247,18 +251,3 @@ def pass_end(pass_id: int, exc: PassBeforeError, got_task: bool, joined: bool) -
         f"pass {pass_id} was over before this trainer read any of it: {exc}; ask for the "
         "master's current pass (client.status()['cur_pass'])"
     )
-
-
-def starting(startup: Startup | None, answer: Exception) -> float | None:
-    """A wait answered `answer` (NoMoreAvailableError, NotReadyError, PassAfterError): the
-    seconds between its log lines, or None once the client's start-up bound has passed with
-    the master having no dataset (then raise `startup.no_dataset`). Any answer but
-    NotReadyError says the master has a dataset: the client has started."""
-    if startup is None or startup.dataset:
-        return WAIT_LOG_EVERY
-    if not isinstance(answer, NotReadyError):
-        startup.dataset = True
-        return WAIT_LOG_EVERY
-    if startup.over(time.monotonic()):
-        return None
-    return startup.log_every(WAIT_LOG_EVERY)
