@@ -21,6 +21,7 @@ from helpers.waits import wait_for
 
 from chunkmaster.client import Client, Connection, Reading, Session
 from chunkmaster.client.connection import MasterConnection
+from chunkmaster.client.outbox import Outbox
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.checkpoint import decode
 
@@ -43,13 +44,13 @@ def _read_in_session(c: Client, path: str, n: int) -> list[bytes]:
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     """Every (kind, message) the client's sessions send, in order."""
     out: list[tuple[str, Any]] = []
-    real_send = TrainerSession._send
+    real_send = Outbox.send
 
-    def spy(self: TrainerSession, kind: str, msg: Any, answered: bool) -> Any:
+    def spy(self: Outbox, kind: str, msg: Any, answered: bool, now: float) -> Any:
         out.append((kind, msg))
-        return real_send(self, kind, msg, answered)
+        return real_send(self, kind, msg, answered, now)
 
-    monkeypatch.setattr(TrainerSession, "_send", spy)
+    monkeypatch.setattr(Outbox, "send", spy)
     return out
 
 
@@ -202,7 +203,7 @@ def test_goodbye_hands_back_tasks_held_but_not_read(tmp_path: Path) -> None:
 def _in_request_iterator(frame: Any) -> bool:
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "requests" and code.co_filename.endswith("session.py"):
+        if code.co_name == "requests" and code.co_filename.endswith("client/stream.py"):
             return True
         frame = frame.f_back
     return False
@@ -236,9 +237,9 @@ def test_before_reading_a_task_that_failed_the_master_has_every_earlier_finish(
     before it reads it, so that if it dies there the master charges that task and not one
     finished a moment before (docs/failures.md). Finishes otherwise wait up to FINISH_FLUSH
     for a request to ride on: made long here, so only the settle can bring them."""
-    import chunkmaster.client.session as session_module
+    import chunkmaster.client.finishes as finishes_module
 
-    monkeypatch.setattr(session_module, "FINISH_FLUSH", 600.0)
+    monkeypatch.setattr(finishes_module, "FINISH_FLUSH", 600.0)
     path, records = _dataset(tmp_path, 50, chunk=6)  # 50 tasks of one record each
     with InProcessMaster(chunks_per_task=1, timeout_dur=600.0, failure_max=5) as m:
         finished: list[int] = []
@@ -273,11 +274,12 @@ def test_finishes_refused_together_for_one_taken_task_are_each_judged_alone(
     (before, a message that asked for no task was refused for good, both finishes lost)."""
     from helpers.raw_session import RawSession
 
+    # Finishes go out only when settle() sends them: both in one message.
+    import chunkmaster.client.finishes as finishes_module
     from chunkmaster.client.link import CancelToken, MasterLink
     from chunkmaster.rpc import master_pb2 as pb
 
-    # Finishes go out only when settle() sends them: both in one message.
-    monkeypatch.setattr(TrainerSession._arm_flush, "__defaults__", (600.0,))
+    monkeypatch.setattr(finishes_module, "FINISH_FLUSH", 600.0)
     data, _ = _dataset(tmp_path, 40, chunk=200)  # 2 tasks of 1 chunk each
     with InProcessMaster(chunks_per_task=1, timeout_dur=5.0, trainer_ttl=300.0) as m:
         assert m.service is not None

@@ -2,8 +2,7 @@
 
 from chunkmaster.client.client import Client, ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.connection import MasterConnection, TransportError
-from chunkmaster.client.errors import StartupTimeoutError
-from chunkmaster.client.link import NeverConnectedError
+from chunkmaster.client.errors import NeverConnectedError, StartupTimeoutError
 from chunkmaster.client.mixture import Source, WeightChange
 from chunkmaster.client.options import Connection, Reading, Session
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from chunkmaster.client.connection import UNREACHABLE_ADVICE, TransportError
 from chunkmaster.core.model import Chunk, Task
 from chunkmaster.formats.changed import FileChangedError
 from chunkmaster.recordio.errors import RecordIOError
@@ -52,3 +53,27 @@ def describe_read_error(chunk: Chunk, cause: BaseException) -> str:
         f"cannot read {chunk.path} chunk at offset {chunk.offset} "
         f"({chunk.num_records} records): {type(cause).__name__}: {what}"
     )
+
+
+def duration(seconds: float) -> str:
+    """`seconds` as a person reads them: seconds, or minutes past two."""
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+class NeverConnectedError(TransportError):
+    """A master that never answered at all since the client started: most likely a wrong
+    address, or a master that wants TLS or a token. The message says what to check."""
+
+    def __init__(self, last: TransportError, waited: float, bound: float | None = None) -> None:
+        gave_up = (
+            ""
+            if bound is None
+            else f"; gave up after Connection(startup_timeout={bound:g}) (None: wait for ever)"
+        )
+        Exception.__init__(
+            self,
+            f"never connected to {last.addr} in {duration(waited)} ({last.cause}): "
+            + UNREACHABLE_ADVICE
+            + gave_up,
+        )
+        self.addr, self.code, self.details = last.addr, last.code, last.details

@@ -16,34 +16,17 @@ keeps asking the master meanwhile; `wait_ready` says when a task came back or th
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 import uuid
 from collections import deque
 from dataclasses import replace
 
-from chunkmaster.client.fetcher import (
-    FATAL,
-    PASS_POLL_MAX,
-    WAIT_LOG_EVERY,
-    TaskSource,
-    log_wait,
-    pass_end,
-    starting,
-)
+from chunkmaster.client.fetcher import PassAnswers, TaskSource, until_end
 from chunkmaster.client.link import Cancelled, CancelToken, Startup
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.session import TrainerSession
-from chunkmaster.core.errors import (
-    NoMoreAvailableError,
-    NotReadyError,
-    PassAfterError,
-    PassBeforeError,
-)
+from chunkmaster.core.errors import NoMoreAvailableError
 from chunkmaster.core.model import Position, Task
-
-log = logging.getLogger("chunkmaster.client")
 
 
 class PassFeed:
@@ -185,14 +168,7 @@ class PassFeed:
     # ---- the feed's thread --------------------------------------------------------------------
 
     def _loop(self) -> None:
-        try:
-            self._fetch()
-        except Cancelled:
-            pass
-        except BaseException as exc:  # a bug or a fatal answer: the trainer must see it
-            if not self.cancel.cancelled:
-                log.exception("feed of pass %d failed", self.pass_id)
-            self._finish(exc)
+        until_end(self._fetch, self.cancel, self._finish, f"feed of pass {self.pass_id}")
 
     def _finish(self, end: BaseException) -> None:
         with self._cond:
@@ -201,9 +177,7 @@ class PassFeed:
             self._cond.notify_all()
 
     def _fetch(self) -> None:
-        waiting: type[Exception] | None = None
-        since = last_log = time.monotonic()
-        polls = 0
+        answers = PassAnswers(self.pass_id, self.cancel, self._startup, (NoMoreAvailableError,))
         while True:
             with self._cond:
                 while len(self._stock) >= self._size and not self.cancel.cancelled:
@@ -218,45 +192,18 @@ class PassFeed:
                 tasks = self._source.next_tasks(
                     self.pass_id, max(1, want), wait, uuid.uuid4().hex, self.cancel
                 )
-            except PassBeforeError as exc:
-                self._finish(pass_end(self.pass_id, exc, self.got_task, self._joined))
-                return
-            except FATAL as exc:
-                self._finish(exc)
-                return
-            except NoMoreAvailableError as exc:
-                starting(self._startup, exc)  # the master has a dataset
-                with self._cond:
-                    if not self.dry:
-                        self.dry = True
-                        self._cond.notify_all()
-                now = time.monotonic()
-                if waiting is not type(exc):
-                    waiting, since, last_log = type(exc), now, now
-                elif now - last_log >= WAIT_LOG_EVERY:
-                    last_log = now
-                    log_wait(self.pass_id, exc, now - since, logging.WARNING)
-                continue
-            except (NotReadyError, PassAfterError) as exc:
-                now = time.monotonic()
-                every = starting(self._startup, exc)
-                if every is None:  # no dataset for the whole start-up bound
-                    assert self._startup is not None
-                    self._finish(self._startup.no_dataset(now))
+            except Exception as exc:
+                end = answers.end(exc, self.got_task, self._joined)
+                if end is not None:
+                    self._finish(end)
                     return
-                if waiting is not type(exc):
-                    waiting, since, last_log, polls = type(exc), now, now, 0
-                    log_wait(self.pass_id, exc, 0.0, logging.INFO)
-                elif now - last_log >= every:
-                    last_log = now
-                    log_wait(self.pass_id, exc, now - since, logging.WARNING)
-                if isinstance(exc, PassAfterError):  # answered at once: poll, gently
-                    self.cancel.sleep(min(PASS_POLL_MAX, 0.02 * 2**polls))
-                    polls += 1
+                if isinstance(exc, NoMoreAvailableError):
+                    with self._cond:
+                        if not self.dry:
+                            self.dry = True
+                            self._cond.notify_all()
                 continue
-            waiting = None
-            if self._startup is not None:
-                self._startup.dataset = True
+            answers.tasks()
             with self._cond:
                 if self.cancel.cancelled:  # abandoned meanwhile: hand them straight back
                     back = [Position(t.meta.id, t.meta.epoch, t.pass_id, t.start) for t in tasks]

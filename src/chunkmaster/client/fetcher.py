@@ -3,9 +3,9 @@
 It holds enough tasks to cover a round trip to the master at the trainer's pace (pace.py; at
 least 1 + prefetch_tasks), so the next task is at hand when the trainer ends the current one:
 the trainer never waits on the network between tasks. Over a session it asks once half the
-slots are free, for all of them in one message: one round trip for several small tasks. It
-ends the pass when the master has moved past it [D2], and hands "all tasks failed" and "job
-stopped" (the error budget was exceeded) to the trainer as errors.
+slots are free, for all of them in one message: one round trip for several small tasks. The
+master's other answers (the pass is over, nothing free yet, the job stopped) mean what
+answers.TABLE says; `PassAnswers` acts on them for this loop and the Loader's feed.
 How a task is asked for is a `TaskSource`: a unary GetTask (`UnaryTasks`, below) or a NextTask
 on the trainer's session stream (session.py).
 """
@@ -20,41 +20,17 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol
 
+from chunkmaster.client.answers import Act, meaning
 from chunkmaster.client.buffer import PassBuffer
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.errors import EndOfPass
-from chunkmaster.client.link import (
-    Cancelled,
-    CancelToken,
-    MasterLink,
-    NeverConnectedError,
-    Startup,
-)
+from chunkmaster.client.link import Cancelled, CancelToken, MasterLink, Startup
 from chunkmaster.client.pace import Pace
-from chunkmaster.core.errors import (
-    AllTaskFailedError,
-    JobStoppedError,
-    NoMoreAvailableError,
-    NotReadyError,
-    PassAfterError,
-    PassBeforeError,
-    PassOverError,
-    RanksMissingError,
-    WorldMismatchError,
-)
+from chunkmaster.core.errors import NotReadyError, PassBeforeError, PassOverError
 from chunkmaster.core.model import Task
+from chunkmaster.waitlog import WaitLog
 
 log = logging.getLogger("chunkmaster.client")
-
-#: Answers to a task request that end the pass's reading: raised to the trainer (once the
-#: tasks it holds are read). A master never reached has been said already, with what to check.
-FATAL = (
-    NeverConnectedError,
-    AllTaskFailedError,
-    JobStoppedError,
-    RanksMissingError,
-    WorldMismatchError,
-)
 
 PASS_POLL_MAX = 0.5  # seconds between GetTask calls while the master is still in an older pass
 WAIT_LOG_EVERY = 30.0
@@ -151,20 +127,11 @@ class TaskFetcher:
 
     def _loop(self) -> None:
         buf = self._buffer
-        try:
-            self._fetch()
-        except Cancelled:
-            pass
-        except BaseException as exc:  # a bug or a fatal answer: the trainer must see it
-            if not buf.cancel.cancelled:
-                log.exception("fetcher of pass %d failed", buf.pass_id)
-            buf.finish(exc)
+        until_end(self._fetch, buf.cancel, buf.finish, f"fetcher of pass {buf.pass_id}")
 
     def _fetch(self) -> None:
         buf = self._buffer
-        waiting: type[Exception] | None = None
-        since = last_log = time.monotonic()
-        polls = 0
+        answers = PassAnswers(buf.pass_id, buf.cancel, self._startup)
         while True:
             # As many slots as cover a round trip at the trainer's pace (pace.py). A source
             # that hands out several tasks a message is asked once half the slots are free:
@@ -179,32 +146,13 @@ class TaskFetcher:
             wait = self._poll_wait if self._startup is None else self._startup.poll(self._poll_wait)
             try:
                 tasks = self._source.next_tasks(buf.pass_id, count, wait, request_id, buf.cancel)
-            except PassBeforeError as exc:
-                buf.finish(pass_end(buf.pass_id, exc, buf.got_task, buf.joined))
-                return
-            except FATAL as exc:
-                buf.finish(exc)  # raised to the trainer once the tasks it holds are read
-                return
-            except (NoMoreAvailableError, NotReadyError, PassAfterError) as exc:
-                now = time.monotonic()
-                every = starting(self._startup, exc)
-                if every is None:  # no dataset for the whole start-up bound
-                    assert self._startup is not None
-                    buf.finish(self._startup.no_dataset(now))
+            except Exception as exc:
+                end = answers.end(exc, buf.got_task, buf.joined)
+                if end is not None:
+                    buf.finish(end)  # raised to the trainer once the tasks it holds are read
                     return
-                if waiting is not type(exc):
-                    waiting, since, last_log, polls = type(exc), now, now, 0
-                    log_wait(buf.pass_id, exc, 0.0, logging.INFO)
-                elif now - last_log >= every:
-                    last_log = now
-                    log_wait(buf.pass_id, exc, now - since, logging.WARNING)
-                if isinstance(exc, PassAfterError):  # answered at once: poll, gently
-                    buf.cancel.sleep(min(PASS_POLL_MAX, 0.02 * 2**polls))
-                    polls += 1
                 continue
-            waiting = None
-            if self._startup is not None:
-                self._startup.dataset = True
+            answers.tasks()
             self._pace.answered(time.monotonic() - asked_at, count, len(tasks))
             generation = tasks.generation if isinstance(tasks, Dispatched) else None
             try:
@@ -214,6 +162,77 @@ class TaskFetcher:
                     for unclaimed in tasks:
                         self._on_unclaimed(unclaimed)
                 raise
+
+
+def until_end(
+    fetch: Callable[[], None],
+    cancel: CancelToken,
+    finish: Callable[[BaseException], None],
+    what: str,
+) -> None:
+    """Run a pass's fetch loop; the error that stops it (a bug, a fatal answer) ends the
+    pass's reading with it, which the trainer must see."""
+    try:
+        fetch()
+    except Cancelled:
+        pass
+    except BaseException as exc:
+        if not cancel.cancelled:
+            log.exception("%s failed", what)
+        finish(exc)
+
+
+class PassAnswers:
+    """The answers to one pass's task requests that are not tasks (answers.TABLE): the end of
+    the pass's reading they bring, or the wait they mean, logged. `quiet`: answers whose wait
+    is normal enough to say only once it lasts."""
+
+    def __init__(
+        self,
+        pass_id: int,
+        cancel: CancelToken,
+        startup: Startup | None,
+        quiet: tuple[type[Exception], ...] = (),
+    ) -> None:
+        self._cancel = cancel
+        self._startup = startup
+        self._quiet = quiet
+        self._waits = WaitLog(log, f"pass {pass_id}", WAIT_LOG_EVERY)
+        self._polls = 0
+        self.pass_id = pass_id
+
+    def end(self, exc: Exception, got_task: bool, joined: bool) -> BaseException | None:
+        """What ends the pass's reading on the answer `exc`; None: ask again (after a pause,
+        for an answer that came at once). Raises an answer no task request expects."""
+        row = meaning(exc)
+        if row.task is Act.END:
+            assert isinstance(exc, PassBeforeError)
+            return pass_end(self.pass_id, exc, got_task, joined)
+        if row.task is Act.STOP:
+            return exc
+        if row.task not in (Act.WAIT, Act.POLL):
+            raise exc
+        every, startup = WAIT_LOG_EVERY, self._startup
+        if startup is not None and not startup.dataset:
+            if not isinstance(exc, NotReadyError):
+                startup.dataset = True  # any other answer says the master has a dataset
+            elif startup.over(time.monotonic()):  # none for the whole start-up bound
+                return startup.no_dataset(time.monotonic())
+            else:
+                every = startup.log_every(WAIT_LOG_EVERY)
+        first = None if isinstance(exc, self._quiet) else logging.INFO
+        if self._waits.wait(type(exc), row.why, every=every, first=first):
+            self._polls = 0
+        if row.task is Act.POLL:
+            self._cancel.sleep(min(PASS_POLL_MAX, 0.02 * 2**self._polls))
+            self._polls += 1
+        return None
+
+    def tasks(self) -> None:
+        """Tasks came: the wait is over, and the master has a dataset."""
+        self._waits.over()
+        if self._startup is not None:
+            self._startup.dataset = True
 
 
 def pass_end(pass_id: int, exc: PassBeforeError, got_task: bool, joined: bool) -> BaseException:
@@ -232,29 +251,3 @@ def pass_end(pass_id: int, exc: PassBeforeError, got_task: bool, joined: bool) -
         f"pass {pass_id} was over before this trainer read any of it: {exc}; ask for the "
         "master's current pass (client.status()['cur_pass'])"
     )
-
-
-def starting(startup: Startup | None, answer: Exception) -> float | None:
-    """A wait answered `answer` (NoMoreAvailableError, NotReadyError, PassAfterError): the
-    seconds between its log lines, or None once the client's start-up bound has passed with
-    the master having no dataset (then raise `startup.no_dataset`). Any answer but
-    NotReadyError says the master has a dataset: the client has started."""
-    if startup is None or startup.dataset:
-        return WAIT_LOG_EVERY
-    if not isinstance(answer, NotReadyError):
-        startup.dataset = True
-        return WAIT_LOG_EVERY
-    if startup.over(time.monotonic()):
-        return None
-    return startup.log_every(WAIT_LOG_EVERY)
-
-
-def log_wait(pass_id: int, exc: Exception, waited: float, level: int) -> None:
-    if isinstance(exc, NoMoreAvailableError):
-        what = "no task free; waiting for the other trainers' tasks to finish or come back"
-    elif isinstance(exc, PassAfterError):
-        what = "the master is still in an earlier pass; waiting for it to finish"
-    else:
-        what = "the master has no dataset yet; waiting for a trainer's set_dataset"
-    suffix = f" (for {waited:.0f}s)" if waited else ""
-    log.log(level, "pass %d: %s%s", pass_id, what, suffix)

@@ -1,17 +1,18 @@
 """Calling the master from trainer threads, through crashes, restarts and moves.
 
-Every call has a deadline (the connection's). Any transport failure or UnavailableError drops
-the channel, waits with exponential backoff and full jitter, and tries again on a fresh channel:
-to the same address (a master restarted in place, which the Go client never reconnected to,
-defects D4/D5) or to wherever etcd now says the master is. Waits are logged as they start and
-then periodically, so a stuck trainer always says why. Cancellation (a pass abandoned, the
-client closed) interrupts both the backoff sleep and a call in flight.
+Every call has a deadline (the connection's). A failure the answers table says to reconnect
+on (answers.Act.RECONNECT: transport failures, UnavailableError) drops the channel, waits with
+exponential backoff and full jitter, and tries again on a fresh channel: to the same address
+(a master restarted in place) or to wherever etcd now says the master is. Waits are logged
+through a WaitLog. Cancellation (a pass abandoned, the client closed) interrupts both the
+backoff sleep and a call in flight.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import math
 import random
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from chunkmaster.client.answers import Act, meaning
 from chunkmaster.client.connection import (
     DEFAULT_TIMEOUT,
     PLAIN,
@@ -29,8 +31,9 @@ from chunkmaster.client.connection import (
     MasterConnection,
     TransportError,
 )
-from chunkmaster.client.errors import StartupTimeoutError
-from chunkmaster.core.errors import MasterError, UnavailableError
+from chunkmaster.client.errors import NeverConnectedError, StartupTimeoutError, duration
+from chunkmaster.core.errors import MasterError
+from chunkmaster.waitlog import WaitLog
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -62,29 +65,6 @@ def _reminder_at(n: int, bound: float | None = None) -> float:
     else:
         at = NEVER_CONNECTED_REMINDERS[last] + 600.0 * (n - last)
     return at if bound is None else min(at, (n + 1) * bound / STARTUP_LOGS)
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f} min"
-
-
-class NeverConnectedError(TransportError):
-    """A master that never answered at all since the client started: most likely a wrong
-    address, or a master that wants TLS or a token. The message says what to check."""
-
-    def __init__(self, last: TransportError, waited: float, bound: float | None = None) -> None:
-        gave_up = (
-            ""
-            if bound is None
-            else f"; gave up after Connection(startup_timeout={bound:g}) (None: wait for ever)"
-        )
-        Exception.__init__(
-            self,
-            f"never connected to {last.addr} in {_duration(waited)} ({last.cause}): "
-            + UNREACHABLE_ADVICE
-            + gave_up,
-        )
-        self.addr, self.code, self.details = last.addr, last.code, last.details
 
 
 class Startup:
@@ -130,7 +110,7 @@ class Startup:
         """The error of a master that answers but has had no dataset for the whole bound."""
         return StartupTimeoutError(
             f"the master at {self._address()} has no dataset after "
-            f"{_duration(now - self.begin())} of asking it for tasks: no trainer called "
+            f"{duration(now - self.begin())} of asking it for tasks: no trainer called "
             "set_dataset and its store holds none (give one: Client.set_dataset(), "
             "Loader(dataset=...), chunkmaster read --dataset), or one is still indexing its "
             "files (that takes a longer bound); gave up after "
@@ -157,7 +137,7 @@ class Locator(Protocol):
 
 class Awaited(Protocol[T_co]):
     """An answer in flight that another thread may cancel: a long-polling GetTask
-    (connection.PendingCall) or a message on the session stream (session.Reply)."""
+    (connection.PendingCall) or a message on the session stream (stream.Reply)."""
 
     def result(self) -> T_co: ...
 
@@ -282,68 +262,68 @@ class MasterLink:
         never reached has not answered for the start-up bound (`Startup`).
         """
         began = self.startup.begin()
+        waits = WaitLog(log, what, LOG_EVERY)
         attempt = 0
-        first_failure: float | None = None
-        last_log = 0.0
         while True:
             cancel.check()
             conn = self._connection(cancel, what)
             try:
                 result = fn(conn)
-            except (TransportError, UnavailableError) as exc:
-                cancel.check()  # a cancelled call shows up as a transport error: not a failure
-                now = time.monotonic()
-                never = isinstance(exc, TransportError) and not self._reached
-                if isinstance(exc, TransportError):
-                    self._drop(conn)
-                else:
-                    self._reached = self.startup.connected = True  # its store fails for now
-                if first_failure is None:
-                    first_failure = last_log = now
-                if never:
-                    # Said once for the link (every call fails alike), then less often.
-                    assert isinstance(exc, TransportError)
-                    self._never_connected(exc, now)
-                elif last_log == first_failure == now:
-                    log.warning("%s: %s; retrying with backoff", what, exc)
-                elif now - last_log >= LOG_EVERY:
-                    last_log = now
-                    log.warning(
-                        "%s: still failing after %.0fs and %d attempts: %s",
-                        what,
-                        now - first_failure,
-                        attempt + 1,
-                        exc,
-                    )
-                startup_over = never and self.startup.over(now)
-                out_of_time = (
-                    self.retry_timeout is not None and now - first_failure >= self.retry_timeout
-                ) or (deadline is not None and now >= deadline)
-                if out_of_time or startup_over:
-                    if never:
-                        assert isinstance(exc, TransportError)
-                        bound = self.startup.bound if startup_over else None
-                        raise NeverConnectedError(exc, now - began, bound) from None
+            except Exception as exc:
+                if meaning(exc).reach is not Act.RECONNECT:
+                    if isinstance(exc, MasterError):
+                        self._answered(conn.addr)
                     raise
-                delay = backoff_delay(attempt, self.backoff_base, self.backoff_max)
-                if deadline is not None:
-                    delay = min(delay, deadline - now)
-                if never and self.startup.bound is not None:  # give up on time
-                    delay = min(delay, max(0.0, began + self.startup.bound - now))
-                cancel.sleep(delay)
+                cancel.check()  # a cancelled call shows up as a transport error: not a failure
+                cancel.sleep(self._failed(exc, conn, waits, attempt, began, deadline))
                 attempt += 1
                 continue
-            except MasterError:
-                self._answered(conn.addr)
-                raise
-            if self._answered(conn.addr) and first_failure is not None:
-                log.warning(
-                    "%s: master at %s answers again after %.1fs",
-                    what,
-                    conn.addr,
-                    time.monotonic() - first_failure,
-                )
+            lasted = waits.over()
+            if self._answered(conn.addr) and lasted is not None:
+                log.warning("%s: master at %s answers again after %.1fs", what, conn.addr, lasted)
             return result
+
+    def _failed(
+        self,
+        exc: Exception,
+        conn: MasterConnection,
+        waits: WaitLog,
+        attempt: int,
+        began: float,
+        deadline: float | None,
+    ) -> float:
+        """A call failed on its way (`exc`): the seconds to back off before the next try.
+        Raises `exc`, or NeverConnectedError, once the retries' time is up."""
+        now = time.monotonic()
+        never = isinstance(exc, TransportError) and not self._reached
+        if isinstance(exc, TransportError):
+            self._drop(conn)
+        else:
+            self._reached = self.startup.connected = True  # its store fails for now
+        if never:  # said once for the link (every call fails alike), then less often
+            assert isinstance(exc, TransportError)
+            self._never_connected(exc, now)
+        why = f"{exc}; retrying with backoff"
+        if never:  # said by _never_connected
+            waits.wait("failing", why, every=math.inf, first=None)
+        else:
+            waits.wait("failing", why)
+        startup_over = never and self.startup.over(now)
+        out_of_time = (
+            self.retry_timeout is not None and now - waits.since >= self.retry_timeout
+        ) or (deadline is not None and now >= deadline)
+        if out_of_time or startup_over:
+            if never:
+                assert isinstance(exc, TransportError)
+                bound = self.startup.bound if startup_over else None
+                raise NeverConnectedError(exc, now - began, bound) from None
+            raise exc
+        delay = backoff_delay(attempt, self.backoff_base, self.backoff_max)
+        if deadline is not None:
+            delay = min(delay, deadline - now)
+        if never and self.startup.bound is not None:  # give up on time
+            delay = min(delay, max(0.0, began + self.startup.bound - now))
+        return delay
 
     def _never_connected(self, exc: TransportError, now: float) -> None:
         """Say that the address never answered, and what to check: once for the link, then
@@ -367,7 +347,7 @@ class MasterLink:
             log.warning(
                 "still never connected to %s after %s (%s); retrying",
                 exc.addr,
-                _duration(now - first),
+                duration(now - first),
                 exc.cause,
             )
 
@@ -381,7 +361,7 @@ class MasterLink:
             self.startup.connected = True
             warned = self._never_warned
         if warned is not None:
-            log.warning("connected to %s after %s", addr, _duration(time.monotonic() - warned))
+            log.warning("connected to %s after %s", addr, duration(time.monotonic() - warned))
             return False
         return True
 
@@ -411,10 +391,11 @@ class MasterLink:
         addr = locator.current()
         if addr:
             return addr
-        start = last_log = time.monotonic()
         key = locator.key.decode(errors="replace")
-        log.warning("%s: no master address at %s in etcd; waiting for one", what, key)
-        deadline = None if self.retry_timeout is None else start + self.retry_timeout
+        waits = WaitLog(log, what, self.startup.log_every(LOG_EVERY))
+        why = f"no master address at {key} in etcd; waiting for one"
+        waits.wait("no address", why)
+        deadline = None if self.retry_timeout is None else waits.since + self.retry_timeout
         bound = self.startup.bound
         if bound is not None and not self._reached:  # not started yet: its bound holds too
             end = self.startup.begin() + bound
@@ -424,12 +405,9 @@ class MasterLink:
             addr = locator.wait_for_address(0.2)
             if addr:
                 return addr
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise TransportError("etcd", _NoAddress(f"no master address at {key} in etcd"))
-            if now - last_log >= self.startup.log_every(LOG_EVERY):
-                last_log = now
-                log.warning("%s: still no master address at %s after %.0fs", what, key, now - start)
+            waits.wait("no address", why)
 
     def _drop(self, conn: MasterConnection) -> None:
         """Forget a failed channel so the next attempt dials afresh."""

@@ -27,6 +27,7 @@ import grpc
 from chunkmaster.etcd.keys import DEFAULT_ADDR_PATH, KeyLayout
 from chunkmaster.etcd.options import CHANNEL_OPTIONS, EtcdOptions
 from chunkmaster.etcd.rpc import EVENT_PUT, aetcd_rpc
+from chunkmaster.waitlog import WaitLog
 
 __all__ = ["MasterLocator"]
 
@@ -61,6 +62,7 @@ class MasterLocator:
         self._closed = False
         self._stop = threading.Event()
         self._call: Any = None  # the live watch call, so close() can cancel it
+        self._waits = WaitLog(log, "master address watch")
         self._thread = threading.Thread(target=self._run, name="master-locator", daemon=True)
         self._thread.start()
 
@@ -155,7 +157,8 @@ class MasterLocator:
                 established = self._follow(channel)
             except (grpc.RpcError, _WatchEnded) as exc:
                 text = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
-                log.debug("master address watch broke: %s", text)
+                why = f"broke ({text}); reconnecting"
+                self._waits.wait("broken", why, first=logging.DEBUG)
             finally:
                 channel.close()
             if self._stop.is_set():
@@ -205,6 +208,7 @@ class MasterLocator:
                     raise _WatchEnded(f"watch canceled: {wresp.cancel_reason}")
                 if wresp.created:
                     established = True
+                    self._waits.over()  # following again: a later break is a new wait
                 for ev in wresp.events:
                     if ev.type == EVENT_PUT:
                         self._apply(bytes(ev.kv.value), int(ev.kv.mod_revision))
