@@ -22,7 +22,7 @@ def test_the_status_as_json_reads_back_as_the_typed_view(tmp_path: Path) -> None
         async with started_service(data=[data], chunks_per_task=5, clock=Clock()) as svc:
             sid = await svc.open_session("", "t", "h", 1, 0)
             task = await svc.get_task(0, session=sid)
-            svc.report_progress(sid, [Position(task.meta.id, task.meta.epoch, 0, 2)])
+            svc.reports.progress(sid, [Position(task.meta.id, task.meta.epoch, 0, 2)])
             other = await svc.get_task(0)
             await svc.task_failed(other.meta, "disk on fire")
             view = svc.status_view()
