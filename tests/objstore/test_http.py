@@ -17,7 +17,7 @@ from helpers.master_process import MasterProcess
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import DatasetError, PermissionDeniedError
-from chunkmaster.formats.remote import FsspecStorage
+from chunkmaster.remote import FsspecStorage
 
 RECORDS = 60
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from chunkmaster.core.errors import FILE_CHANGED
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import Storage
-from chunkmaster.formats.remote import is_remote, local_path
+from chunkmaster.remote import is_remote, local_path
 
 WHAT_TO_DO = (
     "the dataset's files changed after the master indexed them: restore the files, or start "

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from chunkmaster.core.dataset import Dataset, size_text
 from chunkmaster.core.errors import DatasetError, NoDatasetError
-from chunkmaster.formats.remote import FsspecStorage
-from chunkmaster.formats.remote import shared as shared_storage
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.master.roots import DataRoots, is_url
+from chunkmaster.remote import FsspecStorage
+from chunkmaster.remote import shared as shared_storage
 
 if TYPE_CHECKING:
     from chunkmaster.formats.base import FileIndex, Format, Storage
@@ -324,7 +324,7 @@ def load_dataset(
     """Expand `globs` and read every file's chunk index (headers or footers only), in
     parallel; a file whose index takes longer than `file_timeout` seconds (a hung file system)
     is an error naming it. `fmt` names the files' format (default: by their names). URLs are
-    listed and read through fsspec with `storage_options` (formats/remote.py). The formats
+    listed and read through fsspec with `storage_options` (remote.py). The formats
     whose chunks the master cuts get chunks of at most `chunk_size` bytes (None: the format's
     default). A compressed file that would inflate to more than `max_inflated` bytes is
     refused, naming it (its records are counted as it is inflated, never held whole where the
@@ -388,7 +388,7 @@ def load_dataset(
 
 def file_mtime_ns(path: str) -> int:
     """A local file's modification time in ns (0 for an object-store URL: not kept)."""
-    from chunkmaster.formats.remote import is_remote, local_path
+    from chunkmaster.remote import is_remote, local_path
 
     if is_remote(path):
         return 0

@@ -454,7 +454,7 @@ def _key(globs: Sequence[str], sources: Sequence[SourceSpec]) -> object:
 
 def _listed(globs: list[str], settings: Settings, roots: DataRoots) -> set[str]:
     """The files `globs` match, one text per file however reached (none: nothing matches)."""
-    from chunkmaster.formats.remote import shared
+    from chunkmaster.remote import shared
 
     try:
         return file_keys(expand_globs(globs, shared(settings.storage_options), roots))
