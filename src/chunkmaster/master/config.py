@@ -24,7 +24,7 @@ from chunkmaster.formats import options as storage_opts
 from chunkmaster.master.auth import is_loopback
 from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.settings import DEFAULTS, MAX_CHUNK_SIZE, SettingError, Settings
-from chunkmaster.store.sqlite import folder_problem
+from chunkmaster.store.directory import folder_problem
 from chunkmaster.tokens import given_token, read_token
 
 __all__ = [
