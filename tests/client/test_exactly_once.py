@@ -36,7 +36,7 @@ from chunkmaster.client import Connection
 from chunkmaster.client.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.checkpoint import decode
-from chunkmaster.master.datasets import load_dataset
+from chunkmaster.master.indexing import load_dataset
 
 TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 RECORDS = 1500

@@ -25,7 +25,7 @@ from chunkmaster.client.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.shuffle_buffer import ShuffleBuffer, buffer_rng
 from chunkmaster.core.checkpoint import decode
-from chunkmaster.master.datasets import load_dataset
+from chunkmaster.master.indexing import load_dataset
 
 TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "session_trainer.py")
 

@@ -18,7 +18,7 @@ from helpers.master_process import MasterProcess
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import PermissionDeniedError
-from chunkmaster.master.datasets import expand_globs
+from chunkmaster.master.patterns import expand_globs
 from chunkmaster.master.roots import DataRoots
 
 

@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from chunkmaster import logs
 from chunkmaster.cli.common import CliError, add_security_flags, security_kwargs
-from chunkmaster.core.dataset import parse_size
+from chunkmaster.core.sizes import parse_size
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.logs import plural
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from chunkmaster.core.budget import ErrorBudget
-from chunkmaster.core.dataset import parse_size
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.shuffle import MAX_SEED
+from chunkmaster.core.sizes import parse_size
 from chunkmaster.core.steps import StepsMode
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
