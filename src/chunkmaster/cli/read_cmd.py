@@ -127,7 +127,7 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_reading_flags(p: argparse.ArgumentParser) -> None:
     """How the trainer reads: its rank, prefetch and shuffle."""
-    p.add_argument(  # deprecated: did nothing; warns (run) and is hidden from --help
+    p.add_argument(  # a flag without effect: hidden from --help, warned about (run)
         "--buffer-size", type=int, default=None, help=argparse.SUPPRESS
     )
     p.add_argument(

@@ -67,12 +67,12 @@ class Dataset:
     shuffle_seed: int | None = None  # None: every pass cuts the same tasks, in file order
     #: The bound on a chunk's bytes the master cut the files' chunks at (--chunk-size), for the
     #: formats it cuts; None for the files' own chunks (RecordIO, Parquet), or not recorded
-    #: (a dataset set before chunk sizes were).
+    #: (a journal or checkpoint whose dataset does not carry it).
     chunk_size: int | None = None
     #: A mixture's sources, in order (empty: one plain dataset, every task of every pass).
     sources: tuple[Source, ...] = ()
     #: 'q': each file's modification time (ns) when it was indexed; 0 where not known (object
-    #: stores), None for a dataset indexed before they were kept.
+    #: stores), None where the journal or checkpoint the dataset came from does not carry them.
     file_mtimes: array[int] | None = field(default=None)
     _layouts: dict[int, tuple[PassChunks, PassTaskRecords]] = field(
         default_factory=dict, init=False, repr=False

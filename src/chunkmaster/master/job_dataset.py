@@ -163,7 +163,7 @@ class JobDataset:
                 "invalid argument: a dataset is one list of patterns or a mixture of named "
                 "sources, not both"
             )
-        if not globs and not sources:  # checked before "already set", as the original does
+        if not globs and not sources:  # checked before "already set", as the Go master does
             raise NoDatasetError()
         if sources:
             check_sources(sources)

@@ -28,7 +28,7 @@ log = logging.getLogger("chunkmaster.store")
 
 APPLICATION_ID = 0x434D4A31  # "CMJ1" in the SQLite header: this file is a chunkmaster journal
 FORMAT_VERSION = 2  # PRAGMA user_version of the files a store writes
-LEGACY_FORMAT = "chunkmaster-journal-1"  # meta.format of stores from before the witness
+LEGACY_FORMAT = "chunkmaster-journal-1"  # meta.format of format-1 stores, which have no witness
 
 COLUMNS = {
     "journal": {"seq", "entry"},
@@ -42,7 +42,7 @@ _DAMAGE_CODES = {"SQLITE_CORRUPT", "SQLITE_NOTADB"}
 class Found:
     """What the read-only inspection found in a database that may be opened."""
 
-    kind: str  # "new" (blank), "legacy" (a store from before the witness) or "ours"
+    kind: str  # "new" (blank), "legacy" (a format-1 store, without a witness) or "ours"
     store_id: str | None
     job: str | None
     last_seq: int
