@@ -21,7 +21,7 @@ import logging
 import os
 import sqlite3
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -211,8 +211,7 @@ class SqliteStore:
         # entry 0 beside a blank or legacy database, which the next start simply redoes.
         store_id = found.store_id or uuid.uuid4().hex
         self._witness = Witness.create(self.witness_path, WitnessRecord(store_id, 0))
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             for stmt in _SCHEMA:
                 conn.execute(stmt)
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
@@ -223,10 +222,6 @@ class SqliteStore:
             conn.executemany(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", values.items()
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
         self._last_seq = found.last_seq
         self._witness.update(found.last_seq, sync=True)
         if found.kind == "legacy":
@@ -235,15 +230,10 @@ class SqliteStore:
             )
 
     def _set_meta(self, conn: sqlite3.Connection, values: dict[str, str]) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(conn):
             conn.executemany(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", values.items()
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
 
     def _note_durable(self, seq: int) -> None:
         """Record `seq` in the witness (full mode only: see the class docstring)."""
@@ -288,13 +278,8 @@ class SqliteStore:
                     f"store {self.path}: journal gap: got entry {entries[0][0]}, "
                     f"expected {self._last_seq + 1}"
                 )
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(conn):
                 conn.executemany("INSERT INTO journal (seq, entry) VALUES (?, ?)", entries)
-                conn.execute("COMMIT")
-            except BaseException:
-                _rollback(conn)
-                raise
             self._note_durable(entries[-1][0])
 
         await self._run(work)
@@ -302,17 +287,12 @@ class SqliteStore:
     async def compact(self, snapshot: bytes, seq: int) -> None:
         def work() -> None:
             conn = self._connect()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(conn):
                 conn.execute(
                     "INSERT OR REPLACE INTO snapshot (id, seq, data) VALUES (0, ?, ?)",
                     (seq, snapshot),
                 )
                 conn.execute("DELETE FROM journal WHERE seq <= ?", (seq,))
-                conn.execute("COMMIT")
-            except BaseException:
-                _rollback(conn)
-                raise
 
         await self._run(work)
 
@@ -339,6 +319,18 @@ class SqliteStore:
 
     def describe(self) -> str:
         return f"embedded SQLite store at {self.path} (synchronous={self._synchronous})"
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction: committed at the end of the block, rolled back on any error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
