@@ -49,7 +49,7 @@ from stream_bench import start_master
 
 from chunkmaster.client import Client, Reading
 from chunkmaster.client.connection import MasterConnection
-from chunkmaster.core.dataset import size_text
+from chunkmaster.core.sizes import size_text
 from chunkmaster.formats.lines import CHUNK_SIZE, JSONL, TEXT, index_lines
 from chunkmaster.formats.storage import LOCAL
 from chunkmaster.master.config import parse_size

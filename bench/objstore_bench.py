@@ -48,10 +48,10 @@ from helpers.s3_server import S3Server  # noqa: E402
 from chunkmaster.client import Client, EndOfPass, Reading  # noqa: E402
 from chunkmaster.client.connection import MasterConnection  # noqa: E402
 from chunkmaster.formats.recordio import FORMAT as RECORDIO  # noqa: E402
-from chunkmaster.formats.remote import shared  # noqa: E402
 from chunkmaster.formats.storage import LOCAL  # noqa: E402
-from chunkmaster.master.datasets import MAX_INDEX_THREADS  # noqa: E402
+from chunkmaster.master.indexing import MAX_INDEX_THREADS  # noqa: E402
 from chunkmaster.recordio import Compressor  # noqa: E402
+from chunkmaster.remote import shared  # noqa: E402
 
 RECORD = 4096
 CHUNKS_PER_TASK = 10

@@ -150,7 +150,8 @@ def test_spellings_of_one_dataset_and_relative_patterns_named_absolute(
 ) -> None:
     """What "the same dataset" means, without a process: patterns compared once absolute,
     in any order and repetition; else the files they match (symlinks resolved)."""
-    from chunkmaster.master.datasets import dataset_mismatch, load_dataset, same_patterns
+    from chunkmaster.master.indexing import load_dataset
+    from chunkmaster.master.patterns import dataset_mismatch, same_patterns
 
     first, _ = make_job_data(tmp_path, "first", 5)
     make_job_data(tmp_path, "second", 5)

@@ -37,7 +37,7 @@ from chunkmaster.client import Connection
 from chunkmaster.client.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.checkpoint import decode
-from chunkmaster.master.datasets import load_dataset
+from chunkmaster.master.indexing import load_dataset
 
 RECORDS = 1500
 CHUNKS_PER_TASK = 2

@@ -34,7 +34,7 @@ from chunkmaster.core.events import AddSources, MixturePosition, Restore, SetDat
 from chunkmaster.core.mixture import Weights
 from chunkmaster.core.state import MasterState, apply
 from chunkmaster.digest import Digest
-from chunkmaster.master.datasets import load_dataset
+from chunkmaster.master.indexing import load_dataset
 from chunkmaster.recordio import Writer
 
 SEED = 7

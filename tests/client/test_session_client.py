@@ -102,7 +102,7 @@ def test_a_trainer_that_prefetches_gets_its_tasks_several_to_a_message(
 
 
 def m_tasks(path: str, chunks_per_task: int = 2) -> int:
-    from chunkmaster.master.datasets import load_dataset
+    from chunkmaster.master.indexing import load_dataset
 
     return len(load_dataset([path], chunks_per_task).task_records)
 

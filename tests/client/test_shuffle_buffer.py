@@ -23,7 +23,7 @@ from chunkmaster.client.client import Client
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.shuffle_buffer import ShuffleBuffer, buffer_rng
 from chunkmaster.core.checkpoint import decode
-from chunkmaster.master.datasets import load_dataset
+from chunkmaster.master.indexing import load_dataset
 
 
 @given(st.integers(1, 30), st.lists(st.integers(0, 3), max_size=300), st.integers(0, 99))

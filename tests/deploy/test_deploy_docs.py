@@ -13,7 +13,7 @@ SUFFIXES = ("_total", "_bucket", "_sum", "_count")
 
 
 def served() -> set[str]:
-    text = (REPO / "src/chunkmaster/master/metrics.py").read_text()
+    text = "".join(p.read_text() for p in (REPO / "src/chunkmaster/master/metrics").glob("*.py"))
     return set(re.findall(r'"(chunkmaster_[a-z_]+)"', text))
 
 
@@ -29,7 +29,7 @@ def test_every_metric_named_in_the_guide_and_the_alerts_is_served() -> None:
     for path in ("docs/deploy.md", "deploy/prometheus/chunkmaster-alerts.yaml"):
         names |= {base(n) for n in METRIC.findall((REPO / path).read_text())}
     assert names, "no metric named"
-    assert names <= served(), f"not served by master/metrics.py: {sorted(names - served())}"
+    assert names <= served(), f"not served by master/metrics/: {sorted(names - served())}"
 
 
 def test_the_alert_rules_are_rules() -> None:

@@ -14,7 +14,7 @@ from chunkmaster.etcd.connection import EtcdConnection
 from chunkmaster.etcd.journal import EtcdStore
 from chunkmaster.etcd.keys import DEFAULT_STATE_PATH
 from chunkmaster.etcd.options import EtcdOptions
-from chunkmaster.etcd.rpc import prefix_end
+from chunkmaster.etcd.protocol import prefix_end
 from chunkmaster.store.base import NotLeaderError, Store
 
 MiB = 1024 * 1024

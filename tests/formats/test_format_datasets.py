@@ -14,7 +14,7 @@ from chunkmaster.core.errors import DatasetError
 from chunkmaster.core.events import SetDataset
 from chunkmaster.core.state import MasterState, apply
 from chunkmaster.formats import format_for, get_format
-from chunkmaster.master.datasets import load_dataset
+from chunkmaster.master.indexing import load_dataset
 
 
 @pytest.mark.parametrize(

@@ -276,7 +276,7 @@ def test_damaged_gzip_is_refused(tmp_path: Path) -> None:
 
 def test_master_indexes_tfrecord_files_by_name_and_refuses_a_mismatch(tmp_path: Path) -> None:
     from chunkmaster.core.errors import DatasetError
-    from chunkmaster.master.datasets import load_dataset
+    from chunkmaster.master.indexing import load_dataset
 
     for i in range(3):
         write(tmp_path / f"part-{i}.tfrecord", records_of(200, seed=i))

@@ -262,7 +262,7 @@ def test_pax_global_header_is_refused_unless_only_a_comment(tmp_path: Path) -> N
 
 def test_master_indexes_shards_by_name_and_refuses_a_mismatch(tmp_path: Path) -> None:
     from chunkmaster.core.errors import DatasetError
-    from chunkmaster.master.datasets import load_dataset
+    from chunkmaster.master.indexing import load_dataset
 
     for i in range(3):
         write_tar(tmp_path / f"shard-{i}.tar", make_samples(50))

@@ -134,7 +134,7 @@ def test_from_text_types_every_field() -> None:
 )  # fmt: skip
 def test_sizes_read_as_size_text_writes_them(text: str, size: int) -> None:
     """--chunk-size and --max-inflated-bytes (and read --max-inflated-bytes) read sizes so."""
-    from chunkmaster.core.dataset import size_text
+    from chunkmaster.core.sizes import size_text
     from chunkmaster.master.config import parse_size
 
     assert parse_size(text) == size

@@ -13,7 +13,7 @@ from helpers.status_view import status_view
 
 from chunkmaster.client import Client
 from chunkmaster.client.connection import MasterConnection
-from chunkmaster.master.datasets import ItemTimeout, map_in_daemon_threads
+from chunkmaster.master.daemon_threads import ItemTimeout, map_in_daemon_threads
 
 
 def test_a_source_that_never_answers_neither_jams_nor_outlives_the_master(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The house's layers, read from the source: what imports what (docs/architecture.md).
 
-- No import circle anywhere in `chunkmaster`, type-hint imports included.
+- No import circle anywhere in `chunkmaster`, type-hint imports included: neither between
+  modules nor between packages (`chunkmaster.recordio`, `chunkmaster.formats`, ...).
 - `core/` is pure: it imports nothing of the shell.
 - `store/` imports nothing of `etcd/`; `etcd/` uses only `store.base` of `store/`.
 - A trainer's `import chunkmaster` loads nothing of the master, its stores or SQLite.
@@ -83,6 +84,36 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_circle() -> None:
     circle = _circle(_imports())
     assert circle is None, "import circle: " + " -> ".join(circle or [])
+
+
+def _packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with each module collapsed to its package (`chunkmaster.X`); a
+    top-level module such as `chunkmaster.logs` is a package of its own."""
+
+    def package(mod: str) -> str:
+        return ".".join(mod.split(".")[:2])
+
+    packages: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        outside = {package(d) for d in deps} - {package(mod)}
+        packages.setdefault(package(mod), set()).update(outside)
+    return packages
+
+
+def test_no_package_circle() -> None:
+    circle = _circle(_packages(_imports()))
+    assert circle is None, "package circle: " + " -> ".join(circle or [])
+
+
+def test_recordio_imports_nothing_of_the_formats() -> None:
+    graph = _imports()
+    assert not {
+        (m, d)
+        for m, deps in graph.items()
+        if m.startswith("chunkmaster.recordio")
+        for d in deps
+        if d.startswith("chunkmaster.formats")
+    }
 
 
 def test_core_imports_nothing_of_the_shell() -> None:

@@ -18,7 +18,7 @@ from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import DatasetError, PermissionDeniedError
-from chunkmaster.formats.remote import FsspecStorage
+from chunkmaster.remote import FsspecStorage
 
 RECORDS = 60
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers.s3_server import SECRET_KEY, S3Server
 
-from chunkmaster.formats.remote import FsspecStorage, coalesce, scrub
+from chunkmaster.remote import FsspecStorage, coalesce, scrub
 
 
 def test_coalesce_folds_neighbours_within_the_gap_and_limit() -> None:

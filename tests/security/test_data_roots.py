@@ -19,7 +19,7 @@ from helpers.status_view import status_view
 
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.errors import PermissionDeniedError
-from chunkmaster.master.datasets import expand_globs
+from chunkmaster.master.patterns import expand_globs
 from chunkmaster.master.roots import DataRoots
 
 

@@ -105,7 +105,7 @@ def test_a_volume_root_lets_the_masters_own_group_write_is_accepted(tmp_path: Pa
     the group can write (they can chmod it), is refused."""
     if os.geteuid() != 0:
         pytest.skip("needs root: to give a directory to another group")
-    from chunkmaster.store.sqlite import unsafe_directory
+    from chunkmaster.store.directory import unsafe_directory
 
     d = tmp_path / "volume"
     d.mkdir()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from chunkmaster.cli.common import CliError, add_security_flags, ask_master
-from chunkmaster.core.dataset import size_text
+from chunkmaster.core.sizes import size_text
 from chunkmaster.logs import plural
 
 

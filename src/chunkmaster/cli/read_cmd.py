@@ -30,8 +30,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
+from chunkmaster import logs
 from chunkmaster.cli.common import CliError, add_security_flags, security_kwargs
-from chunkmaster.core.dataset import parse_size
+from chunkmaster.core.sizes import parse_size
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.logs import plural
 
@@ -58,6 +59,18 @@ def register(sub: Any) -> None:
             "dataset patterns are this trainer's: it says what each one becomes."
         ),
     )
+    _add_master_flags(p)
+    _add_output_flags(p)
+    _add_reading_flags(p)
+    _add_storage_flags(p)
+    _add_waiting_flags(p)
+    p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
+    add_security_flags(p)
+    p.set_defaults(func=run)
+
+
+def _add_master_flags(p: argparse.ArgumentParser) -> None:
+    """Where the master is, and the dataset this trainer sets."""
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--addr", help="the master's HOST:PORT")
     where.add_argument(
@@ -82,6 +95,10 @@ def register(sub: Any) -> None:
         "be left out: 1); repeat it for every source, or for more patterns of one. With "
         "--json each pass line also has each source's records and digest (docs/mixtures.md)",
     )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """What the reference trainer reads and prints."""
     p.add_argument("--passes", type=int, required=True, help="number of passes to read")
     p.add_argument("--first-pass", type=int, default=0, help="pass number to start at")
     p.add_argument("--json", action="store_true", help="one JSON object per line per pass")
@@ -106,16 +123,11 @@ def register(sub: Any) -> None:
         "and how many records the master quarantined in that pass (unknown, JSON null, for a "
         "pass its status no longer shows: it shows the last two)",
     )
-    _add_reading_flags(p)
-    _add_waiting_flags(p)
-    p.add_argument("--log-level", default="warning", help="debug, info, warning, error")
-    add_security_flags(p)
-    p.set_defaults(func=run)
 
 
 def _add_reading_flags(p: argparse.ArgumentParser) -> None:
-    """How the trainer reads: its rank, prefetch, shuffle, retries and storage."""
-    p.add_argument(  # deprecated: did nothing; warns (run) and is hidden from --help
+    """How the trainer reads: its rank, prefetch and shuffle."""
+    p.add_argument(  # a flag without effect: hidden from --help, warned about (run)
         "--buffer-size", type=int, default=None, help=argparse.SUPPRESS
     )
     p.add_argument(
@@ -153,6 +165,10 @@ def _add_reading_flags(p: argparse.ArgumentParser) -> None:
         help="seed of the shuffle buffer's draw, with the pass and the trainer's name "
         "(default: the master's --shuffle-seed, or 0)",
     )
+
+
+def _add_storage_flags(p: argparse.ArgumentParser) -> None:
+    """How the trainer reads its files: fsspec's options, read-ahead, the inflation bound."""
     p.add_argument(
         "--storage-option",
         action="append",
@@ -213,11 +229,7 @@ def _size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.setup(getattr(logging, str(args.log_level).upper(), logging.WARNING))
     if args.passes < 0:
         raise CliError("--passes must be 0 or more")
     if args.shuffle_buffer < 0:

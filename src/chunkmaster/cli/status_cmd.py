@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from chunkmaster.cli.common import add_security_flags, ask_master, duration_text
-from chunkmaster.core.dataset import size_text
+from chunkmaster.core.sizes import size_text
 from chunkmaster.logs import plural, printable
 
 

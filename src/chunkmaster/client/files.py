@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import IO, cast
 
-from chunkmaster.formats.remote import local_path
 from chunkmaster.formats.storage import LocalStorage, pread_ranges
 from chunkmaster.recordio.source import open_regular
+from chunkmaster.remote import local_path
 
 DEFAULT_OPEN_FILES = 16
 """Descriptors a client keeps open at most (a task's chunks usually lie in one file)."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from chunkmaster.client.connection import join_all
 from chunkmaster.core.model import Chunk, Task
 from chunkmaster.formats.base import Storage
-from chunkmaster.formats.remote import is_remote
+from chunkmaster.remote import is_remote
 
 
 def ranged_format(name: str) -> bool:

@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 from itertools import compress, pairwise
 from typing import Any
 
-from chunkmaster.core.dataset import Dataset, count_tasks, size_text
+from chunkmaster.core.dataset import Dataset, count_tasks
 from chunkmaster.core.mixture import (
     MixtureError,
     MixtureState,
@@ -70,6 +70,7 @@ from chunkmaster.core.mixture import (
     widen_plan,
 )
 from chunkmaster.core.shuffle import MAX_SEED
+from chunkmaster.core.sizes import size_text
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
     raise ImportError("chunkmaster's checkpoint format assumes a little-endian machine")

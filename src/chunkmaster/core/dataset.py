@@ -15,7 +15,6 @@ shuffle seed orders each source's epochs instead (core/mixture.py).
 
 from __future__ import annotations
 
-import re
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
@@ -29,36 +28,8 @@ from chunkmaster.core.shuffle import PassChunks, PassTaskRecords
 LIVE_PASSES = 4  # passes whose shuffled layout a dataset keeps at hand
 
 
-_SIZE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
-
-
-def size_text(n: int) -> str:
-    """A byte count as the master's --chunk-size reads it: "32KiB", "4MiB", "700B"."""
-    for unit, scale in _SIZE_UNITS:
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n}B"
-
-
-_SIZE = re.compile(r"(\d+)\s*(b|k|kib|m|mib|g|gib|t|tib)?", re.IGNORECASE)
-_SIZE_SCALE = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """A byte count of 1 or more as size_text writes it, and as --chunk-size and
-    --max-inflated-bytes read it: "65536", "64KiB", "64k", "4MiB", "1G" (K, M, G, T are powers
-    of 1024; "4MB" is refused rather than read one way or the other)."""
-    m = _SIZE.fullmatch(text.strip())
-    value = 0 if m is None else int(m.group(1)) * _SIZE_SCALE[(m.group(2) or "")[:1].lower()]
-    if value < 1:
-        raise ValueError(
-            f"{text!r} is not a byte count of 1 or more (examples: 32KiB, 4MiB, 65536)"
-        )
-    return value
-
-
 def effective_chunks_per_task(chunks_per_task: int) -> int:
-    """The original treats 0 or less as 1."""
+    """Chunks per task as tasks are cut: 0 or less means 1 (as in PaddlePaddle's Go master)."""
     return chunks_per_task if chunks_per_task > 0 else 1
 
 
@@ -96,12 +67,12 @@ class Dataset:
     shuffle_seed: int | None = None  # None: every pass cuts the same tasks, in file order
     #: The bound on a chunk's bytes the master cut the files' chunks at (--chunk-size), for the
     #: formats it cuts; None for the files' own chunks (RecordIO, Parquet), or not recorded
-    #: (a dataset set before chunk sizes were).
+    #: (a journal or checkpoint whose dataset does not carry it).
     chunk_size: int | None = None
     #: A mixture's sources, in order (empty: one plain dataset, every task of every pass).
     sources: tuple[Source, ...] = ()
     #: 'q': each file's modification time (ns) when it was indexed; 0 where not known (object
-    #: stores), None for a dataset indexed before they were kept.
+    #: stores), None where the journal or checkpoint the dataset came from does not carry them.
     file_mtimes: array[int] | None = field(default=None)
     _layouts: dict[int, tuple[PassChunks, PassTaskRecords]] = field(
         default_factory=dict, init=False, repr=False

@@ -17,7 +17,7 @@ from typing import Any
 
 from chunkmaster.etcd.connection import EtcdConnection
 from chunkmaster.etcd.election import Election
-from chunkmaster.etcd.rpc import SORT_ASCEND, SORT_BY_KEY, op_delete, op_put, prefix_end
+from chunkmaster.etcd.protocol import SORT_ASCEND, SORT_BY_KEY, op_delete, op_put, prefix_end
 from chunkmaster.store.base import StoreError
 
 __all__ = ["PART_SIZE", "READ_PAGE_KEYS", "Chunked"]

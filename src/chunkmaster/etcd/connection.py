@@ -25,7 +25,7 @@ import grpc
 import grpc.aio
 
 from chunkmaster.etcd.options import CHANNEL_OPTIONS, Endpoint, EtcdOptions
-from chunkmaster.etcd.rpc import aetcd_rpc
+from chunkmaster.etcd.protocol import aetcd_rpc
 from chunkmaster.store.base import StoreError
 
 _EOF: Any = getattr(grpc.aio, "EOF")  # noqa: B009  (missing from grpc-stubs)

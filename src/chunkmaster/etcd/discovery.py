@@ -26,7 +26,7 @@ import grpc
 
 from chunkmaster.etcd.keys import DEFAULT_ADDR_PATH, KeyLayout
 from chunkmaster.etcd.options import CHANNEL_OPTIONS, EtcdOptions
-from chunkmaster.etcd.rpc import EVENT_PUT, aetcd_rpc
+from chunkmaster.etcd.protocol import EVENT_PUT, aetcd_rpc
 from chunkmaster.waitlog import WaitLog
 
 __all__ = ["MasterLocator"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from chunkmaster.etcd.connection import EtcdCompacted, EtcdConnection, EtcdWatch
 from chunkmaster.etcd.keys import KeyLayout
-from chunkmaster.etcd.rpc import (
+from chunkmaster.etcd.protocol import (
     EVENT_DELETE,
     SORT_BY_CREATE,
     SORT_DESCEND,

@@ -43,7 +43,7 @@ from chunkmaster.etcd.keys import (
     KeyLayout,
 )
 from chunkmaster.etcd.options import EtcdOptions
-from chunkmaster.etcd.rpc import op_delete, op_put, prefix_end
+from chunkmaster.etcd.protocol import op_delete, op_put, prefix_end
 from chunkmaster.store.base import Recovered, StoreError
 
 __all__ = ["PART_SIZE", "EtcdStore"]

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from chunkmaster.core.errors import FILE_CHANGED
 from chunkmaster.core.model import Chunk
 from chunkmaster.formats.base import Storage
-from chunkmaster.formats.remote import is_remote, local_path
+from chunkmaster.remote import is_remote, local_path
 
 WHAT_TO_DO = (
     "the dataset's files changed after the master indexed them: restore the files, or start "
@@ -69,7 +69,7 @@ def check_chunk_file(chunk: Chunk, storage: Storage) -> None:
     """Raise FileChangedError if `chunk`'s file is not the one the master indexed: a local
     file's size and mtime (one stat), an object's size (known from its reads)."""
     if not chunk.file_size and not chunk.file_mtime_ns:
-        return  # indexed before they were kept
+        return  # neither is known: nothing to compare
     if is_remote(chunk.path):
         what = changed(chunk.file_size, 0, storage.size(chunk.path), 0)
     else:

@@ -1,4 +1,4 @@
-"""Where dataset files are read from: local paths here, URLs through fsspec (formats/remote.py).
+"""Where dataset files are read from: local paths here, URLs through fsspec (remote.py).
 
 Formats never open files themselves; they ask the `Storage` that `storage_for(path)` gives, so
 one format reads local files and object-store objects alike.
@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from chunkmaster.formats.base import Storage
-from chunkmaster.formats.remote import is_remote, local_path
 from chunkmaster.recordio.source import open_regular
+from chunkmaster.remote import is_remote, local_path
 
 
 class LocalStorage:
@@ -60,6 +60,6 @@ def storage_for(
     credentials, endpoint; never logged)."""
     if not is_remote(path):
         return local
-    from chunkmaster.formats.remote import shared
+    from chunkmaster.remote import shared
 
     return shared(storage_options)  # one per options: listings' sizes, connection pools

@@ -12,6 +12,7 @@ pax (per-member `x` headers: `path`, `size`; global `g` headers, which only may 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import IO, Final, NamedTuple
 
 from chunkmaster.formats.base import FormatError
@@ -51,13 +52,13 @@ def entries(f: IO[bytes], start: int, end: int, whole: bool, error: Error) -> It
     """
     read, seek = f.read, f.seek
     pos = start
-    first = -1  # where the member's headers start (-1: at pos)
-    long_name: bytes | None = None
-    pax: dict[str, str] = {}
+    ext = _Extensions()
     while True:
         if not whole and pos >= end:
-            if first >= 0:
-                raise error("the chunk ends after an extended header, without its member", first)
+            if ext.first >= 0:
+                raise error(
+                    "the chunk ends after an extended header, without its member", ext.first
+                )
             return
         if not whole and pos + BLOCK > end:
             raise error("the chunk ends inside a tar header", pos)
@@ -66,7 +67,7 @@ def entries(f: IO[bytes], start: int, end: int, whole: bool, error: Error) -> It
         if len(block) < BLOCK:
             raise _short(block, pos, start, whole, error)
         if block == _ZERO:
-            if not whole or first >= 0:
+            if not whole or ext.first >= 0:
                 raise error("bad tar header (an end-of-archive block among members)", pos)
             _check_tail(f, pos + BLOCK, end, error)
             return
@@ -80,34 +81,46 @@ def entries(f: IO[bytes], start: int, end: int, whole: bool, error: Error) -> It
         data = pos + BLOCK
         if data + size > end:
             raise error(f"member data runs {data + size - end} bytes past the end", pos)
-        if first < 0:
-            first = pos
+        if ext.first < 0:
+            ext.first = pos
         if kind in (b"L", b"K", b"x", b"g"):
             seek(data)
             extension = read(size)
             if len(extension) < size:
                 raise error("the file ends inside an extended header", pos)
-            if kind == b"L":
-                long_name = extension.split(b"\x00", 1)[0]
-            elif kind == b"x":
-                records = _pax_records(extension)
-                if records is None:
-                    raise error("bad pax header", pos)
-                pax.update(records)
-            elif kind == b"g":
-                records = _pax_records(extension)
-                if records is None or records.keys() - {"comment"}:
-                    raise error("pax global header (unsupported: a chunk could not see it)", pos)
-                first = -1  # it belongs to no member
+            ext.add(kind, extension, pos, error)
             pos = data + padded(size)
             continue
-        named = long_name if long_name is not None else name
-        entry = _member(first, data, end, (named, size, kind), pax, error)
+        named = ext.long_name if ext.long_name is not None else name
+        entry = _member(ext.first, data, end, (named, size, kind), ext.pax, error)
         yield entry
         pos = entry.end
-        first = -1
-        long_name = None
-        pax = {}
+        ext = _Extensions()
+
+
+@dataclass
+class _Extensions:
+    """The extended headers read before a member: where the first of them starts (-1: none
+    read), the member's long name (GNU `L`) and its pax records (`x`)."""
+
+    first: int = -1
+    long_name: bytes | None = None
+    pax: dict[str, str] = field(default_factory=dict)
+
+    def add(self, kind: bytes, extension: bytes, pos: int, error: Error) -> None:
+        """The extended header of `kind` at `pos`, whose data is `extension`."""
+        if kind == b"L":
+            self.long_name = extension.split(b"\x00", 1)[0]
+        elif kind == b"x":
+            records = _pax_records(extension)
+            if records is None:
+                raise error("bad pax header", pos)
+            self.pax.update(records)
+        elif kind == b"g":
+            records = _pax_records(extension)
+            if records is None or records.keys() - {"comment"}:
+                raise error("pax global header (unsupported: a chunk could not see it)", pos)
+            self.first = -1  # it belongs to no member
 
 
 def _short(block: bytes, pos: int, start: int, whole: bool, error: Error) -> FormatError:

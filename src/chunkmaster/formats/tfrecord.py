@@ -245,6 +245,33 @@ def read_frames(f: IO[bytes], chunk: Chunk) -> list[bytes]:
     return records
 
 
+class _Cuts:
+    """The chunks cut so far (their offsets, record counts and byte lengths) and the open one:
+    where it starts and how many records it has."""
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.counts: list[int] = []
+        self.lengths: list[int] = []
+        self.first = 0
+        self.n = 0
+
+    def add(self, pos: int, frame: int, max_bytes: int, max_records: int) -> None:
+        """The frame at `pos`, in the open chunk unless that would pass a bound."""
+        if self.n and (pos + frame - self.first > max_bytes or self.n >= max_records):
+            self.close(pos)
+            self.first = pos
+        self.n += 1
+
+    def close(self, pos: int) -> None:
+        """End the open chunk at `pos`."""
+        if self.n:
+            self.offsets.append(self.first)
+            self.counts.append(self.n)
+            self.lengths.append(pos - self.first)
+            self.n = 0
+
+
 def _walk(
     f: IO[bytes], path: str, size: int, max_bytes: int, max_records: int
 ) -> tuple[list[int], list[int], list[int]]:
@@ -252,15 +279,11 @@ def _walk(
 
     Frames are read a window at a time while they are small and seeked over when they are not.
     """
-    offsets: list[int] = []
-    counts: list[int] = []
-    lengths: list[int] = []
+    cuts = _Cuts()
     unpack = _HEADER.unpack_from
     buf = b""
     buf_at = 0  # buf holds the file's bytes [buf_at, buf_at + len(buf))
     pos = 0
-    first = 0  # where the open chunk starts
-    n = 0  # records in the open chunk
     record = 0
     while pos < size:
         at = pos - buf_at
@@ -272,15 +295,19 @@ def _walk(
                 raise _error(
                     f"record {record}: the file ends inside its header",
                     path,
-                    len(offsets),
-                    first,
+                    len(cuts.offsets),
+                    cuts.first,
                     pos,
                 )
         length, length_crc = unpack(buf, at)
         if masked_crc(buf[at : at + 8]) != length_crc:
             if record:
                 raise _error(
-                    f"record {record}: length checksum mismatch", path, len(offsets), first, pos
+                    f"record {record}: length checksum mismatch",
+                    path,
+                    len(cuts.offsets),
+                    cuts.first,
+                    pos,
                 )
             if buf[at : at + 2] == _GZIP_MAGIC:
                 raise FormatError("gzip-compressed, not TFRecord: name it *.tfrecord.gz", path=path)
@@ -293,23 +320,15 @@ def _walk(
                 f"record {record} of {length} bytes runs {pos + frame - size} bytes "
                 "past the end of the file",
                 path,
-                len(offsets),
-                first,
+                len(cuts.offsets),
+                cuts.first,
                 pos,
             )
-        if n and (pos + frame - first > max_bytes or n >= max_records):
-            offsets.append(first)
-            counts.append(n)
-            lengths.append(pos - first)
-            first, n = pos, 0
-        n += 1
+        cuts.add(pos, frame, max_bytes, max_records)
         record += 1
         pos += frame
-    if n:
-        offsets.append(first)
-        counts.append(n)
-        lengths.append(pos - first)
-    return offsets, counts, lengths
+    cuts.close(pos)
+    return cuts.offsets, cuts.counts, cuts.lengths
 
 
 def _index_gzip(path: str, storage: Storage, limit: int) -> FileIndex:

@@ -31,10 +31,11 @@ from chunkmaster.core.model import FailedPolicy, Position
 from chunkmaster.core.reconcile import KEEP_REFUSED, reconcile
 from chunkmaster.core.restore import restore_repeated
 from chunkmaster.master.checks import check_position, deny
-from chunkmaster.master.datasets import absolute_path, chunk_size_for
+from chunkmaster.master.indexing import chunk_size_for
 from chunkmaster.master.job_dataset import JobDataset, SourceSpec
 from chunkmaster.master.ledger import Ledger, after
 from chunkmaster.master.owners import commit_position_refused
+from chunkmaster.master.patterns import absolute_path
 from chunkmaster.master.sessions import Sessions
 from chunkmaster.master.settings import Settings
 from chunkmaster.master.timeouts import TaskTimeouts

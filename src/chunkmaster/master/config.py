@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from chunkmaster.core.budget import ErrorBudget
-from chunkmaster.core.dataset import parse_size
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.shuffle import MAX_SEED
+from chunkmaster.core.sizes import parse_size
 from chunkmaster.core.steps import StepsMode
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
 from chunkmaster.master.auth import is_loopback
 from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.settings import DEFAULTS, MAX_CHUNK_SIZE, SettingError, Settings
-from chunkmaster.store.sqlite import folder_problem
+from chunkmaster.store.directory import folder_problem
 from chunkmaster.tokens import given_token, read_token
 
 __all__ = [

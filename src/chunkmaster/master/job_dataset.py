@@ -2,7 +2,7 @@
 naming the same dataset (the same patterns however spelled, or patterns matching exactly its
 files) succeeds and changes nothing; one naming another is refused naming both
 (`DatasetMismatchError`). Every pattern is held to the data roots first (docs/security.md).
-The indexing itself is master/datasets.py's, on daemon threads.
+The indexing itself is master/indexing.py's, on daemon threads.
 
 A dataset may be a mixture of named sources (docs/mixtures.md), each indexed as a dataset of
 its own; the same mixture is the same source names with the same patterns (their weights are
@@ -38,16 +38,16 @@ from chunkmaster.core.mixture import (
 )
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.reconcile import KEEP_REFUSED
-from chunkmaster.master.datasets import (
+from chunkmaster.master.daemon_threads import in_daemon_thread
+from chunkmaster.master.indexing import IndexSettings, load_dataset
+from chunkmaster.master.ledger import Ledger
+from chunkmaster.master.patterns import (
     absolute_pattern,
     dataset_mismatch,
     expand_globs,
     file_keys,
-    in_daemon_thread,
-    load_dataset,
     same_patterns,
 )
-from chunkmaster.master.ledger import Ledger
 from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.settings import Settings
 from chunkmaster.master.status import TaskShare
@@ -115,6 +115,13 @@ class JobDataset:
         self._settings = settings
         self.roots = roots
         self._share = share
+        self._indexing = IndexSettings(
+            settings.index_timeout,
+            settings.storage_options,
+            settings.chunk_size,
+            settings.max_inflated,
+            roots,
+        )
         self._loading: asyncio.Task[None] | None = None
         self._loading_key: object = None
 
@@ -130,17 +137,8 @@ class JobDataset:
     async def _index(
         self, globs: Sequence[str], chunks_per_task: int, dataset_format: str | None
     ) -> Dataset:
-        s = self._settings
         return await in_daemon_thread(
-            load_dataset,
-            list(globs),
-            chunks_per_task,
-            s.index_timeout,
-            dataset_format,
-            s.storage_options,
-            s.chunk_size,
-            s.max_inflated,
-            self.roots,
+            load_dataset, list(globs), chunks_per_task, self._indexing, dataset_format
         )
 
     async def index_mixture(self, sources: Sequence[SourceSpec], chunks_per_task: int) -> Dataset:
@@ -165,7 +163,7 @@ class JobDataset:
                 "invalid argument: a dataset is one list of patterns or a mixture of named "
                 "sources, not both"
             )
-        if not globs and not sources:  # checked before "already set", as the original does
+        if not globs and not sources:  # checked before "already set", as the Go master does
             raise NoDatasetError()
         if sources:
             check_sources(sources)
@@ -454,7 +452,7 @@ def _key(globs: Sequence[str], sources: Sequence[SourceSpec]) -> object:
 
 def _listed(globs: list[str], settings: Settings, roots: DataRoots) -> set[str]:
     """The files `globs` match, one text per file however reached (none: nothing matches)."""
-    from chunkmaster.formats.remote import shared
+    from chunkmaster.remote import shared
 
     try:
         return file_keys(expand_globs(globs, shared(settings.storage_options), roots))

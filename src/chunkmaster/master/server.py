@@ -15,7 +15,7 @@ from chunkmaster.core.checkpoint import CheckpointError
 from chunkmaster.core.errors import CheckpointRefusedError, InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
 from chunkmaster.master.auth import TokenInterceptor, peer_identity
-from chunkmaster.master.datasets import in_daemon_thread
+from chunkmaster.master.daemon_threads import in_daemon_thread
 from chunkmaster.master.job_dataset import SourceSpec
 from chunkmaster.master.service import Service
 from chunkmaster.master.stream import Malformed, SessionConversation

@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from chunkmaster.core.dataset import size_text
 from chunkmaster.core.events import Finish, StopJob
 from chunkmaster.core.model import Task, TaskMeta
 from chunkmaster.core.reconcile import reconcile
+from chunkmaster.core.sizes import size_text
 from chunkmaster.formats.changed import changed_files, stop_message
 from chunkmaster.logs import about
 from chunkmaster.master.checkpoints import Checkpoints

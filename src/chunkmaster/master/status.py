@@ -22,7 +22,7 @@ from chunkmaster.core.quarantine import budget_limit, describe
 from chunkmaster.core.queues import task_deadline
 from chunkmaster.core.steps import missing_ranks, world_size
 from chunkmaster.logs import about, plural
-from chunkmaster.master.datasets import chunk_size_hint
+from chunkmaster.master.indexing import chunk_size_hint
 from chunkmaster.master.leases import DataWait, LeaseKeeper
 from chunkmaster.master.ledger import Ledger
 

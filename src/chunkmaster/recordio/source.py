@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
-from chunkmaster.formats.remote import is_remote, local_path, shared
 from chunkmaster.recordio.errors import NotRegularFileError
+from chunkmaster.remote import is_remote, local_path, shared
 
 Source = Union[str, "os.PathLike[str]", IO[bytes], Any]
 """A path (str/PathLike), a URL with a scheme (fsspec), or a binary file object."""
@@ -38,7 +38,7 @@ def describe(source: Source) -> str:
 def open_source(source: Source, mode: str = "rb") -> Iterator[Opened]:
     """Open `source` for binary reading or writing; close it afterwards only if we opened it.
 
-    A URL is read as every dataset URL is, through `formats.remote` (`file://` is a local
+    A URL is read as every dataset URL is, through `chunkmaster.remote` (`file://` is a local
     path). A missing local file raises FileNotFoundError unchanged (an I/O problem, not
     corruption); a local path that is not a regular file raises NotRegularFileError (see
     `open_regular`).

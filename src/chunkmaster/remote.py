@@ -26,16 +26,17 @@ _UNLISTED = ("http", "https")  # no listing: fsspec would scrape a page's links 
 _SECRET_MIN = 4  # option values shorter than this are too common to scrub from text
 
 
-def is_url(path: str) -> bool:
-    """A path with a scheme (`s3://...`, `file://...`): the one test of a URL for reading
-    (the master's data roots test more broadly, anything with `://`: master/roots.py)."""
+def has_url_scheme(path: str) -> bool:
+    """Whether `path` starts with a well-formed scheme and `://` (`s3://...`, `file://...`):
+    what a reader opens as a URL. The master's `roots.is_url` is broader (any `://`), so that
+    nothing fsspec might take for a URL passes the data roots as a path."""
     scheme, sep, _ = path.partition("://")
     return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum()
 
 
 def is_remote(path: str) -> bool:
     """A URL read through fsspec (`file://` URLs are local files, read directly)."""
-    return is_url(path) and not path.startswith("file://")
+    return has_url_scheme(path) and not path.startswith("file://")
 
 
 def local_path(path: str) -> str:
