@@ -140,9 +140,15 @@ class RepeatLimit(logging.Filter):
 def setup(level: int, fmt: str = "text") -> None:
     """Configure the root logger: `text` for people, `json` for machines; repeated lines
     limited (RepeatLimit)."""
-    handler = logging.StreamHandler()
+    handler = _Ours()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RepeatLimit())
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    # an earlier setup's handler is replaced; handlers others installed (a host program's,
+    # pytest's capture) stay
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _Ours)] + [handler]
     root.setLevel(level)
+
+
+class _Ours(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler `setup` installs, told apart from handlers it must leave alone."""

@@ -1,8 +1,8 @@
 """The master's metrics registry: the state's figures (`collector.StateCollector`) plus counters
 of what leaves no trace in the state: dispatches, finishes and failures (the ledger's
 `event_applied`), store writes (its `batch_written`), RPCs (`interceptor.RpcMetrics`) and
-leadership. Every figure lives in a private registry, so two masters in one process (the tests) never mix
-their numbers."""
+leadership. Every figure lives in a private registry, so two masters in one process (the tests)
+never mix their numbers."""
 
 from __future__ import annotations
 
