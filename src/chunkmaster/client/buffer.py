@@ -4,7 +4,7 @@ The fetcher adds tasks; the trainer's thread takes runs of records from them, re
 chunk when it reaches it through the loader of the task's format (chunkmaster.formats), as a
 direct scan does: the data is never handed between threads, only tasks are. A task's last
 record is a run of its own that carries the task, so "finished" is reported when the trainer
-takes that record [D10]. Everything here is guarded by the client's lock (`cond`), which the
+takes that record. Everything here is guarded by the client's lock (`cond`), which the
 methods below take or expect held.
 
 The chunks of a task are walked by reading.py's `TaskWalk` (from `task.start` to a piece's

@@ -1,33 +1,25 @@
 """The trainer's client: records of the tasks the master hands out, one pass at a time.
 
-`Client` is the public API, a facade over the master link (link.py), the trainer's session
-(session.py) and its reading side (passes.py). Per pass, a `PassReader` (pass_reader.py) owns a
-`TaskFetcher` thread (fetcher.py) that asks the master for tasks, ahead of need, into a
-`PassBuffer` (buffer.py); the trainer's thread takes runs of records from it, reading and
-checking each chunk when it reaches it (the loader of the dataset's format,
-chunkmaster.formats), as a direct `recordio.scan` does: only tasks cross threads, never chunk
-data. The records of a run come from one C-level iterator, so one step of it is atomic under
-the GIL and several trainer threads may share next_record(); only between runs does the
-trainer take the lock.
+`Client` is the public API: a facade over the link to the master (link.py), the trainer's
+session (session.py; without one, unary calls and a reporter.py thread) and its passes
+(passes.py), each read by a `PassReader` (pass_reader.py): a fetcher thread asks the master for
+tasks ahead of need, the trainer's thread reads their chunks itself (only tasks cross threads,
+never chunk data) in runs of records, each one C-level iterator, so that one step of it is
+atomic under the GIL and several trainer threads may share next_record().
 
-With a session (the default), everything goes over one stream (session.py): task requests
-carry the finishes, keep-alives carry the positions read off the runs' iterators
-(progress.py), commit() makes them durable, close() hands the held tasks back. Without one,
-a `Reporter` thread (reporter.py) sends TaskFinished/TaskFailed by unary calls.
-
-Guarantees (the original's defects in brackets):
-* A task is reported finished when the trainer *takes* its last record [D10]; a crashed
+Guarantees:
+* A task is reported finished when the trainer *takes* its last record; a crashed
   trainer's task is re-dispatched after the master's timeout.
 * A chunk that cannot be read is reported with TaskFailed and its reason, and raised to the
-  trainer as TaskReadError after the records before it: nothing is skipped silently [D8].
+  trainer as TaskReadError after the records before it: nothing is skipped silently.
 * The pass ends (EndOfPass) only when the master has moved past it, not when no task happens to
-  be free [D2]; "all tasks failed" is raised as AllTaskFailedError, and a job stopped by
+  be free; "all tasks failed" is raised as AllTaskFailedError, and a job stopped by
   its error budget (too many records quarantined) as JobStoppedError, naming the tasks,
   files and reasons.
 * A new pass, or close(), cancels the previous fetcher and drops its tasks: passes never
-  mix [D19] (passes.py).
+  mix.
 * Records are what the dataset's format makes them (docs/formats.md): bytes for RecordIO and
-  TFRecord (any content, empty allowed [D9]), dicts for JSON Lines objects and Parquet rows,
+  TFRecord (any content, empty allowed), dicts for JSON Lines objects and Parquet rows,
   str for text lines. Parquet also gives whole Arrow record batches (`batches()`).
 """
 
@@ -56,8 +48,7 @@ from chunkmaster.client.connection import (
 from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import ClientClosedError, EndOfPass, TaskReadError
 from chunkmaster.client.feed import PassFeed
-from chunkmaster.client.fetcher import UnaryTasks
-from chunkmaster.client.link import Cancelled, CancelToken, Locator, MasterLink
+from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
 from chunkmaster.client.mixture import (
     Schedule,
     Sources,
@@ -68,8 +59,6 @@ from chunkmaster.client.mixture import (
 )
 from chunkmaster.client.options import Connection, Reading, Session, resolve
 from chunkmaster.client.passes import Passes, PassRecords
-from chunkmaster.client.reporter import Reporter
-from chunkmaster.client.session import TrainerSession
 from chunkmaster.client.shuffle_buffer import ShuffleBuffer, buffer_rng
 from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Task
@@ -164,21 +153,7 @@ class Client:
         self.shuffle_seed = read.shuffle_seed
         self.poll_wait = conn.poll_wait
         self.name = options.name or f"{socket.gethostname()}:{os.getpid()}:{next(_worker_ids)}"
-        self._locator: MasterLocator | None = None
-        locator: Locator | None = None
-        if etcd_endpoints is not None:
-            self._locator = locator = _make_locator(
-                etcd_endpoints, conn.etcd_timeout, conn.etcd_job, conn.etcd_options
-            )
-        security = ChannelSecurity.load(conn.token, conn.tls_ca, conn.tls_cert, conn.tls_key)
-        self._link = MasterLink(
-            addr,
-            locator,
-            rpc_timeout=conn.rpc_timeout,
-            retry_timeout=conn.retry_timeout,
-            security=security,
-            startup_timeout=conn.startup_timeout,
-        )
+        self._link, self._locator = _open_link(addr, etcd_endpoints, conn)
         self._token = CancelToken()  # cancelled by close(): every pass and client-level call
         self.report_every = sess.report_every if options.session else 0
         self._passes = Passes(
@@ -188,43 +163,18 @@ class Client:
             keep_finished=options.session,
             on_task_done=options.on_task_done,
         )
-        self._session: TrainerSession | None = None
-        self._reporter: Reporter | None = None
-        self._open_source(sess if options.session else None)
-        self._pid = os.getpid()
-        _open_clients.add(self)
-
-    def _open_source(self, sess: Session | None) -> None:
-        """Where tasks come from and finishes go: the session's stream, or (`sess` None) the
-        unary calls and a Reporter thread."""
-        passes = self._passes
-        if sess is not None:
-            self._session = TrainerSession(
-                self._link,
-                name=self.name,
-                report_every=self.report_every,
-                report_interval=sess.report_interval,
-                progress=passes.report_positions,
-                on_unclaimed=passes.adopt,
-                world_size=self.world_size,
-                rank=self.rank,
-                data_wait=lambda: data_wait_pb(self.wait_meter),
-                on_lost=passes.session_lost,
-                on_alive=passes.wake,
-            )
-            source: UnaryTasks | TrainerSession = self._session
-            reports: Reporter | TrainerSession = self._session
-        else:
-            self._reporter = reports = Reporter(self._link, self.name)
-            source = UnaryTasks(self._link, self.name)
-        passes.connect(
-            reports,
-            source,
-            self._session,
+        self._passes.connect(
+            self._link,
+            sess if options.session else None,
             worker=self.name,
             poll_wait=self.poll_wait,
-            startup=self._link.startup,
+            world=(self.world_size, self.rank),
+            data_wait=lambda: data_wait_pb(self.wait_meter),
         )
+        self._session = self._passes.session
+        self._reporter = self._passes.reporter
+        self._pid = os.getpid()
+        _open_clients.add(self)
 
     #: The training loop's wait for data, measured by a reader that knows its batches (the
     #: torch loader); each keep-alive reports it.
@@ -579,14 +529,24 @@ def declared_world(world_size: int | None, rank: int | None) -> tuple[int, int]:
     return world_size, rank
 
 
-def _make_locator(
-    endpoints: Sequence[str] | str,
-    timeout: float,
-    job: str | None,
-    options: Mapping[str, str] | None,
-) -> MasterLocator:
-    from chunkmaster.etcd.discovery import MasterLocator  # only trainers that use etcd need it
-    from chunkmaster.etcd.options import EtcdOptions
+def _open_link(
+    addr: str | None, etcd_endpoints: Sequence[str] | str | None, conn: Connection
+) -> tuple[MasterLink, MasterLocator | None]:
+    """The link to the master at `addr`, or found through etcd (then its locator too)."""
+    locator = None
+    if etcd_endpoints is not None:
+        from chunkmaster.etcd.discovery import MasterLocator  # only trainers that use etcd
+        from chunkmaster.etcd.options import EtcdOptions
 
-    etcd = EtcdOptions.parse(endpoints, **dict(options or {}))
-    return MasterLocator(etcd, job=job, timeout=timeout)
+        etcd = EtcdOptions.parse(etcd_endpoints, **dict(conn.etcd_options or {}))
+        locator = MasterLocator(etcd, job=conn.etcd_job, timeout=conn.etcd_timeout)
+    security = ChannelSecurity.load(conn.token, conn.tls_ca, conn.tls_cert, conn.tls_key)
+    link = MasterLink(
+        addr,
+        locator,
+        rpc_timeout=conn.rpc_timeout,
+        retry_timeout=conn.retry_timeout,
+        security=security,
+        startup_timeout=conn.startup_timeout,
+    )
+    return link, locator

@@ -2,7 +2,7 @@
 next_record(), records(), batches(), the shuffle buffer of shuffled.py) or by readers outside
 the client through a `PassFeed` (feed.py); and what the session tells about the tasks held.
 
-Starting a pass abandons the one before: passes never mix [D19]. The abandoned tasks are not
+Starting a pass abandons the one before: passes never mix. The abandoned tasks are not
 reported finished: a session hands them back at their exact positions at once; without one
 they come back after the master's timeout. Everything here is guarded by `cond`.
 
@@ -23,21 +23,22 @@ from typing import Any, Final
 from chunkmaster.client.buffer import BufferSetup
 from chunkmaster.client.errors import ClientClosedError
 from chunkmaster.client.feed import PassFeed
-from chunkmaster.client.fetcher import TaskSource
+from chunkmaster.client.fetcher import TaskSource, UnaryTasks
 from chunkmaster.client.files import OpenFiles
-from chunkmaster.client.link import CancelToken, Startup
-from chunkmaster.client.options import Reading
+from chunkmaster.client.link import CancelToken, MasterLink
+from chunkmaster.client.options import Reading, Session
 from chunkmaster.client.pace import Pace
 from chunkmaster.client.pass_reader import PassReader, PassReplaced, ReaderSetup
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.readahead import ReadAhead
-from chunkmaster.client.reporter import Reports
+from chunkmaster.client.reporter import Reporter, Reports
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.client.shuffle_buffer import DeferredFinishes, ShuffleBuffer
 from chunkmaster.client.shuffled import ShuffledPass
 from chunkmaster.core.model import Position, Task
 from chunkmaster.formats.base import Storage
 from chunkmaster.formats.storage import storage_for
+from chunkmaster.rpc import master_pb2 as pb
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -98,6 +99,7 @@ class Passes:
         self._on_task_done = on_task_done
         self._setup: ReaderSetup | None = None
         self.session: TrainerSession | None = None
+        self.reporter: Reporter | None = None
         self.reader: PassReader | None = None
         self._feed: PassFeed | None = None  # the pass read by outside readers
         self.run_iter: Iterator[Any] = _EMPTY_ITER  # the run next_record() reads
@@ -110,24 +112,44 @@ class Passes:
 
     def connect(
         self,
-        reports: Reports,
-        source: TaskSource,
-        session: TrainerSession | None,
+        link: MasterLink,
+        sess: Session | None,
         *,
         worker: str,
         poll_wait: float,
-        startup: Startup,
+        world: tuple[int, int],
+        data_wait: Callable[[], pb.DataWait | None],
     ) -> None:
-        """Where tasks come from (`source`) and finishes go (`reports`): the session's
-        stream, or (`session` None) the unary calls."""
-        self.session = session
+        """Where tasks come from and finishes go: the session's stream (it tells this what
+        becomes of the tasks held), or (`sess` None) the unary calls and a Reporter thread.
+        `world`: the trainer's (world size, rank); `data_wait`: what keep-alives report of
+        the training loop's wait for data."""
+        source: TaskSource
+        reports: Reports
+        if sess is not None:
+            self.session = reports = source = TrainerSession(
+                link,
+                name=worker,
+                report_every=self._report_every,
+                report_interval=sess.report_interval,
+                progress=self.report_positions,
+                on_unclaimed=self.adopt,
+                world_size=world[0],
+                rank=world[1],
+                data_wait=data_wait,
+                on_lost=self.session_lost,
+                on_alive=self.wake,
+            )
+        else:
+            self.reporter = reports = Reporter(link, worker)
+            source = UnaryTasks(link, worker)
         buffer = BufferSetup(
             self.cond,
             self.progress,
             self._token,
             self.pace,
             run_limit=self._report_every,
-            lease=session,
+            lease=self.session,
             readahead=self.readahead,
         )
         self._setup = ReaderSetup(
@@ -139,8 +161,8 @@ class Passes:
             self.storage,
             self._max_inflated,
             host=self,
-            startup=startup,
-            on_unclaimed=None if session is None else self.adopt,
+            startup=link.startup,
+            on_unclaimed=None if self.session is None else self.adopt,
         )
 
     def wake(self) -> None:
