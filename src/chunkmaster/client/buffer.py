@@ -57,7 +57,9 @@ class Run(NamedTuple):
 class Lease(Protocol):
     """What a pass buffer asks of the trainer's session (session.py's TrainerSession)."""
 
-    generation: int  # sessions found lost so far: a task must come in the current one
+    @property
+    def generation(self) -> int:
+        """Sessions found lost so far: a task must come in the current one."""
 
     def lease_ok(self) -> bool: ...
 
