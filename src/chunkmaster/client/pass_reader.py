@@ -98,6 +98,7 @@ class PassReader:
         )
         self.pass_id = pass_id
         self.cond = setup.buffer.cond
+        self.progress = setup.buffer.progress
         self.reports = setup.reports if reports is None else reports
         self.buffer = PassBuffer(
             pass_id,

@@ -254,10 +254,9 @@ class Passes:
     ) -> Generator[Any, None, None]:
         """The records of one pass drawn through the shuffle buffer `buffer()` makes."""
         assert self._setup is not None
-        buf = buffer()
-        reports = self._setup.reports
-        reader = self.start(pass_id, columns, reports=DeferredFinishes(reports, buf))
-        yield from ShuffledPass(reader, buf, self.progress, reports, self).records()
+        deferred = DeferredFinishes(self._setup.reports, buffer())
+        reader = self.start(pass_id, columns, reports=deferred)
+        yield from ShuffledPass(reader, deferred, self).records()
 
     def open_feed(self, pass_id: int, stock: int, joined: bool) -> PassFeed:
         """A pass's tasks for readers outside the client, `stock` of them fetched ahead."""

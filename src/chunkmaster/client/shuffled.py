@@ -17,9 +17,7 @@ from typing import Any
 
 from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.pass_reader import PassHost, PassReader, PassReplaced
-from chunkmaster.client.progress import Progress
-from chunkmaster.client.reporter import Reports
-from chunkmaster.client.shuffle_buffer import Key, ShuffleBuffer
+from chunkmaster.client.shuffle_buffer import DeferredFinishes, Key
 from chunkmaster.core.model import Task
 
 FILL_WAIT = 0.1  # seconds a shuffle buffer waits for a task before it hands out what it holds
@@ -39,22 +37,15 @@ class _Filling:
 
 
 class ShuffledPass:
-    """The records of `reader`'s pass drawn through `buf` (see the module's text); `progress`
-    clips positions at the oldest record still buffered; `reports` get the finishes once
-    released."""
+    """The records of `reader`'s pass drawn through the shuffle buffer whose finishes
+    `deferred` holds back until they are released to the client's reports (see the module's
+    text); positions are clipped at the oldest record still buffered."""
 
-    def __init__(
-        self,
-        reader: PassReader,
-        buf: ShuffleBuffer,
-        progress: Progress,
-        reports: Reports,
-        host: PassHost,
-    ) -> None:
+    def __init__(self, reader: PassReader, deferred: DeferredFinishes, host: PassHost) -> None:
         self._reader = reader
-        self._reports = reports
-        self._buf = buf
-        self._progress = progress
+        self._buf = deferred.buffer
+        self._reports = deferred.inner
+        self._progress = reader.progress
         self._host = host
         self._fill = _Filling()
 
