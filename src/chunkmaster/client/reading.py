@@ -1,7 +1,8 @@
 """Reading a task's records: which chunks, from which record, through which format's loader.
 
-Shared by the client's pass buffer (buffer.py, the trainer's thread) and by readers outside it
-(`TaskReader`: the DataLoader workers of chunkmaster.torch, each in a process of its own). A
+One walker (`TaskReader.walk`) for every reader: the client's pass buffer (buffer.py, the
+trainer's thread), which cuts its chunks into runs, and the DataLoader workers of
+chunkmaster.torch (`TaskReader.runs`), each in a process of its own. A
 task handed out again starts at `task.start`: the chunks before it are skipped unread and the
 first records of the chunk it starts in are dropped; a piece of a task (`task.end`) stops there.
 """
@@ -9,11 +10,11 @@ first records of the chunk it starts in are dropped; a piece of a task (`task.en
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from chunkmaster.client.errors import TaskReadError
 from chunkmaster.core.model import Task
-from chunkmaster.formats import ChunkLoader, FormatError, Storage, get_format
+from chunkmaster.formats import ChunkLoader, FormatError, Loaded, Storage, get_format
 from chunkmaster.formats.changed import FileChangedError, check_chunk_file
 from chunkmaster.formats.storage import storage_for
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
@@ -63,47 +64,96 @@ def chunk_loader(
     return fmt.loader(max_inflated=max_inflated)
 
 
+class Span(NamedTuple):
+    """One chunk of a task, loaded: its records `start`..`stop`-1 are the task's to read.
+    `first`: the chunk's first record, counted from the task's first; `last`: the task's last
+    chunk."""
+
+    loaded: Loaded
+    first: int
+    start: int
+    stop: int
+    last: bool
+
+
 class TaskReader:
-    """Reads whole tasks, one after the other (one reader's loaders are reused across them)."""
+    """Reads tasks chunk by chunk through one walker (`walk`); one reader's loaders are reused
+    across its tasks. `batches`: loaders give whole Arrow record batches (columnar formats).
+    `fetched(task, index)`: the bytes of a chunk fetched ahead (None: read it from storage)."""
 
     def __init__(
         self,
         storage: Callable[[str], Storage] = storage_for,
         columns: Sequence[str] | None = None,
         max_inflated: int = DEFAULT_MAX_INFLATED,
+        *,
+        batches: bool = False,
+        fetched: Callable[[Task, int], bytes | None] | None = None,
     ) -> None:
         self._storage = storage
-        self._columns = columns
+        self._columns = None if columns is None else list(columns)
         self._max_inflated = max_inflated
+        self._batches = batches
+        self._fetched = fetched
         self._loaders: dict[str, ChunkLoader] = {}
+
+    def walk(self, task: Task) -> TaskWalk:
+        return TaskWalk(self, task)
+
+    def load(self, task: Task, index: int) -> Loaded:
+        """Chunk `index` of `task`, read and checked; TaskReadError if it cannot be."""
+        chunk = task.chunks[index]
+        try:
+            loader = self._loaders.get(task.format)
+            if loader is None:
+                loader = self._loaders[task.format] = chunk_loader(
+                    task.format, chunk.path, self._columns, self._batches, self._max_inflated
+                )
+            data = None if self._fetched is None else self._fetched(task, index)
+            storage = self._storage(chunk.path)
+            check_chunk_file(chunk, storage)
+            return loader.load(chunk, storage, data)
+        except READ_ERRORS as exc:
+            raise TaskReadError(task, chunk, exc) from None
 
     def runs(self, task: Task) -> Iterator[tuple[int, Iterator[Any], int]]:
         """(first, records, count) for each chunk of `task` from its start to its end: the
         chunk's records first.. first+count-1 (counted from the task's first record). A chunk
         that cannot be read raises TaskReadError, after the runs before it."""
-        index, first, skip = start_point(task)
-        chunks = task.chunks
-        while index < len(chunks):
-            chunk = chunks[index]
-            try:
-                loader = self._loaders.get(task.format)
-                if loader is None:
-                    loader = self._loaders[task.format] = chunk_loader(
-                        task.format, chunk.path, self._columns, max_inflated=self._max_inflated
-                    )
-                storage = self._storage(chunk.path)
-                check_chunk_file(chunk, storage)
-                loaded = loader.load(chunk, storage)
-            except READ_ERRORS as exc:
-                raise TaskReadError(task, chunk, exc) from None
-            stop = loaded.count
-            if task.end:
-                stop = max(0, min(stop, task.end - first))
-            if skip < stop:
-                records, _ = loaded.cut(skip, stop)
-                yield first + skip, records, stop - skip
-            skip = 0
-            first += chunk.num_records
-            index += 1
-            if task.end and first >= task.end:
-                return
+        for span in self.walk(task):
+            if span.start < span.stop:
+                records, _ = span.loaded.cut(span.start, span.stop)
+                yield span.first + span.start, records, span.stop - span.start
+
+
+class TaskWalk:
+    """The chunks of one task from `task.start` to its end (a piece's `task.end`), each loaded
+    when reached: an iterator of `Span`s. `index` is the next chunk to load."""
+
+    def __init__(self, reader: TaskReader, task: Task) -> None:
+        self.task = task
+        self._reader = reader
+        self.index, self._first, self._skip = start_point(task)
+
+    @property
+    def done(self) -> bool:
+        end = self.task.end
+        return self.index >= len(self.task.chunks) or (bool(end) and self._first >= end)
+
+    def __iter__(self) -> TaskWalk:
+        return self
+
+    def __next__(self) -> Span:
+        if self.done:
+            raise StopIteration
+        task = self.task
+        loaded = self._reader.load(task, self.index)
+        first = self._first
+        stop = loaded.count
+        if task.end:  # a piece stops at its end
+            stop = max(0, min(stop, task.end - first))
+        start = min(self._skip, loaded.count)
+        self._skip = 0
+        self._first += task.chunks[self.index].num_records
+        self.index += 1
+        return Span(loaded, first, start, stop, self.done)

@@ -145,15 +145,15 @@ class DeferredFinishes:
     out the task's records (`ShuffleBuffer.releasable`), failures go at once."""
 
     def __init__(self, inner: Reports, buffer: ShuffleBuffer) -> None:
-        self._inner = inner
-        self._buffer = buffer
+        self.inner = inner
+        self.buffer = buffer
 
     def finished(self, task: Task, *, last: bool = False) -> None:
-        self._buffer.defer(task)  # reported when its last record leaves the buffer
+        self.buffer.defer(task)  # reported when its last record leaves the buffer
 
     def failed(self, task: Task, reason: str) -> None:
-        self._inner.failed(task, reason)
+        self.inner.failed(task, reason)
 
     def settle(self, wake: Callable[[], None]) -> Settling | None:
         """What was reported so far (finishes still deferred here are not)."""
-        return self._inner.settle(wake)
+        return self.inner.settle(wake)

@@ -22,6 +22,7 @@ import time
 import types
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import DataLoader, default_collate
@@ -150,6 +151,24 @@ def _client_options(
     return options
 
 
+@dataclass(frozen=True)
+class _Workers:
+    """The DataLoader's own options, as torch names them."""
+
+    num_workers: int
+    persistent_workers: bool
+    prefetch_factor: int | None
+    pin_memory: bool
+    in_order: bool
+    multiprocessing_context: Any
+    worker_init_fn: Callable[[int], None] | None
+    timeout: float
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be 0 or more, not {self.num_workers}")
+
+
 class Loader:
     """Batches of a chunkmaster job's records, one pass per iteration (see the module's text).
 
@@ -194,10 +213,17 @@ class Loader:
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be 1 or more (or None), not {batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be 0 or more, not {num_workers}")
+        workers = _Workers(
+            num_workers,
+            persistent_workers,
+            prefetch_factor,
+            pin_memory,
+            in_order,
+            multiprocessing_context,
+            worker_init_fn,
+            timeout,
+        )
         self._options = _client_options(addr, etcd_endpoints, client_options)
-        reading = self._options.reading
         self.dataset = [dataset] if isinstance(dataset, str) else dataset
         self.batch_size = batch_size
         self._collate = collate_fn if collate_fn is not None else default_collate
@@ -219,30 +245,37 @@ class Loader:
             batch_size=batch_size,
             collate=self._collate,
             columns=columns,
-            storage_options=reading.storage_options or {},
-            max_inflated=reading.max_inflated_bytes,
+            reading=self._options.reading,
         )
-        self._dispatcher: Dispatcher | None = None
-        context = multiprocessing_context
+        self._loader = self._data_loader(
+            workers, {"transform": transform, "collate_fn": collate_fn}
+        )
+
+    def _data_loader(self, workers: _Workers, pieces: dict[str, Any]) -> DataLoader[Any]:
+        """The DataLoader over this loader's readers. With workers: their channel
+        (channel.py), started by forkserver unless a context is given; `pieces` (the
+        transform and collate_fn) must then be picklable, as `worker_init_fn` is."""
+        context = workers.multiprocessing_context
         self._forkserver = False
-        if num_workers:
-            pieces = {"transform": transform, "collate_fn": collate_fn}
-            context = _worker_context(context, {**pieces, "worker_init_fn": worker_init_fn})
+        self._dispatcher: Dispatcher | None = None
+        if workers.num_workers:
+            pieces = {**pieces, "worker_init_fn": workers.worker_init_fn}
+            context = _worker_context(context, pieces)
             self._forkserver = context.get_start_method() == "forkserver"
-            self._dispatcher = Dispatcher(context, num_workers)
+            self._dispatcher = Dispatcher(context, workers.num_workers)
             self._readers.ends = self._dispatcher.ends()
-        self._loader = DataLoader(
+        return DataLoader(
             self._readers,
             batch_size=None,
             collate_fn=_keep,
-            num_workers=num_workers,
-            persistent_workers=persistent_workers,
-            prefetch_factor=prefetch_factor,
-            pin_memory=pin_memory,
-            in_order=in_order,
-            multiprocessing_context=context if num_workers else None,
-            worker_init_fn=worker_init_fn,
-            timeout=timeout,
+            num_workers=workers.num_workers,
+            persistent_workers=workers.persistent_workers,
+            prefetch_factor=workers.prefetch_factor,
+            pin_memory=workers.pin_memory,
+            in_order=workers.in_order,
+            multiprocessing_context=context if workers.num_workers else None,
+            worker_init_fn=workers.worker_init_fn,
+            timeout=workers.timeout,
         )
 
     # ---- the job ----------------------------------------------------------------------------

@@ -11,13 +11,14 @@ DataLoader keeps taking every worker's batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from chunkmaster.client.errors import TaskReadError
 from chunkmaster.client.files import OpenFiles
+from chunkmaster.client.options import Reading
 from chunkmaster.client.reading import TaskReader
 from chunkmaster.formats.storage import storage_for
 from chunkmaster.torch.batches import Batch, Batcher, Loose, ReadFailure
@@ -36,15 +37,14 @@ class Readers(IterableDataset[Item]):
         batch_size: int | None,
         collate: Callable[[list[Any]], Any],
         columns: Sequence[str] | None,
-        storage_options: Mapping[str, Any],
-        max_inflated: int,
+        reading: Reading,
     ) -> None:
         self.transform = transform
         self.batch_size = batch_size
         self.collate = collate
         self.columns = None if columns is None else list(columns)
-        self.storage_options = dict(storage_options)
-        self.max_inflated = max_inflated
+        self.storage_options = dict(reading.storage_options or {})
+        self.max_inflated = reading.max_inflated_bytes
         self.ends: WorkerEnds | None = None  # with workers: the channel's queues
         self.local: LocalEnd | None = None  # without: the main process's own end (not pickled)
 
@@ -55,18 +55,13 @@ class Readers(IterableDataset[Item]):
 
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()
-        if info is None:
-            if self.local is None:
-                raise TypeError(
-                    "chunkmaster.torch.Readers is iterated by chunkmaster.torch.Loader only"
-                )
-            end: LocalEnd | QueueEnd = self.local
-        else:
-            if self.ends is None:
-                raise TypeError(
-                    "chunkmaster.torch.Readers is iterated by chunkmaster.torch.Loader only"
-                )
-            end = QueueEnd(self.ends, info.id)
+        end: LocalEnd | QueueEnd | None = self.local
+        if info is not None:
+            end = None if self.ends is None else QueueEnd(self.ends, info.id)
+        if end is None:
+            raise TypeError(
+                "chunkmaster.torch.Readers is iterated by chunkmaster.torch.Loader only"
+            )
         files = OpenFiles()
         try:
             yield from self._read(end, files)
