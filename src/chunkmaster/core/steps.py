@@ -477,15 +477,20 @@ def replanned(state: Pass, delta: int) -> None:
         _rebalance(state)
 
 
-def restart(state: Pass) -> None:
-    """A restore: the pass starts again, fixed at its first dispatch; pieces are forgotten
-    (their IDs are never used again) and so are commits waiting for the pieces before them."""
-    st = state.steps
+def _forget_members(st: StepsState) -> None:
+    """The pass's trainers, their quotas, split tasks and pad position, as a pass starts."""
     st.members = {}
     st.target = st.unassigned = st.queued_pads = 0
     st.outstanding = {}
     st.lost = set()
     st.pad_task = st.pad_at = 0
+
+
+def restart(state: Pass) -> None:
+    """A restore: the pass starts again, fixed at its first dispatch; pieces are forgotten
+    (their IDs are never used again) and so are commits waiting for the pieces before them."""
+    st = state.steps
+    _forget_members(st)
     st.pieces = {}
     st.ahead = {}
 
@@ -493,11 +498,7 @@ def restart(state: Pass) -> None:
 def new_pass(state: Pass) -> None:
     """A pass begins: its trainers are fixed at its first dispatch."""
     st = state.steps
-    st.members = {}
-    st.target = st.unassigned = st.queued_pads = 0
-    st.outstanding = {}
-    st.lost = set()
-    st.pad_task = st.pad_at = 0
+    _forget_members(st)
     keep_from = max(state.commit_floor, state.cur_pass - PIECES_KEPT + 1)
     st.pieces = {u: p for u, p in st.pieces.items() if p.pass_id >= keep_from}
     st.ahead = {k: v for k, v in st.ahead.items() if k[0] >= keep_from}

@@ -19,11 +19,11 @@ import logging
 import random
 import threading
 from collections.abc import Iterator
-from types import TracebackType
 from typing import Any
 
 import grpc
 
+from chunkmaster.closing import Closing
 from chunkmaster.etcd.keys import DEFAULT_ADDR_PATH, KeyLayout
 from chunkmaster.etcd.options import CHANNEL_OPTIONS, EtcdOptions
 from chunkmaster.etcd.protocol import EVENT_PUT, aetcd_rpc
@@ -40,7 +40,7 @@ class _WatchEnded(Exception):
     """The watch stream ended or was refused; reconnect and re-read."""
 
 
-class MasterLocator:
+class MasterLocator(Closing):
     """The latest master address in etcd, kept current by a background watcher thread."""
 
     def __init__(
@@ -113,17 +113,6 @@ class MasterLocator:
             call.cancel()
         if threading.current_thread() is not self._thread:
             self._thread.join(self._timeout + 5.0)
-
-    def __enter__(self) -> MasterLocator:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # --- the background thread --------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from chunkmaster.core.model import Chunk
+from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
 
 class FormatError(Exception):
@@ -122,3 +123,39 @@ class Format(Protocol):
     def loader(self, *, max_inflated: int = ...) -> ChunkLoader:
         """A loader whose chunks may inflate to `max_inflated` bytes at most."""
         ...
+
+
+class Indexed:
+    """`Format.index` with its public signature and defaults written once; a format reads its
+    chunks in `read_index`, which receives every argument explicitly."""
+
+    def index(
+        self,
+        path: str,
+        storage: Storage,
+        chunk_size: int | None = None,
+        *,
+        max_inflated: int = DEFAULT_MAX_INFLATED,
+    ) -> FileIndex:
+        """Read the file's chunk index (see `Format.index`)."""
+        return self.read_index(path, storage, chunk_size, max_inflated)
+
+    def read_index(
+        self, path: str, storage: Storage, chunk_size: int | None, max_inflated: int
+    ) -> FileIndex:
+        """The format's own reading of the chunk index."""
+        raise NotImplementedError
+
+
+class ByteBounded(Indexed):
+    """A format that cuts its own chunks: at most `max_bytes` bytes (its default `chunk_size`)
+    and at most `max_count` records, the count's parameter named `count_name` in errors."""
+
+    def __init__(self, max_bytes: int, max_count: int, count_name: str) -> None:
+        if max_bytes < 1 or max_count < 1:
+            raise ValueError(f"max_bytes and {count_name} must be at least 1")
+        self.max_bytes = max_bytes
+
+    @property
+    def chunk_size(self) -> int | None:
+        return self.max_bytes

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from chunkmaster import inflate
 from chunkmaster.core.model import Chunk
-from chunkmaster.formats.base import FileIndex, FormatError, Storage
+from chunkmaster.formats.base import FileIndex, FormatError, Indexed, Storage
 from chunkmaster.formats.listed import ListedChunk
 from chunkmaster.inflate import (
     DEFAULT_MAX_INFLATED,
@@ -213,7 +213,7 @@ class LinesLoader:
         return ListedChunk(self._fmt.parse(lines, "\r" in text, where))
 
 
-class LinesFormat:
+class LinesFormat(Indexed):
     """One line, one record; `parse` turns a chunk's lines into records (FormatError naming
     the line)."""
 
@@ -233,13 +233,8 @@ class LinesFormat:
         self.parse = parse
         self.chunk_size: int | None = chunk_size
 
-    def index(
-        self,
-        path: str,
-        storage: Storage,
-        chunk_size: int | None = None,
-        *,
-        max_inflated: int = DEFAULT_MAX_INFLATED,
+    def read_index(
+        self, path: str, storage: Storage, chunk_size: int | None, max_inflated: int
     ) -> FileIndex:
         how = _compression(path)
         size = storage.size(path)

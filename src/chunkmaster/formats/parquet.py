@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from chunkmaster.core.model import Chunk
-from chunkmaster.formats.base import FileIndex, FormatError, Storage
+from chunkmaster.formats.base import FileIndex, FormatError, Indexed, Storage
 from chunkmaster.formats.storage import LocalStorage
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED, TRAINER_SETTING, check_limit
 
@@ -215,20 +215,15 @@ def _empty_batch(table: Any) -> Any:
     return pa.RecordBatch.from_pylist([], schema=table.schema)
 
 
-class ParquetFormat:
+class ParquetFormat(Indexed):
     name = "parquet"
     suffixes = (".parquet",)
     ranged = False
     columnar = True  # Client.batches() and column selection
     chunk_size: int | None = None  # a chunk is a row group: the writer chose them
 
-    def index(
-        self,
-        path: str,
-        storage: Storage,
-        chunk_size: int | None = None,
-        *,
-        max_inflated: int = DEFAULT_MAX_INFLATED,
+    def read_index(
+        self, path: str, storage: Storage, chunk_size: int | None, max_inflated: int
     ) -> FileIndex:
         """The footer only: no page is read, so nothing is inflated here."""
         try:

@@ -19,7 +19,7 @@ from itertools import chain, repeat
 from typing import IO
 
 from chunkmaster.core.model import Chunk
-from chunkmaster.formats.base import FileIndex, Storage
+from chunkmaster.formats.base import FileIndex, Indexed, Storage
 from chunkmaster.formats.storage import LocalStorage
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 from chunkmaster.recordio.codecs import crc32, decompress, frame_ends
@@ -176,7 +176,7 @@ class RecordIOLoader:
         return self._reader.load_bytes(data, chunk.path, chunk.offset, chunk.num_records)
 
 
-class RecordIOFormat:
+class RecordIOFormat(Indexed):
     """PaddlePaddle RecordIO (chunkmaster.recordio): a chunk is a RecordIO chunk."""
 
     name = "recordio"
@@ -184,13 +184,8 @@ class RecordIOFormat:
     ranged = True
     chunk_size: int | None = None  # the writer chose the chunks
 
-    def index(
-        self,
-        path: str,
-        storage: Storage,
-        chunk_size: int | None = None,
-        *,
-        max_inflated: int = DEFAULT_MAX_INFLATED,
+    def read_index(
+        self, path: str, storage: Storage, chunk_size: int | None, max_inflated: int
     ) -> FileIndex:
         """The chunk headers (payloads are not read, so nothing is inflated here)."""
         offsets: list[int] = []

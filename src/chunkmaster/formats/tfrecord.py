@@ -25,7 +25,7 @@ import google_crc32c
 
 from chunkmaster import inflate
 from chunkmaster.core.model import Chunk
-from chunkmaster.formats.base import FileIndex, FormatError, Storage
+from chunkmaster.formats.base import ByteBounded, FileIndex, FormatError, Storage
 from chunkmaster.formats.listed import ListedChunk
 from chunkmaster.inflate import (
     DEFAULT_MAX_INFLATED,
@@ -65,7 +65,7 @@ def is_gzip_path(path: str) -> bool:
     return path.lower().endswith(".gz")
 
 
-class TFRecordFormat:
+class TFRecordFormat(ByteBounded):
     """TFRecord: chunk boundaries from the frame headers; records are `bytes`."""
 
     name = "tfrecord"
@@ -75,22 +75,11 @@ class TFRecordFormat:
     def __init__(
         self, max_bytes: int = DEFAULT_MAX_BYTES, max_records: int = DEFAULT_MAX_RECORDS
     ) -> None:
-        if max_bytes < 1 or max_records < 1:
-            raise ValueError("max_bytes and max_records must be at least 1")
-        self.max_bytes = max_bytes
+        super().__init__(max_bytes, max_records, "max_records")
         self.max_records = max_records
 
-    @property
-    def chunk_size(self) -> int | None:
-        return self.max_bytes
-
-    def index(
-        self,
-        path: str,
-        storage: Storage,
-        chunk_size: int | None = None,
-        *,
-        max_inflated: int = DEFAULT_MAX_INFLATED,
+    def read_index(
+        self, path: str, storage: Storage, chunk_size: int | None, max_inflated: int
     ) -> FileIndex:
         if is_gzip_path(path):
             return _index_gzip(path, storage, max_inflated)

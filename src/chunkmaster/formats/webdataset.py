@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import IO, Any, Final, NamedTuple
 
 from chunkmaster.core.model import Chunk
-from chunkmaster.formats.base import FileIndex, FormatError, Storage
+from chunkmaster.formats.base import ByteBounded, FileIndex, FormatError, Storage
 from chunkmaster.formats.listed import ListedChunk
 from chunkmaster.formats.tarheaders import entries, padded
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
@@ -53,7 +53,7 @@ class Member(NamedTuple):
         return self.data + padded(self.size)
 
 
-class WebDatasetFormat:
+class WebDatasetFormat(ByteBounded):
     """WebDataset tar shards: chunk boundaries from the tar headers; records are sample dicts."""
 
     name = "webdataset"
@@ -63,22 +63,11 @@ class WebDatasetFormat:
     def __init__(
         self, max_bytes: int = DEFAULT_MAX_BYTES, max_samples: int = DEFAULT_MAX_SAMPLES
     ) -> None:
-        if max_bytes < 1 or max_samples < 1:
-            raise ValueError("max_bytes and max_samples must be at least 1")
-        self.max_bytes = max_bytes
+        super().__init__(max_bytes, max_samples, "max_samples")
         self.max_samples = max_samples
 
-    @property
-    def chunk_size(self) -> int | None:
-        return self.max_bytes
-
-    def index(
-        self,
-        path: str,
-        storage: Storage,
-        chunk_size: int | None = None,
-        *,
-        max_inflated: int = DEFAULT_MAX_INFLATED,
+    def read_index(
+        self, path: str, storage: Storage, chunk_size: int | None, max_inflated: int
     ) -> FileIndex:
         """The tar headers (shards are not compressed: nothing is inflated)."""
         max_bytes = chunk_size or self.max_bytes

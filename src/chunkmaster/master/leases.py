@@ -9,14 +9,13 @@ per second) are kept here too, since they are about this process's view of the t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from chunkmaster.master.timer_wait import wait_woken
+from chunkmaster.master.timer_wait import cancel_and_wait, wait_woken
 
 log = logging.getLogger("chunkmaster.sessions")
 
@@ -158,8 +157,5 @@ class LeaseKeeper:
                 del self._retrying[sid]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None

@@ -12,7 +12,6 @@ dropped when it comes up, and one whose task's deadline moved is pushed again at
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import logging
 import time
@@ -23,7 +22,7 @@ from chunkmaster.core.model import TIMEOUT_REASON
 from chunkmaster.core.queues import fail_ignored, fail_quarantines, task_deadline
 from chunkmaster.master.ledger import Ledger, LedgerSubscriber, started
 from chunkmaster.master.reports import log_failure
-from chunkmaster.master.timer_wait import wait_woken
+from chunkmaster.master.timer_wait import cancel_and_wait, wait_woken
 
 log = logging.getLogger("chunkmaster.timeouts")
 
@@ -75,11 +74,8 @@ class TimeoutScheduler:
                 log.exception("handling the timeout of task %d epoch %d failed", task_id, epoch)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
 
 class TaskTimeouts(LedgerSubscriber):

@@ -28,3 +28,12 @@ async def wait_woken(clock: Callable[[], float], wake: asyncio.Event, delay: flo
         return
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(wake.wait(), timeout=delay)
+
+
+async def cancel_and_wait(task: asyncio.Task[None] | None) -> None:
+    """Cancel a timer's task (None: there is none) and return once it has ended, so that a
+    closed timer fires no more."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

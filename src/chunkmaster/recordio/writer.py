@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from types import TracebackType
 from typing import Any
 
+from chunkmaster.closing import Closing
 from chunkmaster.recordio.codecs import Compressor, compress, crc32, resolve_compressor
 from chunkmaster.recordio.errors import RecordIOError, WriterClosedError
 from chunkmaster.recordio.header import HEADER, LENGTH, MAGIC, MAX_UINT32
@@ -16,7 +16,7 @@ DEFAULT_MAX_CHUNK_SIZE = 32 * 1024 * 1024
 _pack_length = LENGTH.pack
 
 
-class Writer:
+class Writer(Closing):
     """Append records to a RecordIO file, cutting chunks exactly like the reference.
 
     Cut rule: before adding a record, if the open chunk's record payload bytes (length prefixes
@@ -99,14 +99,3 @@ class Writer:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
