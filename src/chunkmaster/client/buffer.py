@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
@@ -40,6 +40,9 @@ from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reading import Span, TaskReader, TaskWalk
 from chunkmaster.client.reporter import Reports, Settling
 from chunkmaster.core.model import Task
+
+if TYPE_CHECKING:
+    from chunkmaster.client.session import TrainerSession
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -52,18 +55,6 @@ class Run(NamedTuple):
     finishes: Task | None
     task: Task
     first: int
-
-
-class Lease(Protocol):
-    """What a pass buffer asks of the trainer's session (session.py's TrainerSession)."""
-
-    @property
-    def generation(self) -> int:
-        """Sessions found lost so far: a task must come in the current one."""
-
-    def lease_ok(self) -> bool: ...
-
-    def report_now(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -81,7 +72,7 @@ class BufferSetup:
     parent: CancelToken
     pace: Pace
     run_limit: int = 0
-    lease: Lease | None = None
+    lease: TrainerSession | None = None
     readahead: ReadAhead | None = None
 
 

@@ -170,7 +170,7 @@ class Passes:
         with self.cond:
             self.cond.notify_all()
 
-    # ---- what a pass reader asks (PassHost) -----------------------------------------------
+    # ---- what a pass reader asks ----------------------------------------------------------
 
     def check_open(self) -> None:
         if self.closed:
