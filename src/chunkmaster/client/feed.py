@@ -21,7 +21,7 @@ import uuid
 from collections import deque
 from dataclasses import replace
 
-from chunkmaster.client.fetcher import PassAnswers, TaskSource, until_end
+from chunkmaster.client.fetcher import PassAnswers, until_end
 from chunkmaster.client.link import Cancelled, CancelToken, Startup
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.session import TrainerSession
@@ -40,7 +40,6 @@ class PassFeed:
         self,
         pass_id: int,
         cond: threading.Condition,
-        source: TaskSource,
         session: TrainerSession,
         progress: Progress,
         parent: CancelToken,
@@ -55,7 +54,6 @@ class PassFeed:
         self._startup = startup
         self.cancel = CancelToken(parent)
         self._cond = cond
-        self._source = source
         self._session = session
         self._progress = progress
         self._size = max(1, stock)
@@ -66,16 +64,9 @@ class PassFeed:
         self.end: BaseException | None = None
         self.got_task = False
         self._abandoned = False
-        self._thread = threading.Thread(
+        self.thread = threading.Thread(
             target=self._loop, name=f"chunkmaster-feed-{worker}-pass{pass_id}", daemon=True
         )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    @property
-    def thread(self) -> threading.Thread:
-        return self._thread
 
     # ---- readers ------------------------------------------------------------------------
 
@@ -182,14 +173,14 @@ class PassFeed:
             with self._cond:
                 while len(self._stock) >= self._size and not self.cancel.cancelled:
                     self._cond.wait()
-                want = min(self._size - len(self._stock), self._source.max_batch)
+                want = min(self._size - len(self._stock), self._session.max_batch)
                 # Not dry yet: ask without waiting, to learn at once that nothing is free.
                 wait = self._poll_wait if self.dry else 0.0
             if self._startup is not None:
                 wait = self._startup.poll(wait)
             self.cancel.check()
             try:
-                tasks = self._source.next_tasks(
+                tasks = self._session.next_tasks(
                     self.pass_id, max(1, want), wait, uuid.uuid4().hex, self.cancel
                 )
             except Exception as exc:

@@ -286,8 +286,11 @@ class MasterLink:
         Raises `exc`, or NeverConnectedError, once the retries' time is up."""
         now = time.monotonic()
         never = isinstance(exc, TransportError) and not self._reached
-        if isinstance(exc, TransportError):
-            self._drop(conn)
+        if isinstance(exc, TransportError):  # the next attempt dials afresh
+            with self._lock:
+                if self._conn is conn:
+                    self._conn = None
+            conn.close()
         else:
             self._reached = self.startup.connected = True  # its store fails for now
         if never:  # said once for the link (every call fails alike), then less often
@@ -398,13 +401,6 @@ class MasterLink:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TransportError("etcd", _NoAddress(f"no master address at {key} in etcd"))
             waits.wait("no address", why)
-
-    def _drop(self, conn: MasterConnection) -> None:
-        """Forget a failed channel so the next attempt dials afresh."""
-        with self._lock:
-            if self._conn is conn:
-                self._conn = None
-        conn.close()
 
     def close(self) -> None:
         """Close the channel; calls in flight on it fail and see their cancellation."""

@@ -69,16 +69,13 @@ class Connection:
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"Connection({name}={value!r}): must be more than 0 seconds")
-        if self.retry_timeout is not None and not self.retry_timeout > 0:
-            raise ValueError(
-                f"Connection(retry_timeout={self.retry_timeout!r}): must be more than 0 seconds "
-                "(None: retry for ever)"
-            )
-        if self.startup_timeout is not None and not self.startup_timeout > 0:
-            raise ValueError(
-                f"Connection(startup_timeout={self.startup_timeout!r}): must be more than 0 "
-                "seconds (None: wait for ever)"
-            )
+        for name, none in (("retry_timeout", "retry"), ("startup_timeout", "wait")):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(
+                    f"Connection({name}={value!r}): must be more than 0 seconds "
+                    f"(None: {none} for ever)"
+                )
 
 
 @dataclass(frozen=True)

@@ -110,10 +110,6 @@ class PassReader:
         )
         self.thread: threading.Thread = fetcher.thread
 
-    def start(self) -> None:
-        """Start fetching tasks (the lock not held)."""
-        self.thread.start()
-
     @property
     def cancelled(self) -> bool:
         return self.buffer.cancel.cancelled

@@ -237,7 +237,7 @@ class Passes:
             )
             self._keep_thread(reader.thread)
             self.cond.notify_all()
-        reader.start()  # the old fetcher stops by itself (close() waits for it)
+        reader.thread.start()  # the old fetcher stops by itself (close() waits for it)
         return reader
 
     def runs(
@@ -275,7 +275,6 @@ class Passes:
                 pass_id,
                 self.cond,
                 session,
-                session,
                 self.progress,
                 self._token,
                 stock=stock,
@@ -285,7 +284,7 @@ class Passes:
                 startup=self._setup.startup,
             )
             self._keep_thread(feed.thread)
-        feed.start()
+        feed.thread.start()
         return feed
 
     def _keep_thread(self, thread: threading.Thread) -> None:
