@@ -341,12 +341,7 @@ class PassBuffer:
         if self._ahead is not None:
             for task in dropped:
                 self._ahead.drop(task)
-        self._tasks.clear()
-        self.held.clear()
-        self._walk = None
-        self._span = None
-        self._progress.stop_reading()
-        self._cond.notify_all()  # slots for the fetcher
+        self._drop_all()
         return dropped
 
     def abandon(self, why: str) -> None:
@@ -365,11 +360,15 @@ class PassBuffer:
                 f"; tasks {sorted(self.held)} not reported finished, {back}" if self.held else "",
             )
             self.end = EndOfPass(self.pass_id)
-        self._progress.stop_reading()
         if self._ahead is not None:
             self._ahead.cancel()
+        self._drop_all()
+
+    def _drop_all(self) -> None:
+        """Nothing is held or read any more (lock held)."""
+        self._progress.stop_reading()
         self._tasks.clear()
         self.held.clear()
         self._walk = None
         self._span = None
-        self._cond.notify_all()
+        self._cond.notify_all()  # slots for the fetcher

@@ -97,13 +97,9 @@ class Client:
     CHUNKMASTER_TOKEN variable; a shortcut for `Connection(token=...)`).
     `on_task_done(task)` is called in the trainer's thread when a task's last record is taken.
 
-    The other options come in three groups (client/options.py): `connection=Connection(...)`
-    (TLS, deadlines, retries, etcd), `session=Session(...)` (progress reports, the trainer's
-    rank; `session=False` speaks the unary calls only: no commit(), tasks come back by the
-    master's timeout only) and `reading=Reading(...)` (tasks held ahead, shuffle buffer,
-    object stores, the decompression limit). The flat keyword arguments of before
-    (`report_every=`, `prefetch_tasks=`, ...) still work, each with a DeprecationWarning
-    naming its replacement.
+    The other options come in three groups (client/options.py, docs/client.md):
+    `connection=Connection(...)`, `session=Session(...)` (`session=False`: the unary calls only,
+    no commit(), tasks come back by the master's timeout) and `reading=Reading(...)`.
 
     With a session, declare the rank (`Session(world_size=, rank=)`, or the WORLD_SIZE and
     RANK variables) on the one client of each rank that reads: a second client of the same
