@@ -38,7 +38,8 @@ from chunkmaster.client.pace import Pace
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reading import Span, TaskReader, TaskWalk
-from chunkmaster.client.reporter import Reports, Settling
+from chunkmaster.client.reporter import Reports
+from chunkmaster.client.stream import Reply
 from chunkmaster.core.model import Task
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class PassBuffer:
         self._span: Span | None = None  # its chunk being read
         self._at = 0  # the span's next record
         self._after_suspect = False  # the last task taken had failures: settle before the next
-        self._settling: Settling | None = None  # finishes being applied before a task begins
+        self._settling: Reply | None = None  # finishes being applied before a task begins
         self._room_wanted = -1  # the fetcher waits until at most this many are held (-1: not)
         self._pace = setup.pace
         #: Whether taking a task's last record is the trainer being done with it (not with a

@@ -151,24 +151,17 @@ def _client_options(
 
 
 class Loader:
-    """Batches of a chunkmaster job's records, one pass per iteration (see the module's text).
+    """Batches of a chunkmaster job's records, one pass per iteration (see the module's text;
+    every argument in docs/torch.md).
 
-    The master: `addr` ("host:port") or `etcd_endpoints`; the rank's `Client` options as
-    keyword arguments, as the Client takes them (`token`, `name`, `connection=Connection(...)`,
-    `session=Session(world_size=, rank=)`, `reading=Reading(storage_options=...)`, ...;
-    docs/client.md). `dataset`: patterns to set on the master (the first trainer's call wins).
-
-    Records become samples through `transform` (in the workers), batches through `collate_fn`
-    (default: torch's default_collate) of `batch_size` samples (None: samples one by one).
-    `num_workers`, `persistent_workers`, `prefetch_factor`, `pin_memory`, `in_order`,
-    `multiprocessing_context`, `worker_init_fn` and `timeout` are the DataLoader's; without a
-    `multiprocessing_context`, workers start by forkserver (never forked from this process,
-    whose gRPC threads run), so `transform`, `collate_fn` and `worker_init_fn` are pickled.
-    `columns`: read only these columns of a Parquet dataset.
-
-    A chunk that cannot be read is reported to the master (which hands its task out again, or
-    quarantines it after --task-timeout-max failures, and stops the job past its error budget)
-    and the pass goes on; `read_errors` counts them, and each is logged.
+    The master: `addr` or `etcd_endpoints`; the rank's `Client` options as keyword arguments,
+    as the Client takes them. `dataset`: patterns to set on the master. Records become samples
+    through `transform` (in the workers), batches through `collate_fn` (default_collate) of
+    `batch_size` samples (None: one by one). The DataLoader's own options pass through; without
+    a `multiprocessing_context` workers start by forkserver (never forked from this process,
+    whose gRPC threads run), so what they run is pickled. `columns`: of a Parquet dataset.
+    A chunk that cannot be read is reported to the master and the pass goes on; `read_errors`
+    counts them, and each is logged.
     """
 
     def __init__(
