@@ -271,18 +271,7 @@ class Passes:
             if self.reader is not None:
                 self.abandon(self.reader, f"a feed of pass {pass_id} started")
                 self.reader = None
-            feed = self._feed = PassFeed(
-                pass_id,
-                self.cond,
-                session,
-                self.progress,
-                self._token,
-                stock=stock,
-                poll_wait=self._setup.poll_wait,
-                joined=joined,
-                worker=self._setup.worker,
-                startup=self._setup.startup,
-            )
+            feed = self._feed = PassFeed(pass_id, self._setup, session, stock=stock, joined=joined)
             self._keep_thread(feed.thread)
         feed.thread.start()
         return feed
