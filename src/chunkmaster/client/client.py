@@ -223,12 +223,10 @@ class Client:
     def add_sources(
         self, sources: Sources, weights: Schedule | None = None, mode: str = "step"
     ) -> WeightChange:
-        """Add sources to the running mixture, after its own (each starts at its epoch 0), and
-        give the weights from then on: `weights` as `set_weights` takes them, naming every
-        source, old and new; None: the weights in force, each added source at its `Source`
-        weight on the same scale (patterns alone: 1). They take effect where new weights do;
-        a pass keeps its units. Raises DatasetError naming a source the job has already, or
-        one that matches no file or cannot be indexed: nothing is added (docs/mixtures.md)."""
+        """Add sources to the running mixture (each starts at its epoch 0), with the weights
+        from then on as `set_weights` takes them (None: the weights in force, each added source
+        at its `Source` weight). Raises DatasetError naming a source the job has already, or
+        one that cannot be indexed: nothing is added (docs/mixtures.md)."""
         points = [] if weights is None else schedule_to_pb(weights)
         add = sources_to_pb(sources)
         return WeightChange(
@@ -273,16 +271,13 @@ class Client:
         return None if self._session is None else self._session.session_id
 
     def commit(self, timeout: float | None = None) -> None:
-        """Make durable on the master what this trainer consumed since its last commit.
+        """Make durable on the master what this trainer consumed since its last commit: the
+        task being read at its exact position, the tasks finished since at their end.
 
-        Sends the task being read at its exact position (the records taken so far) and the
-        tasks finished since at their end; returns once the master has made them durable.
-        Raises the master's error: CheckpointRefusedError if one of those tasks was handed to
-        another trainer meanwhile (its records past the last report will be delivered again;
-        the refused positions are not sent again). A master whose store refuses writes for
-        now (UnavailableError) gets the commit again, with backoff. TimeoutError after
-        `timeout` seconds (the commit may still be applied; the next one sends the positions
-        again).
+        Raises the master's error: CheckpointRefusedError if one of those tasks went to another
+        trainer meanwhile (the refused positions are not sent again). TimeoutError after
+        `timeout` seconds (the commit may still land; the next one sends the positions again).
+        A store refusing writes for now gets the commit again with backoff (docs/client.md).
         """
         session = self._session
         if session is None:
