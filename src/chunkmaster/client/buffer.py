@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
@@ -38,8 +38,12 @@ from chunkmaster.client.pace import Pace
 from chunkmaster.client.progress import Progress
 from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reading import Span, TaskReader, TaskWalk
-from chunkmaster.client.reporter import Reports, Settling
+from chunkmaster.client.reporter import Reports
+from chunkmaster.client.stream import Reply
 from chunkmaster.core.model import Task
+
+if TYPE_CHECKING:
+    from chunkmaster.client.session import TrainerSession
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -52,18 +56,6 @@ class Run(NamedTuple):
     finishes: Task | None
     task: Task
     first: int
-
-
-class Lease(Protocol):
-    """What a pass buffer asks of the trainer's session (session.py's TrainerSession)."""
-
-    @property
-    def generation(self) -> int:
-        """Sessions found lost so far: a task must come in the current one."""
-
-    def lease_ok(self) -> bool: ...
-
-    def report_now(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -81,7 +73,7 @@ class BufferSetup:
     parent: CancelToken
     pace: Pace
     run_limit: int = 0
-    lease: Lease | None = None
+    lease: TrainerSession | None = None
     readahead: ReadAhead | None = None
 
 
@@ -126,7 +118,7 @@ class PassBuffer:
         self._span: Span | None = None  # its chunk being read
         self._at = 0  # the span's next record
         self._after_suspect = False  # the last task taken had failures: settle before the next
-        self._settling: Settling | None = None  # finishes being applied before a task begins
+        self._settling: Reply | None = None  # finishes being applied before a task begins
         self._room_wanted = -1  # the fetcher waits until at most this many are held (-1: not)
         self._pace = setup.pace
         #: Whether taking a task's last record is the trainer being done with it (not with a
@@ -350,12 +342,7 @@ class PassBuffer:
         if self._ahead is not None:
             for task in dropped:
                 self._ahead.drop(task)
-        self._tasks.clear()
-        self.held.clear()
-        self._walk = None
-        self._span = None
-        self._progress.stop_reading()
-        self._cond.notify_all()  # slots for the fetcher
+        self._drop_all()
         return dropped
 
     def abandon(self, why: str) -> None:
@@ -374,11 +361,15 @@ class PassBuffer:
                 f"; tasks {sorted(self.held)} not reported finished, {back}" if self.held else "",
             )
             self.end = EndOfPass(self.pass_id)
-        self._progress.stop_reading()
         if self._ahead is not None:
             self._ahead.cancel()
+        self._drop_all()
+
+    def _drop_all(self) -> None:
+        """Nothing is held or read any more (lock held)."""
+        self._progress.stop_reading()
         self._tasks.clear()
         self.held.clear()
         self._walk = None
         self._span = None
-        self._cond.notify_all()
+        self._cond.notify_all()  # slots for the fetcher

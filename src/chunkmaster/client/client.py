@@ -7,20 +7,8 @@ tasks ahead of need, the trainer's thread reads their chunks itself (only tasks 
 never chunk data) in runs of records, each one C-level iterator, so that one step of it is
 atomic under the GIL and several trainer threads may share next_record().
 
-Guarantees:
-* A task is reported finished when the trainer *takes* its last record; a crashed
-  trainer's task is re-dispatched after the master's timeout.
-* A chunk that cannot be read is reported with TaskFailed and its reason, and raised to the
-  trainer as TaskReadError after the records before it: nothing is skipped silently.
-* The pass ends (EndOfPass) only when the master has moved past it, not when no task happens to
-  be free; "all tasks failed" is raised as AllTaskFailedError, and a job stopped by
-  its error budget (too many records quarantined) as JobStoppedError, naming the tasks,
-  files and reasons.
-* A new pass, or close(), cancels the previous fetcher and drops its tasks: passes never
-  mix.
-* Records are what the dataset's format makes them (docs/formats.md): bytes for RecordIO and
-  TFRecord (any content, empty allowed), dicts for JSON Lines objects and Parquet rows,
-  str for text lines. Parquet also gives whole Arrow record batches (`batches()`).
+What it guarantees (finish after consume, the pass ends when the master says so, read
+failures reported, passes never mix; records as their format makes them): docs/client.md.
 """
 
 from __future__ import annotations
@@ -109,13 +97,9 @@ class Client:
     CHUNKMASTER_TOKEN variable; a shortcut for `Connection(token=...)`).
     `on_task_done(task)` is called in the trainer's thread when a task's last record is taken.
 
-    The other options come in three groups (client/options.py): `connection=Connection(...)`
-    (TLS, deadlines, retries, etcd), `session=Session(...)` (progress reports, the trainer's
-    rank; `session=False` speaks the unary calls only: no commit(), tasks come back by the
-    master's timeout only) and `reading=Reading(...)` (tasks held ahead, shuffle buffer,
-    object stores, the decompression limit). The flat keyword arguments of before
-    (`report_every=`, `prefetch_tasks=`, ...) still work, each with a DeprecationWarning
-    naming its replacement.
+    The other options come in three groups (client/options.py, docs/client.md):
+    `connection=Connection(...)`, `session=Session(...)` (`session=False`: the unary calls only,
+    no commit(), tasks come back by the master's timeout) and `reading=Reading(...)`.
 
     With a session, declare the rank (`Session(world_size=, rank=)`, or the WORLD_SIZE and
     RANK variables) on the one client of each rank that reads: a second client of the same
@@ -239,12 +223,10 @@ class Client:
     def add_sources(
         self, sources: Sources, weights: Schedule | None = None, mode: str = "step"
     ) -> WeightChange:
-        """Add sources to the running mixture, after its own (each starts at its epoch 0), and
-        give the weights from then on: `weights` as `set_weights` takes them, naming every
-        source, old and new; None: the weights in force, each added source at its `Source`
-        weight on the same scale (patterns alone: 1). They take effect where new weights do;
-        a pass keeps its units. Raises DatasetError naming a source the job has already, or
-        one that matches no file or cannot be indexed: nothing is added (docs/mixtures.md)."""
+        """Add sources to the running mixture (each starts at its epoch 0), with the weights
+        from then on as `set_weights` takes them (None: the weights in force, each added source
+        at its `Source` weight). Raises DatasetError naming a source the job has already, or
+        one that cannot be indexed: nothing is added (docs/mixtures.md)."""
         points = [] if weights is None else schedule_to_pb(weights)
         add = sources_to_pb(sources)
         return WeightChange(
@@ -289,16 +271,13 @@ class Client:
         return None if self._session is None else self._session.session_id
 
     def commit(self, timeout: float | None = None) -> None:
-        """Make durable on the master what this trainer consumed since its last commit.
+        """Make durable on the master what this trainer consumed since its last commit: the
+        task being read at its exact position, the tasks finished since at their end.
 
-        Sends the task being read at its exact position (the records taken so far) and the
-        tasks finished since at their end; returns once the master has made them durable.
-        Raises the master's error: CheckpointRefusedError if one of those tasks was handed to
-        another trainer meanwhile (its records past the last report will be delivered again;
-        the refused positions are not sent again). A master whose store refuses writes for
-        now (UnavailableError) gets the commit again, with backoff. TimeoutError after
-        `timeout` seconds (the commit may still be applied; the next one sends the positions
-        again).
+        Raises the master's error: CheckpointRefusedError if one of those tasks went to another
+        trainer meanwhile (the refused positions are not sent again). TimeoutError after
+        `timeout` seconds (the commit may still land; the next one sends the positions again).
+        A store refusing writes for now gets the commit again with backoff (docs/client.md).
         """
         session = self._session
         if session is None:
@@ -311,9 +290,7 @@ class Client:
             return
         try:
             session.commit(positions, timeout)
-        except Cancelled:
-            raise ClientClosedError("client closed during commit") from None
-        except CallCancelled:
+        except (Cancelled, CallCancelled):
             raise ClientClosedError("client closed during commit") from None
         except CheckpointRefusedError:
             with self._passes.cond:
@@ -418,17 +395,11 @@ class Client:
     # ---- closing -----------------------------------------------------------------------
 
     def close(self, flush_timeout: float = 5.0) -> None:
-        """Stop every thread and end every call: cancel the pass, send queued reports
-        (bounded), close the channel, and wait for every thread the client started (and gRPC's
-        for its calls) to be gone.
-
-        With a session: says Goodbye, handing the held tasks back at their exact positions,
-        and waits up to `flush_timeout` s for the master's ack. Returns within `flush_timeout`
-        + 2 x `rpc_timeout` whatever the master does (gone, frozen): the fetchers have
-        `rpc_timeout` to stop before the Goodbye, the rest `rpc_timeout` after it (with etcd,
-        the address watcher has `etcd_timeout` + 5 s more); a thread still alive then is named
-        in a warning. A client left open is closed at interpreter exit (an orderly one:
-        the script's end, sys.exit(), a KeyboardInterrupt), so that its session says Goodbye."""
+        """Stop every thread and end every call: cancel the pass, say Goodbye (the held tasks
+        go back at their exact positions; up to `flush_timeout` s for the ack) or send the
+        queued reports, close the channel, and wait for every thread the client started (and
+        gRPC's for its calls); one still alive past its bound (docs/client.md) is named in a
+        warning. A client left open is closed at interpreter exit, so that it says Goodbye."""
         passes = self._passes
         if not passes.shut():
             return

@@ -21,9 +21,9 @@ import uuid
 from collections import deque
 from dataclasses import replace
 
-from chunkmaster.client.fetcher import PassAnswers, TaskSource, until_end
-from chunkmaster.client.link import Cancelled, CancelToken, Startup
-from chunkmaster.client.progress import Progress
+from chunkmaster.client.fetcher import PassAnswers, until_end
+from chunkmaster.client.link import Cancelled, CancelToken
+from chunkmaster.client.pass_reader import ReaderSetup
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.errors import NoMoreAvailableError
 from chunkmaster.core.model import Position, Task
@@ -32,50 +32,30 @@ from chunkmaster.core.model import Position, Task
 class PassFeed:
     """Tasks of one pass for outside readers; `stock` tasks are fetched ahead of them.
 
-    Everything is guarded by the client's lock (`cond`). `joined`: the trainer read the pass
-    before this one to its end (see buffer.PassBuffer.joined).
+    Everything is guarded by the client's lock (`setup.buffer.cond`). `joined`: the trainer
+    read the pass before this one to its end (see buffer.PassBuffer.joined).
     """
 
     def __init__(
-        self,
-        pass_id: int,
-        cond: threading.Condition,
-        source: TaskSource,
-        session: TrainerSession,
-        progress: Progress,
-        parent: CancelToken,
-        *,
-        stock: int,
-        poll_wait: float,
-        joined: bool,
-        worker: str,
-        startup: Startup | None = None,
+        self, pass_id: int, setup: ReaderSetup, session: TrainerSession, *, stock: int, joined: bool
     ) -> None:
         self.pass_id = pass_id
-        self._startup = startup
-        self.cancel = CancelToken(parent)
-        self._cond = cond
-        self._source = source
+        self._startup = setup.startup
+        self.cancel = CancelToken(setup.buffer.parent)
+        self._cond = setup.buffer.cond
         self._session = session
-        self._progress = progress
+        self._progress = setup.buffer.progress
         self._size = max(1, stock)
-        self._poll_wait = poll_wait
+        self._poll_wait = setup.poll_wait
         self._joined = joined
         self._stock: deque[Task] = deque()
         self.dry = False
         self.end: BaseException | None = None
         self.got_task = False
         self._abandoned = False
-        self._thread = threading.Thread(
-            target=self._loop, name=f"chunkmaster-feed-{worker}-pass{pass_id}", daemon=True
+        self.thread = threading.Thread(
+            target=self._loop, name=f"chunkmaster-feed-{setup.worker}-pass{pass_id}", daemon=True
         )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    @property
-    def thread(self) -> threading.Thread:
-        return self._thread
 
     # ---- readers ------------------------------------------------------------------------
 
@@ -182,14 +162,14 @@ class PassFeed:
             with self._cond:
                 while len(self._stock) >= self._size and not self.cancel.cancelled:
                     self._cond.wait()
-                want = min(self._size - len(self._stock), self._source.max_batch)
+                want = min(self._size - len(self._stock), self._session.max_batch)
                 # Not dry yet: ask without waiting, to learn at once that nothing is free.
                 wait = self._poll_wait if self.dry else 0.0
             if self._startup is not None:
                 wait = self._startup.poll(wait)
             self.cancel.check()
             try:
-                tasks = self._source.next_tasks(
+                tasks = self._session.next_tasks(
                     self.pass_id, max(1, want), wait, uuid.uuid4().hex, self.cancel
                 )
             except Exception as exc:

@@ -122,9 +122,6 @@ class TaskFetcher:
             daemon=True,
         )
 
-    def start(self) -> None:
-        self.thread.start()
-
     def _loop(self) -> None:
         buf = self._buffer
         until_end(self._fetch, buf.cancel, buf.finish, f"fetcher of pass {buf.pass_id}")

@@ -17,7 +17,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
@@ -34,6 +34,9 @@ from chunkmaster.client.connection import (
 from chunkmaster.client.errors import NeverConnectedError, StartupTimeoutError, duration
 from chunkmaster.core.errors import MasterError
 from chunkmaster.waitlog import WaitLog
+
+if TYPE_CHECKING:
+    from chunkmaster.etcd.discovery import MasterLocator
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -122,19 +125,6 @@ class Cancelled(Exception):
     """The operation was cancelled by its owner (pass abandoned, client closed)."""
 
 
-class Locator(Protocol):
-    """What the link needs from service discovery (chunkmaster.etcd.discovery.MasterLocator)."""
-
-    @property
-    def key(self) -> bytes: ...
-
-    def current(self) -> str | None: ...
-
-    def wait_for_address(self, timeout: float) -> str | None: ...
-
-    def close(self) -> None: ...
-
-
 class Awaited(Protocol[T_co]):
     """An answer in flight that another thread may cancel: a long-polling GetTask
     (connection.PendingCall) or a message on the session stream (stream.Reply)."""
@@ -213,7 +203,7 @@ class MasterLink:
     def __init__(
         self,
         addr: str | None = None,
-        locator: Locator | None = None,
+        locator: MasterLocator | None = None,
         *,
         rpc_timeout: float = DEFAULT_TIMEOUT,
         retry_timeout: float | None = None,
@@ -296,8 +286,11 @@ class MasterLink:
         Raises `exc`, or NeverConnectedError, once the retries' time is up."""
         now = time.monotonic()
         never = isinstance(exc, TransportError) and not self._reached
-        if isinstance(exc, TransportError):
-            self._drop(conn)
+        if isinstance(exc, TransportError):  # the next attempt dials afresh
+            with self._lock:
+                if self._conn is conn:
+                    self._conn = None
+            conn.close()
         else:
             self._reached = self.startup.connected = True  # its store fails for now
         if never:  # said once for the link (every call fails alike), then less often
@@ -408,13 +401,6 @@ class MasterLink:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TransportError("etcd", _NoAddress(f"no master address at {key} in etcd"))
             waits.wait("no address", why)
-
-    def _drop(self, conn: MasterConnection) -> None:
-        """Forget a failed channel so the next attempt dials afresh."""
-        with self._lock:
-            if self._conn is conn:
-                self._conn = None
-        conn.close()
 
     def close(self) -> None:
         """Close the channel; calls in flight on it fail and see their cancellation."""

@@ -1,17 +1,9 @@
 """A Client's options, in three groups, the way httpx groups its own (`Timeout`, `Limits`):
-
-- `Connection`: how the trainer reaches its master and proves who it is (token, TLS, deadlines,
-  retries, etcd discovery);
-- `Session`: its session with the master (progress reports, its rank in a world);
-- `Reading`: how it reads its tasks' records (tasks in hand, shuffle buffer, object stores,
-  decompression limit).
-
-The simple cases stay simple: `Client(addr)`, `Client(addr, token=..., name=...)`, and
-`session=False`. Each group checks its values when it is made, naming the field.
-
-The flat keyword arguments the Client took before (`report_every=`, `prefetch_tasks=`, ...) are
-still accepted, each with a DeprecationWarning naming its replacement (`legacy`); `buffer_size`
-and `worker` did nothing of their own and are deprecated the same way.
+`Connection` (reaching the master: token, TLS, deadlines, retries, etcd), `Session` (progress
+reports, the rank) and `Reading` (tasks in hand, shuffle buffer, object stores, decompression
+limit), each checking its values when made, naming the field; every field in docs/client.md.
+`Client(addr)` stays simple. The flat keyword arguments of before (`report_every=`, ...) still
+work, each with a DeprecationWarning naming its replacement (`legacy`).
 """
 
 from __future__ import annotations
@@ -31,25 +23,13 @@ from chunkmaster.inflate import DEFAULT_MAX_INFLATED, check_limit
 
 @dataclass(frozen=True)
 class Connection:
-    """How the trainer reaches its master, and proves who it is.
+    """How the trainer reaches its master, and proves who it is (docs/client.md).
 
-    `token`: the master's shared token, sent with every call (default: the file
-    CHUNKMASTER_TOKEN_FILE names, or the CHUNKMASTER_TOKEN variable; chunkmaster.tokens).
-    `tls_ca` (a PEM file) turns TLS on and names the CA that signs the master's certificate;
-    `tls_cert` and `tls_key` are the trainer's own, for mutual TLS.
-    `rpc_timeout`: seconds each call may take (a long poll adds `poll_wait`, the seconds the
-    master may hold a task request open). `retry_timeout`: give up (TransportError) once the
-    master has been unreachable this long (default: wait for it for ever, logging why): a master
-    lost mid-run (a failover, a restart). `startup_timeout`: the bound on getting started, from
-    the client's first need of the master until it first has what it needs to read: a master
-    that answers, with a dataset (set by this trainer or another; a master's store may hold
-    one). Past it, a master never reached raises NeverConnectedError, one with no dataset
-    StartupTimeoutError, each naming the address, the wait and what was tried (default
-    DEFAULT_STARTUP_TIMEOUT, 5 min; None: wait for ever, logging why). Once started it bounds
-    nothing: waits for other trainers' tasks and a master lost mid-run are `retry_timeout`'s.
-    With `etcd_endpoints` on the Client: `etcd_timeout` per etcd call, `etcd_job` the job whose
-    key names the master, `etcd_options` TLS and auth for etcd (ca_cert, cert_cert, cert_key,
-    user, password).
+    `token` (default: CHUNKMASTER_TOKEN_FILE's, or CHUNKMASTER_TOKEN), TLS files (`tls_ca`
+    turns TLS on; `tls_cert` and `tls_key` for mutual TLS), each call's `rpc_timeout` (plus
+    `poll_wait` for a long poll), `retry_timeout` (a master lost mid-run; None: for ever),
+    `startup_timeout` (the bound on getting started: a master that answers, with a dataset;
+    None: for ever) and, with `etcd_endpoints`, `etcd_timeout`, `etcd_job`, `etcd_options`.
     """
 
     token: str | None = field(default=None, repr=False)
@@ -69,27 +49,20 @@ class Connection:
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"Connection({name}={value!r}): must be more than 0 seconds")
-        if self.retry_timeout is not None and not self.retry_timeout > 0:
-            raise ValueError(
-                f"Connection(retry_timeout={self.retry_timeout!r}): must be more than 0 seconds "
-                "(None: retry for ever)"
-            )
-        if self.startup_timeout is not None and not self.startup_timeout > 0:
-            raise ValueError(
-                f"Connection(startup_timeout={self.startup_timeout!r}): must be more than 0 "
-                "seconds (None: wait for ever)"
-            )
+        for name, none in (("retry_timeout", "retry"), ("startup_timeout", "wait")):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(
+                    f"Connection({name}={value!r}): must be more than 0 seconds "
+                    f"(None: {none} for ever)"
+                )
 
 
 @dataclass(frozen=True)
 class Session:
-    """The trainer's session with the master (docs/sessions.md); `session=False` on the
-    Client speaks the unary calls only (no commit(), tasks come back by the master's timeout).
-
-    `report_every`: records between two progress reports (0: only with the keep-alive, every
-    `report_interval` seconds at most). `world_size` and `rank`: this trainer is rank `rank` of
-    `world_size` (DDP's ranks); by default from the WORLD_SIZE and RANK variables when both are
-    set (torchrun sets them); `world_size=0` says nothing (docs/equal-steps.md).
+    """The trainer's session with the master (docs/sessions.md): progress reports every
+    `report_every` records (0: with the keep-alive only, every `report_interval` s at most), and
+    the rank (default WORLD_SIZE and RANK; `world_size=0`: none; docs/equal-steps.md).
     """
 
     report_every: int = 1000
@@ -107,19 +80,11 @@ class Session:
 
 @dataclass(frozen=True)
 class Reading:
-    """How the trainer reads its tasks' records.
-
-    `prefetch_tasks`: tasks held ahead of the one being read. By default (None) as many as
-    cover a round trip to the master at the pace the trainer reads them: one for slow tasks,
-    up to 127 for thousands of tiny tasks a second (client/pace.py). A number fixes it (the
-    master's task timeout runs for every task held).
-    `shuffle_buffer` (records; 0: off): records() hands records out in a random order drawn
-    from a buffer of that many, seeded by (`shuffle_seed`, pass, name); without `shuffle_seed`
-    the master's --shuffle-seed (docs/shuffle.md). `storage_options`: of the fsspec filesystem
-    of URL datasets (credentials, an endpoint; never sent to the master); `read_ahead` ranged
-    reads of the next chunks in flight (0: none), holding at most `read_ahead_bytes`
-    (docs/object-stores.md). `max_inflated_bytes`: the most one chunk may decompress to
-    (docs/failures.md).
+    """How the trainer reads its tasks' records (docs/client.md): `prefetch_tasks` held ahead
+    (None: as many as the trainer's pace needs, client/pace.py), a `shuffle_buffer` of records
+    seeded by `shuffle_seed` (docs/shuffle.md), the fsspec `storage_options` (never sent to the
+    master), `read_ahead` chunks in flight within `read_ahead_bytes` (docs/object-stores.md),
+    and `max_inflated_bytes` one chunk may decompress to (docs/failures.md).
     """
 
     prefetch_tasks: int | None = None

@@ -170,7 +170,7 @@ class Passes:
         with self.cond:
             self.cond.notify_all()
 
-    # ---- what a pass reader asks (PassHost) -----------------------------------------------
+    # ---- what a pass reader asks ----------------------------------------------------------
 
     def check_open(self) -> None:
         if self.closed:
@@ -237,7 +237,7 @@ class Passes:
             )
             self._keep_thread(reader.thread)
             self.cond.notify_all()
-        reader.start()  # the old fetcher stops by itself (close() waits for it)
+        reader.thread.start()  # the old fetcher stops by itself (close() waits for it)
         return reader
 
     def runs(
@@ -271,21 +271,9 @@ class Passes:
             if self.reader is not None:
                 self.abandon(self.reader, f"a feed of pass {pass_id} started")
                 self.reader = None
-            feed = self._feed = PassFeed(
-                pass_id,
-                self.cond,
-                session,
-                session,
-                self.progress,
-                self._token,
-                stock=stock,
-                poll_wait=self._setup.poll_wait,
-                joined=joined,
-                worker=self._setup.worker,
-                startup=self._setup.startup,
-            )
+            feed = self._feed = PassFeed(pass_id, self._setup, session, stock=stock, joined=joined)
             self._keep_thread(feed.thread)
-        feed.start()
+        feed.thread.start()
         return feed
 
     def _keep_thread(self, thread: threading.Thread) -> None:

@@ -29,11 +29,6 @@ TaskKey = tuple[int, int]
 """(pass, task ID): a task of one pass."""
 
 
-def task_records(task: Task) -> int:
-    """Where a task's dispatch ends: its chunks' records, or the end of a piece."""
-    return task.num_records
-
-
 def key_of(task: Task) -> TaskKey:
     return (task.pass_id, task.meta.id)
 
@@ -90,7 +85,7 @@ class Progress:
 
     def add(self, task: Task) -> None:
         """A task was handed to this trainer; nothing of it before `task.start` is read here."""
-        self._held[key_of(task)] = HeldTask(task, task_records(task), task.start, -1, -1)
+        self._held[key_of(task)] = HeldTask(task, task.num_records, task.start, -1, -1)
 
     def run_started(self, task: Task, first: int, length: int, ends: Iterator[Any]) -> bool:
         """The trainer takes records [first, first + length) of `task` through `ends`.

@@ -1,24 +1,16 @@
-"""Fetching the byte ranges of a trainer's next chunks before it reaches them.
+"""Fetching the byte ranges of a trainer's next chunks before it reaches them
+(docs/object-stores.md): an object store costs a round trip per request, so `want` queues a
+task's chunks when the buffer takes it, up to `chunks` requests in flight and `budget` bytes
+fetched, neighbours of one file folded into one `Storage.read_ranges` call. Only ranged
+formats' chunks of URL files with a known length are fetched ahead; local files keep their
+direct reads (`take` answers None).
 
-Reading from an object store costs a round trip per request whatever its size, so a trainer
-that loads its chunks one after the other waits out every round trip. When the buffer takes a
-task, `ReadAhead.want` queues the task's chunks; up to `chunks` requests are in flight at once
-and the bytes fetched but not yet taken stay under `budget` bytes. Neighbouring small chunks of
-one file are fetched in one `Storage.read_ranges` call, which folds them into one request.
-
-The trainer's thread takes a chunk's bytes with `take` and hands them to the format's loader as
-`data=`; while they are still on the way (`ready` is false) the buffer lets the trainer's
-thread wait on the client's condition, which `on_ready` wakes, so the client's lock is free
-meanwhile for the task fetcher to add (and queue) the next tasks. A failed fetch is raised by
-`take` for the chunk it belongs to, so the buffer reports that task failed naming the file and
-the chunk.
-Only ranged formats' chunks whose files are URLs and whose length is known are fetched ahead;
-local files keep their direct reads (`take` answers None).
-
-The client's close() joins the workers (`close`, `join`), up to its deadline. They are
-daemon threads for what that deadline leaves behind: a request to the object store that never
-returns holds one of them, never the trainer's exit (they use no gRPC call). `cancel` (the
-pass was abandoned) forgets everything queued or fetched.
+The trainer's thread takes a chunk's bytes with `take`; while they are on the way (`ready`
+false) it waits on the client's condition, which `on_ready` wakes, so the client's lock is free
+meanwhile for the task fetcher. A failed fetch is raised by `take` for its chunk, so the task
+is reported failed naming the file and the chunk. `cancel` (the pass abandoned) forgets what
+was queued or fetched. The workers are daemon threads that the client's close() joins (`close`,
+`join`) up to its deadline: a request that never returns holds one, never the trainer's exit.
 """
 
 from __future__ import annotations

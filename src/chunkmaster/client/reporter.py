@@ -10,6 +10,7 @@ from typing import NamedTuple, Protocol
 
 from chunkmaster.client.connection import join_all
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
+from chunkmaster.client.stream import Reply
 from chunkmaster.core.errors import MasterError
 from chunkmaster.core.model import Task
 
@@ -25,17 +26,10 @@ class Reports(Protocol):
 
     def failed(self, task: Task, reason: str) -> None: ...
 
-    def settle(self, wake: Callable[[], None]) -> Settling | None:
+    def settle(self, wake: Callable[[], None]) -> Reply | None:
         """Have the finishes reported so far applied by the master; `wake` is called when they
         are. None: nothing to wait for."""
         ...
-
-
-class Settling(Protocol):
-    """A settle in progress (a session's Reply)."""
-
-    @property
-    def done(self) -> bool: ...
 
 
 class Report(NamedTuple):
@@ -64,7 +58,7 @@ class Reporter:
     def failed(self, task: Task, reason: str) -> None:
         self._queue.put(Report("fail", task, reason))
 
-    def settle(self, wake: Callable[[], None]) -> Settling | None:
+    def settle(self, wake: Callable[[], None]) -> Reply | None:
         """Nothing to wait for: without a session no trainer is charged for dying (its tasks
         come back by their timeouts, which count against the task)."""
         return None

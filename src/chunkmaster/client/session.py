@@ -26,7 +26,6 @@ from chunkmaster.client.answers import Act, meaning
 from chunkmaster.client.connection import TransportError, join_all
 from chunkmaster.client.fetcher import Dispatched
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
-from chunkmaster.client.progress import task_records
 from chunkmaster.client.session_thread import REPORT_GAP, SessionState, SessionThread, Trainer
 from chunkmaster.client.stream import Reply, position_to_pb
 from chunkmaster.core.errors import MasterError, PermissionDeniedError
@@ -137,7 +136,7 @@ class TrainerSession:
         flight (a long poll, maybe, that nothing rides on): alone at once."""
         meta = task.meta
         pos = pb.TaskPosition(
-            task_id=meta.id, epoch=meta.epoch, pass_id=task.pass_id, records=task_records(task)
+            task_id=meta.id, epoch=meta.epoch, pass_id=task.pass_id, records=task.num_records
         )
         st = self._state
         with st.lock:

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count, repeat
 
-from chunkmaster.client.reporter import Reports, Settling
+from chunkmaster.client.reporter import Reports
+from chunkmaster.client.stream import Reply
 from chunkmaster.core.model import Task
 
 Key = tuple[int, int]  # (task id, epoch): one dispatch of a task
@@ -154,6 +155,6 @@ class DeferredFinishes:
     def failed(self, task: Task, reason: str) -> None:
         self.inner.failed(task, reason)
 
-    def settle(self, wake: Callable[[], None]) -> Settling | None:
+    def settle(self, wake: Callable[[], None]) -> Reply | None:
         """What was reported so far (finishes still deferred here are not)."""
         return self.inner.settle(wake)

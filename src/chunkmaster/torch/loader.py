@@ -22,7 +22,6 @@ import time
 import types
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import DataLoader, default_collate
@@ -151,43 +150,18 @@ def _client_options(
     return options
 
 
-@dataclass(frozen=True)
-class _Workers:
-    """The DataLoader's own options, as torch names them."""
-
-    num_workers: int
-    persistent_workers: bool
-    prefetch_factor: int | None
-    pin_memory: bool
-    in_order: bool
-    multiprocessing_context: Any
-    worker_init_fn: Callable[[int], None] | None
-    timeout: float
-
-    def __post_init__(self) -> None:
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be 0 or more, not {self.num_workers}")
-
-
 class Loader:
-    """Batches of a chunkmaster job's records, one pass per iteration (see the module's text).
+    """Batches of a chunkmaster job's records, one pass per iteration (see the module's text;
+    every argument in docs/torch.md).
 
-    The master: `addr` ("host:port") or `etcd_endpoints`; the rank's `Client` options as
-    keyword arguments, as the Client takes them (`token`, `name`, `connection=Connection(...)`,
-    `session=Session(world_size=, rank=)`, `reading=Reading(storage_options=...)`, ...;
-    docs/client.md). `dataset`: patterns to set on the master (the first trainer's call wins).
-
-    Records become samples through `transform` (in the workers), batches through `collate_fn`
-    (default: torch's default_collate) of `batch_size` samples (None: samples one by one).
-    `num_workers`, `persistent_workers`, `prefetch_factor`, `pin_memory`, `in_order`,
-    `multiprocessing_context`, `worker_init_fn` and `timeout` are the DataLoader's; without a
-    `multiprocessing_context`, workers start by forkserver (never forked from this process,
-    whose gRPC threads run), so `transform`, `collate_fn` and `worker_init_fn` are pickled.
-    `columns`: read only these columns of a Parquet dataset.
-
-    A chunk that cannot be read is reported to the master (which hands its task out again, or
-    quarantines it after --task-timeout-max failures, and stops the job past its error budget)
-    and the pass goes on; `read_errors` counts them, and each is logged.
+    The master: `addr` or `etcd_endpoints`; the rank's `Client` options as keyword arguments,
+    as the Client takes them. `dataset`: patterns to set on the master. Records become samples
+    through `transform` (in the workers), batches through `collate_fn` (default_collate) of
+    `batch_size` samples (None: one by one). The DataLoader's own options pass through; without
+    a `multiprocessing_context` workers start by forkserver (never forked from this process,
+    whose gRPC threads run), so what they run is pickled. `columns`: of a Parquet dataset.
+    A chunk that cannot be read is reported to the master and the pass goes on; `read_errors`
+    counts them, and each is logged.
     """
 
     def __init__(
@@ -213,16 +187,8 @@ class Loader:
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be 1 or more (or None), not {batch_size}")
-        workers = _Workers(
-            num_workers,
-            persistent_workers,
-            prefetch_factor,
-            pin_memory,
-            in_order,
-            multiprocessing_context,
-            worker_init_fn,
-            timeout,
-        )
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be 0 or more, not {num_workers}")
         self._options = _client_options(addr, etcd_endpoints, client_options)
         self.dataset = [dataset] if isinstance(dataset, str) else dataset
         self.batch_size = batch_size
@@ -248,35 +214,33 @@ class Loader:
             reading=self._options.reading,
         )
         self._loader = self._data_loader(
-            workers, {"transform": transform, "collate_fn": collate_fn}
+            {"transform": transform, "collate_fn": collate_fn, "worker_init_fn": worker_init_fn},
+            num_workers=num_workers,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
+            in_order=in_order,
+            multiprocessing_context=multiprocessing_context,
+            worker_init_fn=worker_init_fn,
+            timeout=timeout,
         )
 
-    def _data_loader(self, workers: _Workers, pieces: dict[str, Any]) -> DataLoader[Any]:
-        """The DataLoader over this loader's readers. With workers: their channel
-        (channel.py), started by forkserver unless a context is given; `pieces` (the
-        transform and collate_fn) must then be picklable, as `worker_init_fn` is."""
-        context = workers.multiprocessing_context
+    def _data_loader(self, pieces: dict[str, Any], **workers: Any) -> DataLoader[Any]:
+        """The DataLoader over this loader's readers (`workers`: its own options). With
+        workers: their channel (channel.py), started by forkserver unless a context is given;
+        `pieces` (the transform, collate_fn and worker_init_fn) must then be picklable."""
+        num_workers = workers["num_workers"]
         self._forkserver = False
         self._dispatcher: Dispatcher | None = None
-        if workers.num_workers:
-            pieces = {**pieces, "worker_init_fn": workers.worker_init_fn}
-            context = _worker_context(context, pieces)
+        if num_workers:
+            context = _worker_context(workers["multiprocessing_context"], pieces)
+            workers["multiprocessing_context"] = context
             self._forkserver = context.get_start_method() == "forkserver"
-            self._dispatcher = Dispatcher(context, workers.num_workers)
+            self._dispatcher = Dispatcher(context, num_workers)
             self._readers.ends = self._dispatcher.ends()
-        return DataLoader(
-            self._readers,
-            batch_size=None,
-            collate_fn=_keep,
-            num_workers=workers.num_workers,
-            persistent_workers=workers.persistent_workers,
-            prefetch_factor=workers.prefetch_factor,
-            pin_memory=workers.pin_memory,
-            in_order=workers.in_order,
-            multiprocessing_context=context if workers.num_workers else None,
-            worker_init_fn=workers.worker_init_fn,
-            timeout=workers.timeout,
-        )
+        else:
+            workers["multiprocessing_context"] = None
+        return DataLoader(self._readers, batch_size=None, collate_fn=_keep, **workers)
 
     # ---- the job ----------------------------------------------------------------------------
 
