@@ -1,4 +1,4 @@
-"""Positions read off the record iterators: LoadedChunk.cut on a real file, and Progress."""
+"""Positions read off the record iterators: LoadedChunk.cut on a real file, and PositionTracker."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from helpers.datasets import write_records
 
-from chunkmaster.client.progress import Progress
+from chunkmaster.client.progress import PositionTracker
 from chunkmaster.core.model import Chunk, Position, Task, TaskMeta
 from chunkmaster.formats.recordio import ChunkReader
 from chunkmaster.recordio import Compressor
@@ -46,7 +46,7 @@ def _task(tid: int, sizes: list[int], start: int = 0, epoch: int = 1) -> Task:
 
 
 def test_positions_come_from_the_run_iterators_and_count_from_the_task_start() -> None:
-    p = Progress(report_every=4)
+    p = PositionTracker(report_every=4)
     t = _task(7, [5, 5], start=3)
     p.add(t)
     assert p.held_positions() == [Position(7, 1, 0, 3)]
@@ -76,7 +76,7 @@ def test_positions_come_from_the_run_iterators_and_count_from_the_task_start() -
 
 
 def test_a_report_is_due_after_report_every_records() -> None:
-    p = Progress(report_every=3)
+    p = PositionTracker(report_every=3)
     t = _task(1, [100])
     p.add(t)
     due = []
@@ -92,7 +92,7 @@ def test_a_report_is_due_after_report_every_records() -> None:
 
 
 def test_an_abandoned_run_keeps_its_exact_position_and_goodbye_lists_every_held_task() -> None:
-    p = Progress(report_every=0)
+    p = PositionTracker(report_every=0)
     a, b = _task(1, [10]), _task(2, [10], start=4)
     p.add(a)
     p.add(b)
@@ -109,7 +109,7 @@ def test_an_abandoned_run_keeps_its_exact_position_and_goodbye_lists_every_held_
 
 
 def test_without_sessions_finished_tasks_are_not_kept() -> None:
-    p = Progress(report_every=0, keep_finished=False)
+    p = PositionTracker(report_every=0, keep_finished=False)
     t = _task(1, [1])
     p.add(t)
     p.run_started(t, 0, 1, iter([1]))

@@ -9,7 +9,7 @@ methods below take or expect held.
 
 The chunks of a task are walked by reading.py's `TaskWalk` (from `task.start` to a piece's
 `task.end`), and cut here into runs: at most `run_limit` records long, each noted in
-`Progress` (progress.py), whose positions come from the runs' own iterators.
+`PositionTracker` (progress.py), whose positions come from the runs' own iterators.
 
 With `batches` (columnar formats: Parquet), a run is one Arrow record batch, the rest of a
 chunk's rows in one piece; taking it takes all its rows, for progress and commits alike.
@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
 from chunkmaster.client.pace import Pace
-from chunkmaster.client.progress import Progress
+from chunkmaster.client.progress import PositionTracker
 from chunkmaster.client.readahead import ReadAhead
 from chunkmaster.client.reading import Span, TaskReader, TaskWalk
-from chunkmaster.client.reporter import Reports
+from chunkmaster.client.reporter import ReportSink
 from chunkmaster.client.stream import Reply
 from chunkmaster.core.model import Task
 
@@ -69,7 +69,7 @@ class BufferSetup:
     the trainer's time over a task (client/pace.py)."""
 
     cond: threading.Condition
-    progress: Progress
+    progress: PositionTracker
     parent: CancelToken
     pace: Pace
     run_limit: int = 0
@@ -90,7 +90,7 @@ class PassBuffer:
         self,
         pass_id: int,
         setup: BufferSetup,
-        reporter: Reports,
+        reporter: ReportSink,
         reader: TaskReader,
         *,
         batches: bool = False,

@@ -21,7 +21,7 @@ from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.fetcher import TaskFetcher, TaskSource
 from chunkmaster.client.link import Startup
 from chunkmaster.client.reading import TaskReader
-from chunkmaster.client.reporter import Reports
+from chunkmaster.client.reporter import ReportSink
 from chunkmaster.core.model import Task
 from chunkmaster.formats.base import Storage
 
@@ -48,7 +48,7 @@ class ReaderSetup:
     (`reports`), how chunks are read (`storage`, `max_inflated`), and the client's host."""
 
     buffer: BufferSetup
-    reports: Reports
+    reports: ReportSink
     source: TaskSource
     worker: str
     poll_wait: float
@@ -71,7 +71,7 @@ class PassReader:
         *,
         columns: Sequence[str] | None = None,
         batches: bool = False,
-        reports: Reports | None = None,
+        reports: ReportSink | None = None,
         paced_by_take: bool = True,
         joined: bool = False,
     ) -> None:

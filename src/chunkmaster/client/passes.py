@@ -29,9 +29,9 @@ from chunkmaster.client.link import CancelToken, MasterLink
 from chunkmaster.client.options import Reading, Session
 from chunkmaster.client.pace import Pace
 from chunkmaster.client.pass_reader import PassReader, PassReplaced, ReaderSetup
-from chunkmaster.client.progress import Progress
+from chunkmaster.client.progress import PositionTracker
 from chunkmaster.client.readahead import ReadAhead
-from chunkmaster.client.reporter import Reporter, Reports
+from chunkmaster.client.reporter import Reporter, ReportSink
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.client.shuffle_buffer import DeferredFinishes, ShuffleBuffer
 from chunkmaster.client.shuffled import ShuffledPass
@@ -77,7 +77,7 @@ class Passes:
         self.cond = threading.Condition(threading.Lock())
         held = None if reading.prefetch_tasks is None else 1 + reading.prefetch_tasks
         self.pace = Pace(2) if held is None else Pace(held, cap=held)  # tasks held (pace.py)
-        self.progress = Progress(report_every, keep_finished=keep_finished)
+        self.progress = PositionTracker(report_every, keep_finished=keep_finished)
         self.files = OpenFiles()  # local files held open across chunks, closed at pass end
         #: Object stores with this trainer's own `storage_options` (never sent to the master).
         self.storage: Callable[[str], Storage] = functools.partial(
@@ -125,7 +125,7 @@ class Passes:
         `world`: the trainer's (world size, rank); `data_wait`: what keep-alives report of
         the training loop's wait for data."""
         source: TaskSource
-        reports: Reports
+        reports: ReportSink
         if sess is not None:
             self.session = reports = source = TrainerSession(
                 link,
@@ -218,7 +218,7 @@ class Passes:
         pass_id: int,
         columns: Sequence[str] | None = None,
         batches: bool = False,
-        reports: Reports | None = None,
+        reports: ReportSink | None = None,
     ) -> PassReader:
         """Start reading `pass_id`; an unfinished earlier pass is abandoned."""
         assert self._setup is not None

@@ -60,7 +60,7 @@ class _Run:
         return self.length - operator.length_hint(self.ends)
 
 
-class Progress:
+class PositionTracker:
     """Positions of the held tasks, the tasks finished since the last commit, and when to
     report. `report_every` records between two progress reports (0: report only with the
     periodic keep-alive). With `keep_finished` False (no sessions) finished tasks are not kept.

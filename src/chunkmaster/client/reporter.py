@@ -17,7 +17,7 @@ from chunkmaster.core.model import Task
 log = logging.getLogger("chunkmaster.client")
 
 
-class Reports(Protocol):
+class ReportSink(Protocol):
     """Where a pass buffer sends its finishes and failures (this Reporter, or the session)."""
 
     def finished(self, task: Task, *, last: bool = False) -> None:

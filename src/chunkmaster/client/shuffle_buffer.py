@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count, repeat
 
-from chunkmaster.client.reporter import Reports
+from chunkmaster.client.reporter import ReportSink
 from chunkmaster.client.stream import Reply
 from chunkmaster.core.model import Task
 
@@ -145,7 +145,7 @@ class DeferredFinishes:
     """The pass buffer's reports with a shuffle buffer: finishes wait for the buffer to hand
     out the task's records (`ShuffleBuffer.releasable`), failures go at once."""
 
-    def __init__(self, inner: Reports, buffer: ShuffleBuffer) -> None:
+    def __init__(self, inner: ReportSink, buffer: ShuffleBuffer) -> None:
         self.inner = inner
         self.buffer = buffer
 

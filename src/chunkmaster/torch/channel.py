@@ -3,7 +3,7 @@
 Only the main process talks to the master (one session per rank, whatever the workers). Each
 worker asks it for one task at a time over multiprocessing queues made with the DataLoader's
 own start method (so they reach workers under fork, spawn and forkserver alike), and the main
-process's dispatcher thread answers from the pass's feed (client/feed.py): a task, or None
+process's WorkerTasks thread answers from the pass's feed (client/feed.py): a task, or None
 when none is coming now, which ends the worker's part of the round.
 
 A worker opens each iteration with a hello carrying a fresh nonce and drops every answer that
@@ -49,7 +49,7 @@ class Round:
     closed: bool = False
 
 
-class Dispatcher:
+class WorkerTasks:
     """The main process's side: a thread answering the workers' requests from `take` (a pass
     feed's), for the round in progress."""
 

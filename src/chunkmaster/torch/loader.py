@@ -35,7 +35,7 @@ from chunkmaster.client.options import resolve as resolve_options
 from chunkmaster.core.errors import PassOverError
 from chunkmaster.core.model import Task
 from chunkmaster.torch.batches import Batch, Loose, Merger, ReadFailure, pinned
-from chunkmaster.torch.channel import Dispatcher, LocalEnd, Round, TaskKey
+from chunkmaster.torch.channel import LocalEnd, Round, TaskKey, WorkerTasks
 from chunkmaster.torch.readers import Readers
 
 log = logging.getLogger("chunkmaster.torch")
@@ -231,13 +231,13 @@ class Loader:
         `pieces` (the transform, collate_fn and worker_init_fn) must then be picklable."""
         num_workers = workers["num_workers"]
         self._forkserver = False
-        self._dispatcher: Dispatcher | None = None
+        self._worker_tasks: WorkerTasks | None = None
         if num_workers:
             context = _worker_context(workers["multiprocessing_context"], pieces)
             workers["multiprocessing_context"] = context
             self._forkserver = context.get_start_method() == "forkserver"
-            self._dispatcher = Dispatcher(context, num_workers)
-            self._readers.ends = self._dispatcher.ends()
+            self._worker_tasks = WorkerTasks(context, num_workers)
+            self._readers.ends = self._worker_tasks.ends()
         else:
             workers["multiprocessing_context"] = None
         return DataLoader(self._readers, batch_size=None, collate_fn=_keep, **workers)
@@ -380,8 +380,8 @@ class Loader:
         feed = run.feed
         round_ = run.round = Round(self._rounds)
         self._rounds += 1
-        if self._dispatcher is not None:
-            self._dispatcher.begin(round_, feed.take, lambda task: feed.restock(task, task.start))
+        if self._worker_tasks is not None:
+            self._worker_tasks.begin(round_, feed.take, lambda task: feed.restock(task, task.start))
         else:
             self._readers.local = LocalEnd(round_, feed.take)
         try:
@@ -402,8 +402,8 @@ class Loader:
                 elif isinstance(item, ReadFailure):
                     run.read_failure(item)
         finally:
-            if self._dispatcher is not None:
-                self._dispatcher.end(round_)
+            if self._worker_tasks is not None:
+                self._worker_tasks.end(round_)
             else:
                 self._readers.local = None
             run.tasks.update(round_.given)
@@ -442,8 +442,8 @@ class Loader:
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
-        if self._dispatcher is not None:
-            self._dispatcher.close()
+        if self._worker_tasks is not None:
+            self._worker_tasks.close()
         if self._client is not None:
             self._client.close()
 
