@@ -22,7 +22,6 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from chunkmaster.client.connection import (
@@ -48,6 +47,7 @@ from chunkmaster.client.mixture import (
 from chunkmaster.client.options import Connection, Reading, Session, resolve
 from chunkmaster.client.passes import Passes, PassRecords
 from chunkmaster.client.shuffle_buffer import ShuffleBuffer, buffer_rng
+from chunkmaster.closing import Closing
 from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.model import Task
 from chunkmaster.rpc import master_pb2 as pb
@@ -87,7 +87,7 @@ def _close_at_exit() -> None:
             client.close()
 
 
-class Client:
+class Client(Closing):
     """Reads the records of the tasks a master hands out. Thread-safe; a context manager.
 
     Give either `addr` ("host:port") or `etcd_endpoints` (the master is looked up at
@@ -443,17 +443,6 @@ class Client:
     @property
     def closed(self) -> bool:
         return self._passes.closed
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def data_wait_pb(meter: WaitMeter | None) -> pb.DataWait | None:

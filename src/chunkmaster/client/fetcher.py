@@ -26,6 +26,7 @@ from chunkmaster.client.connection import MasterConnection
 from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink, Startup
 from chunkmaster.client.pace import Pace
+from chunkmaster.client.stream import Dispatched
 from chunkmaster.core.errors import NotReadyError, PassBeforeError, PassOverError
 from chunkmaster.core.model import Task
 from chunkmaster.waitlog import WaitLog
@@ -34,15 +35,6 @@ log = logging.getLogger("chunkmaster.client")
 
 PASS_POLL_MAX = 0.5  # seconds between GetTask calls while the master is still in an older pass
 WAIT_LOG_EVERY = 30.0
-
-
-class Dispatched(list[Task]):
-    """Tasks a session got, with its `generation` then: once the session is found lost
-    (a new generation), they are someone else's and the buffer refuses them."""
-
-    def __init__(self, tasks: list[Task], generation: int) -> None:
-        super().__init__(tasks)
-        self.generation = generation
 
 
 class TaskSource(Protocol):

@@ -25,9 +25,9 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from types import TracebackType
 from typing import IO, cast
 
+from chunkmaster.closing import Closing
 from chunkmaster.formats.storage import LocalStorage, pread_ranges
 from chunkmaster.recordio.source import open_regular
 from chunkmaster.remote import local_path
@@ -36,7 +36,7 @@ DEFAULT_OPEN_FILES = 16
 """Descriptors a client keeps open at most (a task's chunks usually lie in one file)."""
 
 
-class _Borrowed:
+class _Borrowed(Closing):
     """The cached descriptor as a file the caller may `close()` (a no-op: the cache owns it)."""
 
     __slots__ = ("fileno", "name", "read", "readinto", "seek", "seekable", "tell")
@@ -51,17 +51,6 @@ class _Borrowed:
         self.fileno = raw.fileno
 
     def close(self) -> None:
-        pass
-
-    def __enter__(self) -> _Borrowed:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
         pass
 
 

@@ -24,10 +24,9 @@ from typing import Any
 
 from chunkmaster.client.answers import Act, meaning
 from chunkmaster.client.connection import TransportError, join_all
-from chunkmaster.client.fetcher import Dispatched
 from chunkmaster.client.link import Cancelled, CancelToken, MasterLink
 from chunkmaster.client.session_thread import REPORT_GAP, SessionState, SessionThread, Trainer
-from chunkmaster.client.stream import Reply, position_to_pb
+from chunkmaster.client.stream import Dispatched, Reply, position_to_pb
 from chunkmaster.core.errors import MasterError, PermissionDeniedError
 from chunkmaster.core.model import Position, Task
 from chunkmaster.rpc import master_pb2 as pb

@@ -14,7 +14,7 @@ from typing import Any
 
 from chunkmaster.client.connection import CallCancelled, join_all
 from chunkmaster.core.errors import MasterError
-from chunkmaster.core.model import Position
+from chunkmaster.core.model import Position, Task
 from chunkmaster.rpc import master_pb2 as pb
 from chunkmaster.rpc.wire import error_from_name
 
@@ -29,6 +29,15 @@ def position_to_pb(pos: Position) -> pb.TaskPosition:
     return pb.TaskPosition(
         task_id=pos.task_id, epoch=pos.epoch, pass_id=pos.pass_id, records=pos.records
     )
+
+
+class Dispatched(list[Task]):
+    """Tasks a session got, with its `generation` then: once the session is found lost
+    (a new generation), they are someone else's and the buffer refuses them."""
+
+    def __init__(self, tasks: list[Task], generation: int) -> None:
+        super().__init__(tasks)
+        self.generation = generation
 
 
 class Reply:
