@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from chunkmaster.client.errors import EndOfPass, TaskReadError
 from chunkmaster.client.link import Cancelled, CancelToken
@@ -41,9 +41,6 @@ from chunkmaster.client.reading import Span, TaskReader, TaskWalk
 from chunkmaster.client.reporter import ReportSink
 from chunkmaster.client.stream import Reply
 from chunkmaster.core.model import Task
-
-if TYPE_CHECKING:
-    from chunkmaster.client.session import TrainerSession
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -56,6 +53,18 @@ class Run(NamedTuple):
     finishes: Task | None
     task: Task
     first: int
+
+
+class Lease(Protocol):
+    """What a pass buffer asks of the trainer's session (session.py's TrainerSession)."""
+
+    @property
+    def generation(self) -> int:
+        """Sessions found lost so far: a task must come in the current one."""
+
+    def lease_ok(self) -> bool: ...
+
+    def report_now(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class BufferSetup:
     parent: CancelToken
     pace: Pace
     run_limit: int = 0
-    lease: TrainerSession | None = None
+    lease: Lease | None = None
     readahead: ReadAhead | None = None
 
 

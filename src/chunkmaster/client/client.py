@@ -7,8 +7,20 @@ tasks ahead of need, the trainer's thread reads their chunks itself (only tasks 
 never chunk data) in runs of records, each one C-level iterator, so that one step of it is
 atomic under the GIL and several trainer threads may share next_record().
 
-What it guarantees (finish after consume, the pass ends when the master says so, read
-failures reported, passes never mix; records as their format makes them): docs/client.md.
+Guarantees:
+* A task is reported finished when the trainer *takes* its last record; a crashed
+  trainer's task is re-dispatched after the master's timeout.
+* A chunk that cannot be read is reported with TaskFailed and its reason, and raised to the
+  trainer as TaskReadError after the records before it: nothing is skipped silently.
+* The pass ends (EndOfPass) only when the master has moved past it, not when no task happens to
+  be free; "all tasks failed" is raised as AllTaskFailedError, and a job stopped by
+  its error budget (too many records quarantined) as JobStoppedError, naming the tasks,
+  files and reasons.
+* A new pass, or close(), cancels the previous fetcher and drops its tasks: passes never
+  mix.
+* Records are what the dataset's format makes them (docs/formats.md): bytes for RecordIO and
+  TFRecord (any content, empty allowed), dicts for JSON Lines objects and Parquet rows,
+  str for text lines. Parquet also gives whole Arrow record batches (`batches()`).
 """
 
 from __future__ import annotations
@@ -290,7 +302,9 @@ class Client(Closing):
             return
         try:
             session.commit(positions, timeout)
-        except (Cancelled, CallCancelled):
+        except Cancelled:
+            raise ClientClosedError("client closed during commit") from None
+        except CallCancelled:
             raise ClientClosedError("client closed during commit") from None
         except CheckpointRefusedError:
             with self._passes.cond:
@@ -395,11 +409,17 @@ class Client(Closing):
     # ---- closing -----------------------------------------------------------------------
 
     def close(self, flush_timeout: float = 5.0) -> None:
-        """Stop every thread and end every call: cancel the pass, say Goodbye (the held tasks
-        go back at their exact positions; up to `flush_timeout` s for the ack) or send the
-        queued reports, close the channel, and wait for every thread the client started (and
-        gRPC's for its calls); one still alive past its bound (docs/client.md) is named in a
-        warning. A client left open is closed at interpreter exit, so that it says Goodbye."""
+        """Stop every thread and end every call: cancel the pass, send queued reports
+        (bounded), close the channel, and wait for every thread the client started (and gRPC's
+        for its calls) to be gone.
+
+        With a session: says Goodbye, handing the held tasks back at their exact positions,
+        and waits up to `flush_timeout` s for the master's ack. Returns within `flush_timeout`
+        + 2 x `rpc_timeout` whatever the master does (gone, frozen): the fetchers have
+        `rpc_timeout` to stop before the Goodbye, the rest `rpc_timeout` after it (with etcd,
+        the address watcher has `etcd_timeout` + 5 s more); a thread still alive then is named
+        in a warning. A client left open is closed at interpreter exit (an orderly one:
+        the script's end, sys.exit(), a KeyboardInterrupt), so that its session says Goodbye."""
         passes = self._passes
         if not passes.shut():
             return

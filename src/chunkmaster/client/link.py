@@ -17,7 +17,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -34,9 +34,6 @@ from chunkmaster.client.connection import (
 from chunkmaster.client.errors import NeverConnectedError, StartupTimeoutError, duration
 from chunkmaster.core.errors import MasterError
 from chunkmaster.waitlog import WaitLog
-
-if TYPE_CHECKING:
-    from chunkmaster.etcd.discovery import MasterLocator
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -125,6 +122,19 @@ class Cancelled(Exception):
     """The operation was cancelled by its owner (pass abandoned, client closed)."""
 
 
+class Locator(Protocol):
+    """What the link needs from service discovery (chunkmaster.etcd.discovery.MasterLocator)."""
+
+    @property
+    def key(self) -> bytes: ...
+
+    def current(self) -> str | None: ...
+
+    def wait_for_address(self, timeout: float) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
 class Awaited(Protocol[T_co]):
     """An answer in flight that another thread may cancel: a long-polling GetTask
     (connection.PendingCall) or a message on the session stream (stream.Reply)."""
@@ -203,7 +213,7 @@ class MasterLink:
     def __init__(
         self,
         addr: str | None = None,
-        locator: MasterLocator | None = None,
+        locator: Locator | None = None,
         *,
         rpc_timeout: float = DEFAULT_TIMEOUT,
         retry_timeout: float | None = None,

@@ -2,7 +2,7 @@
 loop that waits for the next run of records, shared by next_record(), records(), batches()
 and the shuffle buffer (shuffled.py).
 
-A reader asks the client (`Passes`, passes.py) for what is the client's: whether it is still
+A reader asks the client (`PassHost`, passes.py) for what is the client's: whether it is still
 open, what to do when the pass ends or is left early, who to tell that a task is done with.
 Everything here but `start` runs under the client's lock, `cond`.
 """
@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from chunkmaster.client.buffer import BufferSetup, PassBuffer, Run
 from chunkmaster.client.errors import EndOfPass
@@ -24,9 +24,6 @@ from chunkmaster.client.reading import TaskReader
 from chunkmaster.client.reporter import ReportSink
 from chunkmaster.core.model import Task
 from chunkmaster.formats.base import Storage
-
-if TYPE_CHECKING:
-    from chunkmaster.client.passes import Passes
 
 log = logging.getLogger("chunkmaster.client")
 
@@ -39,6 +36,22 @@ class PassReplaced(Exception):
 
     def log(self) -> None:
         log.warning("%s", self)
+
+
+class PassHost(Protocol):
+    """What a pass reader asks of its client (passes.py's `Passes`)."""
+
+    def check_open(self) -> None: ...
+
+    def current_pass(self) -> int | None: ...
+
+    def pass_ended(self, reader: PassReader) -> None: ...
+
+    def abandon(self, reader: PassReader, why: str) -> None: ...
+
+    def tasks_done(self, done: list[Task]) -> None: ...
+
+    def take_installed(self) -> Iterator[Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +67,7 @@ class ReaderSetup:
     poll_wait: float
     storage: Callable[[str], Storage]
     max_inflated: int
-    host: Passes
+    host: PassHost
     startup: Startup | None = None
     on_unclaimed: Callable[[Task], None] | None = None
 

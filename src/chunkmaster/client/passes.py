@@ -170,7 +170,7 @@ class Passes:
         with self.cond:
             self.cond.notify_all()
 
-    # ---- what a pass reader asks ----------------------------------------------------------
+    # ---- what a pass reader asks (PassHost) -----------------------------------------------
 
     def check_open(self) -> None:
         if self.closed:

@@ -13,15 +13,12 @@ import itertools
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chunkmaster.client.errors import EndOfPass
-from chunkmaster.client.pass_reader import PassReader, PassReplaced
+from chunkmaster.client.pass_reader import PassHost, PassReader, PassReplaced
 from chunkmaster.client.shuffle_buffer import DeferredFinishes, Key
 from chunkmaster.core.model import Task
-
-if TYPE_CHECKING:
-    from chunkmaster.client.passes import Passes
 
 FILL_WAIT = 0.1  # seconds a shuffle buffer waits for a task before it hands out what it holds
 SHUFFLE_BATCH = 64  # records a shuffle buffer draws per turn of the lock
@@ -44,7 +41,7 @@ class ShuffledPass:
     `deferred` holds back until they are released to the client's reports (see the module's
     text); positions are clipped at the oldest record still buffered."""
 
-    def __init__(self, reader: PassReader, deferred: DeferredFinishes, host: Passes) -> None:
+    def __init__(self, reader: PassReader, deferred: DeferredFinishes, host: PassHost) -> None:
         self._reader = reader
         self._buf = deferred.buffer
         self._reports = deferred.inner
