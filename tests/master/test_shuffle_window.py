@@ -288,3 +288,26 @@ def test_the_status_line_names_the_window_when_there_is_one() -> None:
     assert "shuffle seed 5, shuffle window 64 records" in render(st)
     assert "shuffle window" not in render({**st, "shuffle_window": 0})
     assert "shuffle" not in render({**st, "shuffle_seed": None, "shuffle_window": 0})
+
+
+# --- the tasks handed out ----------------------------------------------------------------------
+
+
+def test_a_task_carries_the_jobs_window_and_seed_and_a_piece_all_its_chunks() -> None:
+    from chunkmaster.core.events import Dispatch
+    from chunkmaster.core.ids import UnitId
+    from chunkmaster.core.model import Task
+    from chunkmaster.core.steps import Piece
+
+    for ds, expected in ((dataset(window=4), (5, 4)), (dataset(), (0, 0)), (dataset(None), (0, 0))):
+        st = state_of(ds)
+        task = apply(st, Dispatch(1e9))
+        assert isinstance(task, Task)
+        assert (task.shuffle_seed, task.shuffle_window) == expected
+        # A piece (equal steps) of unit 2 ending at its first record: cut to the chunks it
+        # reaches, save with a window, whose windows are cut from all the task's records.
+        st.steps.pieces[5] = Piece(0, UnitId(2), 0, 1)
+        whole, piece = st.task(2), st.task(5)
+        assert piece.end == 1 and len(whole.chunks) == 2
+        assert piece.chunks == (whole.chunks if ds.shuffle_window else whole.chunks[:1])
+        assert (piece.shuffle_seed, piece.shuffle_window) == expected
