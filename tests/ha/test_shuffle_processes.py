@@ -216,3 +216,17 @@ def test_the_window_is_the_jobs_shown_saved_and_another_is_refused(
     out = chunkmaster(*base, *fresh, "--shuffle-window", "8")
     assert out.returncode != 0, out.stderr
     assert "shuffle window 16 and this master has 8" in out.stderr, out.stderr
+
+
+def test_a_windowed_job_reads_every_record_once_a_pass(tmp_path: Path, data: str) -> None:
+    """Tasks handed out by a master with a window are read in its windows by a real trainer:
+    every record once a pass, the same tasks as with the seed alone."""
+    seeded = one_run(tmp_path, data, 7, "seeded")
+    m = MasterProcess(master_args(7, "--store", ":memory:", "--shuffle-window", "2")).start()
+    try:
+        args = ["--addr", str(m.addr), "--dataset", data, "--passes", str(PASSES)]
+        t = Trainer("windowed", args, tmp_path)
+        assert read_passes(t) == seeded  # a task's digest does not depend on its order
+        check_exactly_once(t, file_digest(data))
+    finally:
+        m.kill()
