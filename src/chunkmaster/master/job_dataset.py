@@ -129,9 +129,10 @@ class JobDataset:
         self, globs: Sequence[str], chunks_per_task: int, dataset_format: str | None
     ) -> Dataset:
         """Index the files of `globs` with this master's settings (its storage options, chunk
-        size, inflation bound and data roots), seeded with its shuffle seed."""
+        size, inflation bound and data roots), seeded with its shuffle seed and window."""
+        s = self._settings
         return (await self._index(globs, chunks_per_task, dataset_format)).with_shuffle(
-            self._settings.shuffle_seed
+            s.shuffle_seed, s.shuffle_window
         )
 
     async def _index(
@@ -143,7 +144,7 @@ class JobDataset:
 
     async def index_mixture(self, sources: Sequence[SourceSpec], chunks_per_task: int) -> Dataset:
         """Index each source as a dataset of its own (`chunks_per_task` a task within each),
-        and blend them, seeded with this master's shuffle seed."""
+        and blend them, seeded with this master's shuffle seed and window."""
         parts = []
         for s in sources:
             fmt = s.format or self._settings.dataset_format
@@ -152,7 +153,8 @@ class JobDataset:
             except DatasetError as exc:
                 raise type(exc)(f"source {s.name!r}: {exc}") from None
             parts.append((s.name, part, s.weight))
-        return Dataset.mix(parts).with_shuffle(self._settings.shuffle_seed)
+        settings = self._settings
+        return Dataset.mix(parts).with_shuffle(settings.shuffle_seed, settings.shuffle_window)
 
     async def set(self, globs: Sequence[str], sources: Sequence[SourceSpec] = ()) -> None:
         """The first dataset wins (see the module's text); a restored data checkpoint's
