@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import given, settings
@@ -72,7 +73,7 @@ def test_tasks_are_mixed_in_proportion_to_what_they_have_left() -> None:
     mix.add(1, _task(1, [1000]), _runs(1, [1000], 0))
     keys = [d.key for d in _drain(mix) if isinstance(d, Drawn)]
     assert 650 < keys[:1000].count(0) < 850  # 3 to 1 while both have records
-    switches = sum(a != b for a, b in zip(keys, keys[1:], strict=False))
+    switches = sum(a != b for a, b in pairwise(keys))
     assert switches > 500  # mixed record by record, not task after task
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from chunkmaster.client.errors import TaskReadError
 from chunkmaster.client.reading import TaskReader
 from chunkmaster.core.model import Chunk, Task, TaskMeta
-from chunkmaster.core.record_order import window_permutation
+from chunkmaster.core.record_order import task_order_key, window_permutation
 from chunkmaster.formats.recordio import FORMAT as RECORDIO
 from chunkmaster.formats.storage import LOCAL
 
@@ -35,7 +35,7 @@ def _chunks(path: Path, per_chunk: int, chunks: int) -> tuple[Chunk, ...]:
 
 def _task(chunks: tuple[Chunk, ...], window: int, start: int = 0, end: int = 0) -> Task:
     return Task(
-        TaskMeta(7, 0), chunks, pass_id=3, start=start, end=end, shuffle_seed=11,
+        TaskMeta(7, 0), chunks, pass_id=3, start=start, end=end, order_key=11,
         shuffle_window=window,
     )  # fmt: skip
 
@@ -49,6 +49,10 @@ def _read(task: Task) -> list[bytes]:
         assert len(got) == count
         out.extend(got)
     return out
+
+
+PINNED_KEY = 5065951930056289016
+PINNED = [5, 3, 1, 6, 2, 4, 7, 0]
 
 
 @pytest.fixture(scope="module")
@@ -68,23 +72,26 @@ def test_each_window_is_a_permutation_of_its_records(file_chunks: tuple[Chunk, .
     assert consecutive < 15  # about 1 in 100 by chance; file order would give 369
 
 
-def test_the_order_is_a_function_of_seed_pass_and_task(file_chunks: tuple[Chunk, ...]) -> None:
+def test_the_order_is_a_function_of_the_order_key(file_chunks: tuple[Chunk, ...]) -> None:
     task = _task(file_chunks, 100)
     assert _read(task) == _read(task)
-    for other in (
-        dataclasses.replace(task, shuffle_seed=12),
-        dataclasses.replace(task, pass_id=4),
-        dataclasses.replace(task, meta=TaskMeta(8, 0)),
-        dataclasses.replace(task, source="books"),
-    ):
-        assert _read(other) != _read(task)
-    # A later dispatch of the same task (another epoch) reads the same order.
-    assert _read(dataclasses.replace(task, meta=TaskMeta(7, 5))) == _read(task)
+    assert _read(dataclasses.replace(task, order_key=12)) != _read(task)
+    # Another dispatch or a piece (another ID and epoch) with the key reads the same order.
+    assert _read(dataclasses.replace(task, meta=TaskMeta(9, 5))) == _read(task)
+
+
+def test_the_master_keys_a_task_by_seed_pass_and_the_datasets_task() -> None:
+    key = task_order_key(5, 2, 3)
+    assert key == task_order_key(5, 2, 3)
+    assert (
+        len({key, task_order_key(6, 2, 3), task_order_key(5, 3, 3), task_order_key(5, 2, 4)}) == 4
+    )
 
 
 def test_the_permutation_is_pinned() -> None:
     """A trainer of another build or Python version must read the same order."""
-    assert window_permutation(1, 2, "", 3, 4, 8) == [0, 5, 1, 7, 4, 2, 6, 3]
+    assert task_order_key(1, 2, 3) == PINNED_KEY
+    assert window_permutation(PINNED_KEY, 4, 8) == PINNED
 
 
 def test_a_window_larger_than_the_task_shuffles_the_whole_task(

@@ -299,15 +299,19 @@ def test_a_task_carries_the_jobs_window_and_seed_and_a_piece_all_its_chunks() ->
     from chunkmaster.core.model import Task
     from chunkmaster.core.steps import Piece
 
-    for ds, expected in ((dataset(window=4), (5, 4)), (dataset(), (0, 0)), (dataset(None), (0, 0))):
+    for ds, expected in (
+        (dataset(window=4), (True, 4)),
+        (dataset(), (False, 0)),
+        (dataset(None), (False, 0)),
+    ):
         st = state_of(ds)
         task = apply(st, Dispatch(1e9))
         assert isinstance(task, Task)
-        assert (task.shuffle_seed, task.shuffle_window) == expected
+        assert (bool(task.order_key), task.shuffle_window) == expected
         # A piece (equal steps) of unit 2 ending at its first record: cut to the chunks it
         # reaches, save with a window, whose windows are cut from all the task's records.
         st.steps.pieces[5] = Piece(0, UnitId(2), 0, 1)
         whole, piece = st.task(2), st.task(5)
         assert piece.end == 1 and len(whole.chunks) == 2
         assert piece.chunks == (whole.chunks if ds.shuffle_window else whole.chunks[:1])
-        assert (piece.shuffle_seed, piece.shuffle_window) == expected
+        assert (piece.order_key, piece.shuffle_window) == (whole.order_key, expected[1])

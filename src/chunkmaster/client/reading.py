@@ -99,7 +99,7 @@ class TaskReader:
         self._fetched = fetched
         self._loaders: dict[str, ChunkLoader] = {}
 
-    def walk(self, task: Task) -> TaskWalk | WindowWalk:
+    def walk(self, task: Task) -> Walk:
         """The walker of `task`: its chunks in file order, or its shuffle windows."""
         if not task.shuffle_window:
             return TaskWalk(self, task)
@@ -218,10 +218,7 @@ class WindowWalk:
         task, lo = self.task, self._window * self._size
         records = self._records(lo, min(lo + self._size, self._total))
         if len(records) > 1:
-            order = window_permutation(
-                task.shuffle_seed, task.pass_id, task.source, task.meta.id, self._window,
-                len(records),
-            )  # fmt: skip
+            order = window_permutation(task.order_key, self._window, len(records))
             records = list(itemgetter(*order)(records))
         self._window += 1
         if self.done:
@@ -248,3 +245,7 @@ class WindowWalk:
             out.extend(self._chunk[a:b])
             at = self._first + b
         return out
+
+
+Walk = TaskWalk | WindowWalk
+"""A task's walker: its chunks in file order, or its shuffle windows."""

@@ -25,6 +25,7 @@ from chunkmaster.core.model import (
     Task,
     TaskMeta,
 )
+from chunkmaster.core.record_order import task_order_key
 from chunkmaster.core.shuffle import pass_queue
 
 FAILURE_HISTORY = 8  # failures remembered per task; the count is kept in full
@@ -197,7 +198,7 @@ class MasterState:
             fmt,
             self.num_failures.get(task_id, 0),
             source,
-            (ds.shuffle_seed or 0) if window else 0,
+            task_order_key(ds.shuffle_seed or 0, self.cur_pass, task) if window else 0,
             window,
         )
 

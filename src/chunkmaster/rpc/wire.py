@@ -158,7 +158,7 @@ def task_to_pb(task: Task) -> pb.Task:
         format="" if task.format == "recordio" else task.format,
         failures=task.failures,
         source=task.source,
-        shuffle_seed=task.shuffle_seed,
+        order_key=task.order_key,
         shuffle_window=task.shuffle_window,
     )
 
@@ -176,6 +176,6 @@ def task_from_pb(msg: pb.Task) -> Task:
         msg.format or "recordio",
         msg.failures,
         msg.source,
-        msg.shuffle_seed,
+        msg.order_key,
         msg.shuffle_window,
     )

@@ -18,8 +18,8 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from chunkmaster.client.errors import TaskReadError
-from chunkmaster.client.interleave import Failed, Interleave
 from chunkmaster.client.files import OpenFiles
+from chunkmaster.client.interleave import Failed, Interleave
 from chunkmaster.client.options import Reading
 from chunkmaster.client.reading import TaskReader
 from chunkmaster.core.model import Task
@@ -114,7 +114,7 @@ class Readers(IterableDataset[Item]):
         at least two held while more come, up to MIX_TASKS while they hold fewer records than
         the job's window. One task is always asked for ahead, as `_read` does."""
         info = get_worker_info()
-        seed = f"{task.shuffle_seed}/{task.pass_id}/{0 if info is None else info.id}"
+        seed = f"{task.order_key}/{0 if info is None else info.id}"
         mix = Interleave(random.Random(seed))
         mix.add(key_of(task), task, reader.runs(task))
         more, asked = True, False  # the round may bring more tasks; one is asked for
