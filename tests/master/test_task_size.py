@@ -3,6 +3,7 @@ when the dataset is indexed and journaled with it; `--chunk-per-task` honoured w
 
 from __future__ import annotations
 
+import argparse
 import random
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from helpers.datasets import numbered_records
 from helpers.master_process import MasterProcess
 from helpers.service import started_service
 
+from chunkmaster.cli.master_cmd import config_from, register
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.core.dataset import count_tasks
 from chunkmaster.core.task_size import MAX_CHUNKS_PER_TASK, MIN_TASKS, chosen_chunks_per_task
@@ -55,6 +57,24 @@ def test_the_rule_is_the_largest_such_count_and_grows_with_the_chunks() -> None:
         if c < MAX_CHUNKS_PER_TASK:
             assert count_tasks(n, c + 1) < MIN_TASKS
         last = c
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "cpt"),
+    [
+        ([], {}, None),
+        ([], {"CHUNKMASTER_CHUNK_PER_TASK": "4"}, 4),
+        ([], {"CHUNK_PER_TASK": "10"}, 10),
+        (["--chunk-per-task", "0"], {"CHUNK_PER_TASK": "10"}, 0),  # the flag wins; 0 means 1
+    ],
+)
+def test_chunks_per_task_is_the_masters_choice_only_when_given_nowhere(
+    flags: list[str], env: dict[str, str], cpt: int | None
+) -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    config, _ = config_from(parser.parse_args(["master", *flags]), env)
+    assert config.settings().chunks_per_task == cpt
 
 
 def _cpt(svc: Any) -> int:
