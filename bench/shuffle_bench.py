@@ -19,6 +19,14 @@ records/s through a 10,000-record client shuffle buffer.
    hands records out, so the ratio is the whole price of the buffer (a Python draw per
    record, and the bookkeeping that keeps positions behind buffered records).
 
+3. Window: one trainer reads whole passes of 200,000 records of 100 B and 1 KiB, and 200 MiB
+   of 64 KiB records, in
+   the writer's default chunks (32 MiB) from a master with `--shuffle-seed 7
+   --shuffle-window 10000` (each task's records read in permuted windows of 10,000), against
+   a master with the same seed and no window (file order, the same C-level chain as 2.'s
+   baseline): the ratio is the whole price of the record shuffle (a window's permutation
+   and its records gathered into a list).
+
 Rounds alternate baseline and shuffled runs in the same master; the medians of the rounds are
 reported (the machine is shared and noisy).
 
@@ -47,6 +55,13 @@ CPT = 10
 CLIENTS = 8
 RECORDS = 400_000
 BUFFER = 10_000
+WINDOW = 10_000
+WINDOW_BYTES = 200 << 20
+
+
+def window_records(size: int) -> int:
+    """Records of `size` bytes in the window part: 200,000, or 200 MiB of them."""
+    return min(200_000, WINDOW_BYTES // size)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -109,13 +124,13 @@ def records_file(root: Path) -> str:
     return str(path)
 
 
-def read_rate(client: Client, pass_id: int) -> float:
+def read_rate(client: Client, pass_id: int, records: int = RECORDS) -> float:
     t0 = time.perf_counter()
     n = 0
     for _ in client.records(pass_id):
         n += 1
     dt = time.perf_counter() - t0
-    assert n == RECORDS, f"pass {pass_id}: {n} records, not {RECORDS}"
+    assert n == records, f"pass {pass_id}: {n} records, not {records}"
     return n / dt
 
 
@@ -140,6 +155,38 @@ def buffer_rates(root: Path, rounds: int) -> tuple[list[float], list[float]]:
     finally:
         m.stop()
     return plain, shuffled
+
+
+def window_file(root: Path, size: int) -> str:
+    """window_records(size) records of `size` bytes, in the writer's default chunks."""
+    path = root / f"window-{size}.rio"
+    if not path.exists():
+        with Writer(str(path)) as w:
+            for i in range(window_records(size)):
+                w.write(b"%d" % i + bytes(size - len(b"%d" % i)))
+    return str(path)
+
+
+def window_rates(root: Path, rounds: int, size: int) -> tuple[list[float], list[float]]:
+    """One trainer's records/s through `records()` on two masters of the same seed, one with
+    --shuffle-window WINDOW (records of a task read in permuted windows), one without (file
+    order), passes alternating."""
+    data = window_file(root, size)
+    rates: tuple[list[float], list[float]] = ([], [])
+    flags = ["--store", ":memory:", "--task-timeout-dur", "10m", "--shuffle-seed", "7"]
+    masters = [Master(flags), Master([*flags, "--shuffle-window", str(WINDOW)])]
+    try:
+        with Client(masters[0].addr) as a, Client(masters[1].addr) as b:
+            for c in (a, b):
+                c.set_dataset([data])
+                read_rate(c, 0, window_records(size))  # warm-up: page cache, connections
+            for p in range(1, rounds + 1):
+                for i, c in enumerate((a, b)):
+                    rates[i].append(read_rate(c, p, window_records(size)))
+    finally:
+        for m in masters:
+            m.stop()
+    return rates
 
 
 def main() -> None:
@@ -202,6 +249,16 @@ def main() -> None:
     print(f"  no shuffle buffer        {statistics.median(plain):10.0f}")
     print(f"  shuffle_buffer={BUFFER}   {statistics.median(shuffled):10.0f}")
     print(f"  ratio (median of rounds) {statistics.median(buf_ratios):.2f}x")
+    for size in (100, 1024, 65536):
+        plain, windowed = window_rates(root, args.rounds, size)
+        ratios = [w / p for w, p in zip(windowed, plain, strict=True)]
+        print(
+            f"one trainer's records/s, {window_records(size)} records of {size} bytes in the "
+            f"writer's default chunks, --shuffle-seed 7, median of {args.rounds}:"
+        )
+        print(f"  file order               {statistics.median(plain):10.0f}")
+        print(f"  --shuffle-window {WINDOW}  {statistics.median(windowed):10.0f}")
+        print(f"  ratio (median of rounds) {statistics.median(ratios):.2f}x  (target >= 0.9x)")
 
 
 if __name__ == "__main__":

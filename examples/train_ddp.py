@@ -17,7 +17,9 @@ same point, so the job trains on every record exactly once per pass whatever die
 
 The model is a linear regression; beside it the job keeps `seen`, how many times it trained on
 each record in each pass (summed over ranks at every step, checkpointed with the model). With
-`--report FILE` rank 0 writes it at the end: every count is 1 when the promise holds.
+`--report FILE` rank 0 writes it at the end: every count is 1 when the promise holds. It also
+counts, per pass, the neighbours in a batch and how many of them are consecutive records
+(`adjacent`): about one in a thousand when the master shuffles records (--shuffle-window).
 Records are 8 bytes of ID then 4 float32 features and a float32 target (see `encode`).
 """
 
@@ -80,6 +82,7 @@ def main() -> None:
     model = DistributedDataParallel(torch.nn.Linear(4, 1).double())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     seen = torch.zeros(args.passes, args.records, dtype=torch.int64)
+    adjacent = torch.zeros(args.passes, 2, dtype=torch.int64)  # (consecutive, neighbours)
     loader = Loader(
         args.addr,
         dataset=[args.dataset],
@@ -98,6 +101,7 @@ def main() -> None:
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         seen = state["seen"]
+        adjacent = state["adjacent"]
         step = state["step"]
         loader.load_state_dict(state["loader"])
     die_rank, die_step = (int(x) for x in args.die.split(":")) if args.die else (-1, -1)
@@ -114,6 +118,9 @@ def main() -> None:
             counts = torch.bincount(ids, minlength=args.records)
             dist.all_reduce(counts)  # what every rank trained on at this step
             seen[pass_id] += counts
+            pairs = torch.tensor([int((ids[1:] == ids[:-1] + 1).sum()), len(ids) - 1])
+            dist.all_reduce(pairs)
+            adjacent[pass_id] += pairs
             loader.commit()  # exactly the batches this rank took
             step += 1
             if rank == die_rank and step == die_step and restart == 0:
@@ -121,14 +128,16 @@ def main() -> None:
             if step % args.save_every == 0:
                 dist.barrier()  # every rank has committed this step
                 if rank == 0:
-                    save(ckpt, model, optimizer, seen, step, loader.state_dict())
+                    save(ckpt, model, optimizer, (seen, adjacent), step, loader.state_dict())
                 dist.barrier()  # nobody commits the next step before the save
             if args.stop_after is not None and step >= args.stop_after:
                 loader.close()
                 dist.destroy_process_group()
                 return
     if rank == 0 and args.report:
-        Path(args.report).write_text(json.dumps({"world": world, "seen": seen.tolist()}))
+        Path(args.report).write_text(
+            json.dumps({"world": world, "seen": seen.tolist(), "adjacent": adjacent.tolist()})
+        )
     loader.close()
     dist.destroy_process_group()
 
@@ -137,7 +146,7 @@ def save(
     path: Path,
     model: DistributedDataParallel,
     optimizer: torch.optim.Optimizer,
-    seen: torch.Tensor,
+    counts: tuple[torch.Tensor, torch.Tensor],
     step: int,
     loader_state: dict[str, object],
 ) -> None:
@@ -147,7 +156,8 @@ def save(
         {
             "model": model.module.state_dict(),
             "optimizer": optimizer.state_dict(),
-            "seen": seen,
+            "seen": counts[0],
+            "adjacent": counts[1],
             "step": step,
             "loader": loader_state,
         },

@@ -3,7 +3,8 @@ read`. One trainer reads several passes; its task lines give, per pass, the orde
 handed the tasks out in and the digest of each task's records (one record a chunk, so a task's
 digest says which chunks it covers). A run with the same seed must see the same, through a
 SIGKILL of the master (SQLite store) and through a failover on etcd; another seed, and every
-next pass, must not. Every pass still delivers every record exactly once.
+next pass, must not. Every pass still delivers every record exactly once. The job's shuffle
+window (`--shuffle-window`) is the job's like the seed: shown, saved, and another refused.
 """
 
 from __future__ import annotations
@@ -166,3 +167,66 @@ def test_a_restart_with_another_seed_is_refused(tmp_path: Path, data: str) -> No
         assert out.returncode == 2, out.stderr
         assert "--shuffle-seed:" in out.stderr and "started with shuffle seed 3" in out.stderr
         assert says in out.stderr and "Start with --shuffle-seed 3" in out.stderr
+
+
+def chunkmaster(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chunkmaster", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_window_is_the_jobs_shown_saved_and_another_is_refused(
+    tmp_path: Path, data: str
+) -> None:
+    """A job set with --shuffle-window 16 shows it in its status and its data checkpoint; a
+    restart on the same store with another window (or none) exits 2 naming both, and so does
+    one with a window and no seed; a restore onto a master with another window is refused."""
+    store, ckpt = str(tmp_path / "job.db"), str(tmp_path / "job.ckpt")
+    m = MasterProcess(master_args(3, "--store", store, "--shuffle-window", "16")).start()
+    try:
+        t = Trainer("setter", ["--addr", str(m.addr), "--dataset", data, "--passes", "0"], tmp_path)
+        assert t.drain() == 0, t.log()
+        with MasterConnection(m.addr) as conn:
+            st = conn.status()
+        assert (st["shuffle_seed"], st["shuffle_window"]) == (3, 16)
+        shown = chunkmaster("status", "--addr", str(m.addr))
+        assert "shuffle seed 3, shuffle window 16 records" in shown.stdout, shown
+        saved = chunkmaster("checkpoint", "save", "--addr", str(m.addr), ckpt)
+        assert saved.returncode == 0, saved.stderr
+        assert (
+            "shuffle  seed 3, window 16 records" in chunkmaster("checkpoint", "show", ckpt).stdout
+        )
+    finally:
+        m.kill()
+    base = ["master", "--port", "0", "--chunk-per-task", "3", "--shuffle-seed", "3"]
+    for flags, says in (([], "has 0 (off)"), (["--shuffle-window", "32"], "has 32")):
+        out = chunkmaster(*base, "--store", store, *flags)
+        assert out.returncode == 2, out.stderr
+        assert "--shuffle-window:" in out.stderr and "started with shuffle window 16" in out.stderr
+        assert says in out.stderr and "Start with --shuffle-window 16" in out.stderr
+    out = chunkmaster("master", "--port", "0", "--store", store, "--shuffle-window", "16")
+    assert out.returncode == 2 and "--shuffle-window: needs --shuffle-seed" in out.stderr, out
+    again = MasterProcess(master_args(3, "--store", store, "--shuffle-window", "16")).start()
+    try:  # the same window: the job goes on
+        with MasterConnection(again.addr) as conn:
+            assert status_view(conn.status()).shuffle_window == 16
+    finally:
+        again.kill()
+    fresh = ["--store", str(tmp_path / "fresh.db"), "--restore", ckpt]
+    out = chunkmaster(*base, *fresh, "--shuffle-window", "8")
+    assert out.returncode != 0, out.stderr
+    assert "shuffle window 16 and this master has 8" in out.stderr, out.stderr
+
+
+def test_a_windowed_job_reads_every_record_once_a_pass(tmp_path: Path, data: str) -> None:
+    """Tasks handed out by a master with a window are read in its windows by a real trainer:
+    every record once a pass, the same tasks as with the seed alone."""
+    seeded = one_run(tmp_path, data, 7, "seeded")
+    m = MasterProcess(master_args(7, "--store", ":memory:", "--shuffle-window", "2")).start()
+    try:
+        args = ["--addr", str(m.addr), "--dataset", data, "--passes", str(PASSES)]
+        t = Trainer("windowed", args, tmp_path)
+        assert read_passes(t) == seeded  # a task's digest does not depend on its order
+        check_exactly_once(t, file_digest(data))
+    finally:
+        m.kill()

@@ -24,6 +24,7 @@ from chunkmaster.core.checkpoint import (
     MAGIC,
     VERSION,
     VERSION_SHUFFLED,
+    VERSION_WINDOWED,
     CheckpointError,
     DataCheckpoint,
     DatasetFingerprint,
@@ -304,9 +305,10 @@ def test_foreign_files_are_refused(tmp_path: Path) -> None:
 
 def test_a_future_version_is_refused_naming_the_version_read() -> None:
     head, sections = parts(encode(checkpoint()))
-    msg = refused(seal(head, sections, version=4), "version 4 is not supported")
-    assert f"reads versions {VERSION}, {VERSION_SHUFFLED} and 3" in msg
+    msg = refused(seal(head, sections, version=5), "version 5 is not supported")
+    assert f"reads versions {VERSION}, {VERSION_SHUFFLED}, 3 and {VERSION_WINDOWED}" in msg
     msg = refused(seal(head, sections, version=VERSION_SHUFFLED), "shuffle seed disagree")
+    refused(seal(head, sections, version=VERSION_WINDOWED), "shuffle window disagree")
     assert decode(seal(head, sections)) == checkpoint()  # `seal` follows the documented layout
 
 

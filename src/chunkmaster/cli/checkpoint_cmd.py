@@ -78,6 +78,8 @@ def describe(cp: Any) -> dict[str, Any]:
             "format": ds.format,
             "chunk_size": ds.chunk_size,  # None: the files' own chunks, or not recorded
         },
+        "shuffle_seed": cp.shuffle_seed,
+        "shuffle_window": cp.shuffle_window,  # 0: off (and in checkpoints older than it)
         "tasks": cp.num_tasks,
         "first_pass_not_committed": cp.floor,
         "passes": [
@@ -107,6 +109,12 @@ def run_show(args: argparse.Namespace) -> int:
         f"{plural(ds['chunks'], 'chunk')}{size}, {plural(info['tasks'], 'task')} of up to "
         f"{plural(ds['chunks_per_task'], 'chunk')}"
     )
+    if info["shuffle_seed"] is not None:
+        window = info["shuffle_window"]
+        print(
+            f"shuffle  seed {info['shuffle_seed']}"
+            + (f", window {plural(window, 'record')}" if window else "")
+        )
     print(f"position pass {info['first_pass_not_committed']} (earlier passes are done)")
     for p in info["passes"]:
         print(

@@ -24,7 +24,7 @@ from chunkmaster.cli.common import CliError
 from chunkmaster.core.checkpoint import CheckpointError
 from chunkmaster.core.errors import MasterError
 from chunkmaster.core.mixture import MixtureError
-from chunkmaster.core.shuffle import ShuffleSeedError
+from chunkmaster.core.shuffle import MAX_WINDOW, ShuffleSeedError, ShuffleWindowError
 from chunkmaster.master.config import ConfigError, MasterConfig
 from chunkmaster.store.base import StoreError
 from chunkmaster.tokens import TOKEN_ENV, TOKEN_FILE_ENV
@@ -328,6 +328,16 @@ SETTINGS = (
         "S",
     ),
     Setting(
+        "shuffle_window",
+        ("--shuffle-window",),
+        _env("SHUFFLE_WINDOW"),
+        "trainers read each task's records in windows of this many records, each window "
+        f"permuted by --shuffle-seed (needed), 0 to {MAX_WINDOW:,} (a trainer holds a window "
+        "in memory). Fixed for the job once its dataset is set, as the seed (default 0: off, "
+        "each task's records in file order); see docs/shuffle.md",
+        "RECORDS",
+    ),
+    Setting(
         "equal_steps",
         ("--equal-steps",),
         _env("EQUAL_STEPS"),
@@ -509,6 +519,8 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(run_master(config, _install_stop_signals))
     except StoreError as exc:  # a damaged or shared store: the message says what to do
         raise CliError(str(exc)) from None
+    except ShuffleWindowError as exc:  # the store's job has another shuffle window
+        raise CliError(f"--shuffle-window: {exc}", USAGE_EXIT) from None
     except ShuffleSeedError as exc:  # the store's job has another seed
         raise CliError(f"--shuffle-seed: {exc}", USAGE_EXIT) from None
     except MixtureError as exc:  # the store's job is a mixture: no --failed-policy keep

@@ -103,8 +103,15 @@ def _dataset_line(st: dict[str, Any]) -> str:
         f"{plural(ds['chunks'], 'chunk')}"
         + ("" if size is None else f" of up to {size_text(size)}")
         + f", {plural(ds['records'], 'record')}, {plural(st['num_tasks'], 'task')} of up to "
-        f"{plural(ds['chunks_per_task'], 'chunk')}"
+        f"{plural(ds['chunks_per_task'], 'chunk')}" + _shuffle_text(st)
     )
+
+
+def _shuffle_text(st: dict[str, Any]) -> str:
+    """The job's shuffle seed and window, if it has them (older masters send no window)."""
+    seed, window = st.get("shuffle_seed"), st.get("shuffle_window") or 0
+    text = "" if seed is None else f", shuffle seed {seed}"
+    return text + (f", shuffle window {plural(window, 'record')}" if window else "")
 
 
 def _mixture(st: dict[str, Any]) -> list[str]:

@@ -37,7 +37,7 @@ from chunkmaster.client.link import Cancelled, CancelToken
 from chunkmaster.client.pace import Pace
 from chunkmaster.client.progress import PositionTracker
 from chunkmaster.client.readahead import ReadAhead
-from chunkmaster.client.reading import Span, TaskReader, TaskWalk
+from chunkmaster.client.reading import Span, TaskReader, Walk
 from chunkmaster.client.reporter import ReportSink
 from chunkmaster.client.stream import Reply
 from chunkmaster.core.model import Task
@@ -123,7 +123,7 @@ class PassBuffer:
         #: any task came means the others were faster, not that it asked for a finished pass.
         self.joined = False
         self.end: BaseException | None = None  # raised once the tasks are used up
-        self._walk: TaskWalk | None = None  # the task being read
+        self._walk: Walk | None = None  # the task being read
         self._span: Span | None = None  # its chunk being read
         self._at = 0  # the span's next record
         self._after_suspect = False  # the last task taken had failures: settle before the next
@@ -253,7 +253,7 @@ class PassBuffer:
         self._walk = None
         return self._run(task, span, a, span.stop, True, done)
 
-    def _load(self, walk: TaskWalk) -> Span:
+    def _load(self, walk: Walk) -> Span:
         """The task's next chunk, read (lock held). One that cannot be read drops the task,
         is reported failed and raised as TaskReadError."""
         try:

@@ -10,10 +10,12 @@ first records of the chunk it starts in are dropped; a piece of a task (`task.en
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from chunkmaster.client.errors import TaskReadError
 from chunkmaster.core.model import Task
+from chunkmaster.core.record_order import window_permutation
 from chunkmaster.formats import ChunkLoader, FormatError, Loaded, Storage, get_format
 from chunkmaster.formats.changed import FileChangedError, check_chunk_file
 from chunkmaster.formats.storage import storage_for
@@ -97,8 +99,17 @@ class TaskReader:
         self._fetched = fetched
         self._loaders: dict[str, ChunkLoader] = {}
 
-    def walk(self, task: Task) -> TaskWalk:
-        return TaskWalk(self, task)
+    def walk(self, task: Task) -> Walk:
+        """The walker of `task`: its chunks in file order, or its shuffle windows."""
+        if not task.shuffle_window:
+            return TaskWalk(self, task)
+        if self._batches:
+            raise TypeError(
+                "record batches are read in file order, and this job reads each task in "
+                f"shuffled windows of {task.shuffle_window} records (the master's "
+                "--shuffle-window): read records instead"
+            )
+        return WindowWalk(self, task)
 
     def load(self, task: Task, index: int) -> Loaded:
         """Chunk `index` of `task`, read and checked; TaskReadError if it cannot be."""
@@ -157,3 +168,84 @@ class TaskWalk:
         self._first += task.chunks[self.index].num_records
         self.index += 1
         return Span(loaded, first, start, stop, self.done)
+
+
+class Window:
+    """The records of one shuffle window in the order they are read (a `Loaded` of a window,
+    as the buffer consumes a chunk's)."""
+
+    __slots__ = ("_records", "count")
+
+    def __init__(self, records: list[Any]) -> None:
+        self._records = records
+        self.count = len(records)
+
+    def cut(self, a: int, b: int) -> tuple[Iterator[Any], Iterator[Any]]:
+        it = iter(self._records[a:b])
+        return it, it
+
+
+class WindowWalk:
+    """The shuffle windows of one task (core/record_order.py) from the one holding
+    `task.start` to the one holding its end, each read whole and permuted when reached: an
+    iterator of `Span`s whose `first` is the window's first position. `index` is the next
+    chunk to load; a chunk longer than a window is loaded once and held across windows."""
+
+    def __init__(self, reader: TaskReader, task: Task) -> None:
+        self.task = task
+        self._reader = reader
+        self._size = task.shuffle_window
+        self._total = sum(c.num_records for c in task.chunks)
+        self._end = min(task.end or self._total, self._total)
+        self._window = task.start // self._size  # the next window to read
+        skip, self.index, self._first = self._window * self._size, 0, 0
+        chunks = task.chunks
+        while self.index < len(chunks) and self._first + chunks[self.index].num_records <= skip:
+            self._first += chunks[self.index].num_records  # chunks before it: never loaded
+            self.index += 1
+        self._chunk: list[Any] = []  # the chunk loaded last, from record `_first` of the task
+
+    @property
+    def done(self) -> bool:
+        return self._window * self._size >= self._end
+
+    def __iter__(self) -> WindowWalk:
+        return self
+
+    def __next__(self) -> Span:
+        if self.done:
+            raise StopIteration
+        task, lo = self.task, self._window * self._size
+        records = self._records(lo, min(lo + self._size, self._total))
+        if len(records) > 1:
+            order = window_permutation(task.order_key, self._window, len(records))
+            records = list(itemgetter(*order)(records))
+        self._window += 1
+        if self.done:
+            self._chunk = []
+        start = max(0, task.start - lo)
+        stop = max(start, min(len(records), self._end - lo))
+        return Span(Window(records), lo, start, stop, self.done)
+
+    def _records(self, lo: int, hi: int) -> list[Any]:
+        """The task's records lo..hi-1 in file order, loading the chunks that hold them."""
+        out: list[Any] = []
+        at = lo
+        while at < hi:
+            if at >= self._first + len(self._chunk):
+                if self.index >= len(self.task.chunks):
+                    break  # the chunks hold fewer records than the index said
+                self._first += len(self._chunk)
+                loaded = self._reader.load(self.task, self.index)
+                self.index += 1
+                self._chunk = list(loaded.cut(0, loaded.count)[0])
+                continue
+            a = at - self._first
+            b = min(hi - self._first, len(self._chunk))
+            out.extend(self._chunk[a:b])
+            at = self._first + b
+        return out
+
+
+Walk = TaskWalk | WindowWalk
+"""A task's walker: its chunks in file order, or its shuffle windows."""

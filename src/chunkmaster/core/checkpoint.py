@@ -7,7 +7,8 @@ No pickle: reading a checkpoint must not mean running code. Layout (little-endia
 
     header   magic  8s  b"\\x89CMCKP\\r\\n"   (the \\r\\n pair shows text-mode damage)
              version u32 (VERSION, or VERSION_SHUFFLED for a job with a shuffle seed, or
-               VERSION_MIXTURE for a mixture, with or without one),
+               VERSION_MIXTURE for a mixture, with or without one, or VERSION_WINDOWED for
+               a job with a shuffle window, a mixture or not),
              body length u64
     body     JSON length u32, JSON (ASCII): job, created, num_tasks, floor,
                dataset {globs, cpt, files: [[path, size, chunks, records, index digest hex]],
@@ -17,8 +18,13 @@ No pickle: reading a checkpoint must not mean running code. Layout (little-endia
                shuffle_seed (VERSION_SHUFFLED only: with it, task t covers other chunks
                every pass, so the commits mean something under this seed only; in a
                mixture it orders the sources' epochs),
-               mixture (VERSION_MIXTURE only: the dataset's files are its sources', in
-                 order; num_tasks is the units of a pass, and the commits name units):
+               shuffle_window (VERSION_WINDOWED only, with a shuffle_seed: records per
+                 window trainers read each task's records in, permuted; a task's partial
+                 commit counts records in that order, so it means something under this
+                 window only),
+               mixture (VERSION_MIXTURE or VERSION_WINDOWED only: the dataset's files are
+                 its sources', in order; num_tasks is the units of a pass, and the commits
+                 name units):
                  sources [[name, globs, number of files, format, chunk_size, weight]],
                  weights (the schedule in force: [mode, [[records, weight, ...], ...]]),
                  passes [[pass_id, [cursors, weights, re-plans]]] from the floor to the
@@ -69,7 +75,7 @@ from chunkmaster.core.mixture import (
     weights_json,
     widen_plan,
 )
-from chunkmaster.core.shuffle import MAX_SEED
+from chunkmaster.core.shuffle import MAX_SEED, MAX_WINDOW
 from chunkmaster.core.sizes import size_text
 
 if sys.byteorder != "little":  # pragma: no cover - every platform we ship for is little-endian
@@ -79,7 +85,8 @@ MAGIC = b"\x89CMCKP\r\n"
 VERSION = 1
 VERSION_SHUFFLED = 2
 VERSION_MIXTURE = 3
-VERSIONS = (VERSION, VERSION_SHUFFLED, VERSION_MIXTURE)
+VERSION_WINDOWED = 4
+VERSIONS = (VERSION, VERSION_SHUFFLED, VERSION_MIXTURE, VERSION_WINDOWED)
 _HEADER = struct.Struct("<8sIQ")
 _JSON_LEN = struct.Struct("<I")
 _DIGEST_SIZE = 16
@@ -189,6 +196,7 @@ class DataCheckpoint:
     shuffle_seed: int | None = None  # the job's seed: the pass layouts the commits are in
     mixture: MixtureCheckpoint | None = None  # a mixture's sources and plans
     job_id: str = ""  # the job's identity ("": written before jobs had one)
+    shuffle_window: int = 0  # the job's window: the order partial commits count records in
 
 
 def _prefix_tasks(cp: DataCheckpoint) -> list[int]:
@@ -443,6 +451,9 @@ def _check_passes(cp: DataCheckpoint) -> None:
     _ranged(cp.floor, "floor", 0, _MAX_PASS, "2**62")
     if cp.shuffle_seed is not None:
         _ranged(cp.shuffle_seed, "shuffle seed", 0, MAX_SEED, "2**64-1")
+    _ranged(cp.shuffle_window, "shuffle window", 0, MAX_WINDOW, f"{MAX_WINDOW:,}")
+    if cp.shuffle_window and cp.shuffle_seed is None:
+        raise CheckpointError("a shuffle window without a shuffle seed")
     previous = cp.floor - 1
     for p in cp.passes:
         _ranged(p.pass_id, "pass", 0, _MAX_PASS, "2**62")
@@ -593,17 +604,7 @@ def check_restorable(
     (a mixture: its sources, maybe followed by sources added since), whose passes are `units`
     units (None: its tasks). Returns a mixture's `unit_records` (computed here: its commits
     are checked against them; empty for one dataset)."""
-    if cp.shuffle_seed != ds.shuffle_seed:
-        raise CheckpointError(
-            f"the data checkpoint was taken with shuffle seed {_seed_text(cp.shuffle_seed)} and "
-            f"this master has {_seed_text(ds.shuffle_seed)}: its commits name tasks of the "
-            f"checkpoint's shuffled passes. Start the master with "
-            + (
-                "no --shuffle-seed"
-                if cp.shuffle_seed is None
-                else f"--shuffle-seed {cp.shuffle_seed}"
-            )
-        )
+    _check_shuffle(cp, ds)
     if cp.mixture is None and ds.sources:
         raise CheckpointError(
             "the data checkpoint is of one dataset, this master's is a mixture of sources "
@@ -638,8 +639,39 @@ def check_restorable(
     return records
 
 
+def _check_shuffle(cp: DataCheckpoint, ds: Dataset) -> None:
+    """Refuse another shuffle seed or window than the checkpoint's: its commits name tasks of
+    its seed's passes, and its partial commits count records in its window's order."""
+    if cp.shuffle_seed != ds.shuffle_seed:
+        raise CheckpointError(
+            f"the data checkpoint was taken with shuffle seed {_seed_text(cp.shuffle_seed)} and "
+            f"this master has {_seed_text(ds.shuffle_seed)}: its commits name tasks of the "
+            f"checkpoint's shuffled passes. Start the master with "
+            + (
+                "no --shuffle-seed"
+                if cp.shuffle_seed is None
+                else f"--shuffle-seed {cp.shuffle_seed}"
+            )
+        )
+    if cp.shuffle_window != ds.shuffle_window:
+        raise CheckpointError(
+            f"the data checkpoint was taken with shuffle window {_window_text(cp.shuffle_window)}"
+            f" and this master has {_window_text(ds.shuffle_window)}: its partial commits count "
+            "records in the checkpoint's windows' order. Start the master with "
+            + (
+                "no --shuffle-window"
+                if not cp.shuffle_window
+                else f"--shuffle-window {cp.shuffle_window}"
+            )
+        )
+
+
 def _seed_text(seed: int | None) -> str:
     return "none" if seed is None else str(seed)
+
+
+def _window_text(window: int) -> str:
+    return "0 (off)" if not window else str(window)
 
 
 # --- bytes -------------------------------------------------------------------------------------
@@ -704,6 +736,7 @@ def encode(cp: DataCheckpoint) -> bytes:
             },
             "passes": passes,
             **({} if cp.shuffle_seed is None else {"shuffle_seed": cp.shuffle_seed}),
+            **({} if not cp.shuffle_window else {"shuffle_window": cp.shuffle_window}),
             **({} if cp.mixture is None else {"mixture": _mixture_json(cp.mixture)}),
             **({} if not cp.job_id else {"job_id": cp.job_id}),
         }
@@ -714,15 +747,17 @@ def encode(cp: DataCheckpoint) -> bytes:
             f"{len(head) >> 20} MiB, over the format's {MAX_HEAD_SIZE >> 20} MiB"
         )
     body = b"".join([_JSON_LEN.pack(len(head)), head, *sections])
-    version = (
-        VERSION_MIXTURE
-        if cp.mixture is not None
-        else VERSION
-        if cp.shuffle_seed is None
-        else VERSION_SHUFFLED
-    )
-    out = _HEADER.pack(MAGIC, version, len(body)) + body
+    out = _HEADER.pack(MAGIC, _version(cp), len(body)) + body
     return out + hashlib.blake2b(out, digest_size=_DIGEST_SIZE).digest()
+
+
+def _version(cp: DataCheckpoint) -> int:
+    """The oldest format that holds `cp`: a reader of an older one would drop what it has."""
+    if cp.shuffle_window:
+        return VERSION_WINDOWED
+    if cp.mixture is not None:
+        return VERSION_MIXTURE
+    return VERSION if cp.shuffle_seed is None else VERSION_SHUFFLED
 
 
 def _mixture_json(mix: MixtureCheckpoint) -> dict[str, Any]:
@@ -794,7 +829,8 @@ def _frame(view: memoryview, n: int) -> int:
     if version not in VERSIONS:
         raise CheckpointError(
             f"data checkpoint format version {version} is not supported: this build reads "
-            f"versions {VERSION}, {VERSION_SHUFFLED} and {VERSION_MIXTURE}; restore it with the "
+            f"versions {', '.join(map(str, VERSIONS[:-1]))} and {VERSIONS[-1]}; restore it with "
+            "the "
             f"chunkmaster version that wrote it"
         )
     total = _HEADER.size + body_len + _DIGEST_SIZE
@@ -855,16 +891,26 @@ def decode(data: bytes | bytearray | memoryview) -> DataCheckpoint:
         )
     try:
         cp = _parse(view[_HEADER.size : total - _DIGEST_SIZE])
-        if (version == VERSION_MIXTURE) != (cp.mixture is not None):
-            raise CheckpointError(f"format version {version} and the mixture disagree")
-        if version != VERSION_MIXTURE and (version == VERSION_SHUFFLED) != (
-            cp.shuffle_seed is not None
-        ):
-            raise CheckpointError(f"format version {version} and the shuffle seed disagree")
+        _check_version(version, cp)
         _check(cp)
     except CheckpointError as exc:
         raise CheckpointError(f"inconsistent data checkpoint: {exc}") from None
     return cp
+
+
+def _check_version(version: int, cp: DataCheckpoint) -> None:
+    """The format version agrees with what the checkpoint holds (a windowed one holds a
+    mixture or not, and a seed: `_check`)."""
+    if (version == VERSION_WINDOWED) != (cp.shuffle_window > 0):
+        raise CheckpointError(f"format version {version} and the shuffle window disagree")
+    if version == VERSION_WINDOWED:
+        return
+    if (version == VERSION_MIXTURE) != (cp.mixture is not None):
+        raise CheckpointError(f"format version {version} and the mixture disagree")
+    if version != VERSION_MIXTURE and (version == VERSION_SHUFFLED) != (
+        cp.shuffle_seed is not None
+    ):
+        raise CheckpointError(f"format version {version} and the shuffle seed disagree")
 
 
 def _int(v: Any, what: str) -> int:
@@ -961,6 +1007,7 @@ def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, in
             )
             entries.append((pass_id, full, bitmap_len, partial))
         seed = head.get("shuffle_seed")
+        window = _int(head.get("shuffle_window", 0), "shuffle window")
         mixture = None if head.get("mixture") is None else _mixture_from(head["mixture"])
         cp = DataCheckpoint(
             _str(head["job"], "job"),
@@ -972,6 +1019,7 @@ def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, in
             None if seed is None else _int(seed, "shuffle seed"),
             mixture,
             _str(head.get("job_id", ""), "job_id"),
+            window,
         )
     except KeyError as exc:
         raise CheckpointError(f"header lacks the field {exc}") from None

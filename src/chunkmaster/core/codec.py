@@ -77,6 +77,9 @@ CONTAINER_MAGIC = b"CMB1"
 #: 6: each session's progress deadline; the version of every job that is not a mixture.
 #: 7: a mixture (its sources, plans, weights and per-source counts).
 #: 8: a mixture that sources were added to while it ran (fewer units than its tasks).
+#: 9: any of 6, 7 or 8 whose dataset has a shuffle window (its `window`): a reader without
+#:    it would tell trainers to read each task in file order, and their positions count
+#:    records in the window's permuted order.
 #:
 #: Optional keys that need no version: a mixture's per-source counts of each pass, read as
 #: none; a dataset's `chunk_size`, read as None (its data checkpoints then read as cut at
@@ -85,8 +88,9 @@ SNAPSHOT_VERSION = 6
 SNAPSHOT_VERSION_SHUFFLED = SNAPSHOT_VERSION
 SNAPSHOT_VERSION_MIXTURE = 7
 SNAPSHOT_VERSION_GROWN = 8
+SNAPSHOT_VERSION_WINDOWED = 9
 MIXTURE_VERSIONS = (SNAPSHOT_VERSION_MIXTURE, SNAPSHOT_VERSION_GROWN)
-READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION, *MIXTURE_VERSIONS)
+READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION, *MIXTURE_VERSIONS, SNAPSHOT_VERSION_WINDOWED)
 _LEN = struct.Struct("<I")
 _C = TypeVar("_C", bound=RecordCounts)
 
@@ -139,6 +143,8 @@ def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
         header["format"] = ds.format
     if ds.shuffle_seed is not None:
         header["seed"] = ds.shuffle_seed
+    if ds.shuffle_window:
+        header["window"] = ds.shuffle_window
     if ds.chunk_size is not None:
         header["chunk_size"] = ds.chunk_size
     if ds.sources:
@@ -157,6 +163,8 @@ def _dataset_parts(ds: Dataset) -> tuple[dict[str, Any], dict[str, array[int]]]:
 
 
 def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Dataset:
+    if int(header.get("window", 0)) < 0:
+        raise CodecError(f"a dataset's shuffle window {header['window']} is negative")
     return Dataset(
         tuple(header["globs"]),
         tuple(header["files"]),
@@ -168,8 +176,9 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
         blobs.get("cl"),
         str(header.get("format", "recordio")),
         None if header.get("seed") is None else int(header["seed"]),
-        None if header.get("chunk_size") is None else int(header["chunk_size"]),
-        tuple(
+        int(header.get("window", 0)),
+        chunk_size=None if header.get("chunk_size") is None else int(header["chunk_size"]),
+        sources=tuple(
             Source(
                 str(name),
                 tuple(map(str, globs)),
@@ -181,7 +190,7 @@ def _dataset_from(header: dict[str, Any], blobs: dict[str, array[int]]) -> Datas
             )
             for name, globs, files, chunks, fmt, size, weight in header.get("sources", ())
         ),
-        blobs.get("fm"),
+        file_mtimes=blobs.get("fm"),
     )
 
 
@@ -257,9 +266,12 @@ def _encode_set_dataset(ev: SetDataset) -> bytes:
     header, blobs = _dataset_parts(ds)
     if ev.job_id:
         header = {**header, "job_id": ev.job_id}
-    # A seeded dataset, and a mixture, have tags of their own, which a reader without them
-    # refuses.
-    tag = b"M" if ds.sources else b"T" if ds.shuffle_seed is None else b"H"
+    # A seeded dataset, a mixture, and a dataset with a shuffle window (seeded, a mixture or
+    # not) have tags of their own, which a reader without them refuses.
+    if ds.shuffle_window:
+        tag = b"V"
+    else:
+        tag = b"M" if ds.sources else b"T" if ds.shuffle_seed is None else b"H"
     return tag + pack(header, blobs)
 
 
@@ -363,7 +375,7 @@ _DECODERS: dict[bytes, Callable[[Any], Event]] = {
 def decode_event(data: bytes) -> Event:
     tag, body = data[:1], data[1:]
     try:
-        if tag in (b"T", b"H", b"M", b"N"):
+        if tag in (b"T", b"H", b"M", b"V", b"N"):
             return _dataset_entry(tag, body)
         v = json.loads(body)
         decode = _DECODERS.get(tag)
@@ -375,16 +387,22 @@ def decode_event(data: bytes) -> Event:
 
 
 def _dataset_entry(tag: bytes, body: bytes) -> Event:
-    """An entry that carries a dataset: SetDataset (T, H seeded, M a mixture) or AddSources."""
+    """An entry that carries a dataset: SetDataset (T, H seeded, M a mixture, V with a
+    shuffle window) or AddSources."""
     header, blobs = unpack(body)
     ds = _dataset_from(header, blobs)
     if tag == b"N":
         if not ds.sources:
             raise CodecError("sources added without sources")
         return AddSources(ds, weights_from_json(header["weights"]))
-    if (tag == b"M") != bool(ds.sources):
+    if (tag == b"V") != (ds.shuffle_window > 0):
+        raise CodecError("a dataset entry's tag and shuffle window disagree")
+    if tag == b"V":
+        if ds.shuffle_seed is None:
+            raise CodecError("a dataset entry has a shuffle window without a shuffle seed")
+    elif (tag == b"M") != bool(ds.sources):
         raise CodecError("a dataset entry's tag and its sources disagree")
-    if tag != b"M" and (tag == b"H") != (ds.shuffle_seed is not None):
+    elif tag != b"M" and (tag == b"H") != (ds.shuffle_seed is not None):
         raise CodecError("a dataset entry's tag and shuffle seed disagree")
     return SetDataset(ds, str(header.get("job_id", "")))
 
@@ -466,6 +484,8 @@ def _commits_header(state: MasterState) -> dict[str, Any]:
 
 
 def _version(state: MasterState) -> int:
+    if state.dataset is not None and state.dataset.shuffle_window:
+        return SNAPSHOT_VERSION_WINDOWED
     if state.mix is None:
         return SNAPSHOT_VERSION
     assert state.dataset is not None
@@ -589,8 +609,14 @@ def decode_snapshot(data: bytes) -> MasterState:
 
 
 def _check_version(header: dict[str, Any], ds: Dataset | None) -> None:
-    """A snapshot's version agrees with what it holds: a mixture, a shuffle seed."""
-    if (header["version"] in MIXTURE_VERSIONS) != ("mixture" in header):
+    """A snapshot's version agrees with what it holds: a mixture, a shuffle seed, a shuffle
+    window (version 9: with or without a mixture, always with a seed)."""
+    windowed = ds is not None and ds.shuffle_window > 0
+    if (header["version"] == SNAPSHOT_VERSION_WINDOWED) != windowed:
+        raise CodecError("a snapshot's version and its dataset's shuffle window disagree")
+    if windowed and ds is not None and ds.shuffle_seed is None:
+        raise CodecError("a snapshot's dataset has a shuffle window without a shuffle seed")
+    if not windowed and (header["version"] in MIXTURE_VERSIONS) != ("mixture" in header):
         raise CodecError("a snapshot's version and its mixture disagree")
     seeded = ds is not None and ds.shuffle_seed is not None
     if header["version"] < 5 and seeded != (header["version"] == 4):

@@ -65,6 +65,10 @@ class Dataset:
     chunk_length: array[int] | None = field(default=None)  # 'Q': bytes per chunk, if known
     format: str = "recordio"  # the files' format (chunkmaster.formats)
     shuffle_seed: int | None = None  # None: every pass cuts the same tasks, in file order
+    #: The job's shuffle window (records; 0: off): trainers read each task's records in
+    #: windows of this many, each permuted by the seed. Needs a seed; the master only keeps,
+    #: journals and publishes it (a task's position counts records in that order).
+    shuffle_window: int = 0
     #: The bound on a chunk's bytes the master cut the files' chunks at (--chunk-size), for the
     #: formats it cuts; None for the files' own chunks (RecordIO, Parquet), or not recorded
     #: (a journal or checkpoint whose dataset does not carry it).
@@ -220,9 +224,10 @@ class Dataset:
             lengths,
             self.format if self.format == added.format else "mixed",
             self.shuffle_seed,
-            self.chunk_size,
-            self.sources + added.sources,
-            mtimes,
+            self.shuffle_window,
+            chunk_size=self.chunk_size,
+            sources=self.sources + added.sources,
+            file_mtimes=mtimes,
         )
 
     @property
@@ -275,9 +280,12 @@ class Dataset:
             out.extend(sum(cr[i : min(i + cpt, end)]) for i in range(first, end, cpt))
         return out
 
-    def with_shuffle(self, seed: int | None) -> Dataset:
-        """This dataset with its tasks cut and ordered by `seed` (None: in file order)."""
-        return self if seed == self.shuffle_seed else replace(self, shuffle_seed=seed)
+    def with_shuffle(self, seed: int | None, window: int = 0) -> Dataset:
+        """This dataset with its tasks cut and ordered by `seed` (None: in file order), and
+        each task's records read in permuted windows of `window` records (0: in file order)."""
+        if (seed, window) == (self.shuffle_seed, self.shuffle_window):
+            return self
+        return replace(self, shuffle_seed=seed, shuffle_window=window)
 
     def _layout(self, pass_id: int) -> tuple[PassChunks, PassTaskRecords]:
         """The seeded layout of one pass, kept for the few passes in use (commits of an

@@ -25,6 +25,7 @@ from chunkmaster.core.model import (
     Task,
     TaskMeta,
 )
+from chunkmaster.core.record_order import task_order_key
 from chunkmaster.core.shuffle import pass_queue
 
 FAILURE_HISTORY = 8  # failures remembered per task; the count is kept in full
@@ -158,7 +159,8 @@ class MasterState:
         return self.steps.pieces[task_id].task if self.is_piece(task_id) else UnitId(task_id)
 
     def task(self, task_id: int) -> Task:
-        """What a trainer is handed for the unit or piece `task_id` of this pass."""
+        """What a trainer is handed for the unit or piece `task_id` of this pass, with the
+        job's shuffle window (and its seed) when it has one."""
         ds = self.dataset
         assert ds is not None
         p = self.pending.get(task_id)
@@ -171,7 +173,10 @@ class MasterState:
             unit, end, epoch = UnitId(task_id), 0, self.epochs[task_id]
         task = self.unit_task(unit)
         whole = ds.task_chunks(task, self.cur_pass)
-        if piece:
+        window = ds.shuffle_window
+        # A piece is cut to the chunks it reaches, but not with a window: the task's windows
+        # (and so each one's order) are cut from all its records.
+        if piece and not window:
             chunks = []
             first = 0
             for c in whole:
@@ -193,6 +198,8 @@ class MasterState:
             fmt,
             self.num_failures.get(task_id, 0),
             source,
+            task_order_key(ds.shuffle_seed or 0, self.cur_pass, task) if window else 0,
+            window,
         )
 
     def unit_task(self, unit: UnitId, pass_id: int | None = None) -> TaskId:

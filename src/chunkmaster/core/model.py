@@ -52,6 +52,12 @@ class Task:
     #: master charges the right task (docs/failures.md).
     failures: int = 0
     source: str = ""  # a mixture's source the task is of ("": not a mixture)
+    #: The job's record shuffle (core/record_order.py): the task's records read in windows of
+    #: `shuffle_window` records (0: in file order), each in a permutation keyed by `order_key`,
+    #: which the master derives from the job's seed, the pass and the task whose chunks this
+    #: reads: the same for every dispatch and every piece of it.
+    order_key: int = 0
+    shuffle_window: int = 0
     #: Where the dispatch ends, counted from the task's first record: `end`, or the records
     #: of all its chunks (counted once here: a trainer asks for it at every batch).
     num_records: int = field(init=False, repr=False, compare=False)

@@ -2,9 +2,9 @@
 
 The state holds the limits it runs by (`Configure`, `SetErrorBudget`, `EqualSteps`), so a
 replay gives the acknowledged state whatever flags the replaying master has. A master started
-with other flags journals the change once, here; a shuffle seed cannot change mid-job and is
-refused, and so is `--failed-policy keep` on a mixture. Pure: the shell passes the time a
-Resume is due and journals what comes back.
+with other flags journals the change once, here; a shuffle seed or shuffle window cannot
+change mid-job and is refused, and so is `--failed-policy keep` on a mixture. Pure: the shell
+passes the time a Resume is due and journals what comes back.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from chunkmaster.core.events import Configure, EqualSteps, Event, Resume, SetErr
 from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.mixture import MixtureError
 from chunkmaster.core.model import FailedPolicy
-from chunkmaster.core.shuffle import ShuffleSeedError
+from chunkmaster.core.shuffle import ShuffleSeedError, ShuffleWindowError
 from chunkmaster.core.steps import StepsMode
 
 KEEP_REFUSED = (
@@ -35,14 +35,17 @@ class Limits:
     error_budget: ErrorBudget = field(default_factory=ErrorBudget)
     equal_steps: StepsMode = StepsMode.OFF
     shuffle_seed: int | None = None
+    shuffle_window: int = 0
 
 
 def reconcile(state: MasterState, limits: Limits, resume_at: float | None = None) -> list[Event]:
     """The events that bring `state` to `limits`, in order; with `resume_at` (wall-clock
     seconds: now plus a task timeout) and tasks pending, a `Resume`: the time no master was
     serving does not count against the trainers holding them. Raises ShuffleSeedError when
-    the job was started with another seed, MixtureError for `keep` on a mixture."""
+    the job was started with another seed, ShuffleWindowError (one) with another shuffle
+    window, MixtureError for `keep` on a mixture."""
     _check_seed(state, limits.shuffle_seed)
+    _check_window(state, limits.shuffle_window)
     if state.mix is not None and limits.failed_policy is FailedPolicy.KEEP:
         raise MixtureError(KEEP_REFUSED)
     events: list[Event] = []
@@ -68,6 +71,25 @@ def _check_seed(state: MasterState, seed: int | None) -> None:
         f"pass's task order and tasks derive from it). Start with {keep}, or with an empty "
         "store for a new job"
     )
+
+
+def _check_window(state: MasterState, window: int) -> None:
+    ds = state.dataset
+    if ds is None or ds.shuffle_window == window:
+        return
+    keep = (
+        "no --shuffle-window" if not ds.shuffle_window else f"--shuffle-window {ds.shuffle_window}"
+    )
+    raise ShuffleWindowError(
+        f"the job's state was started with shuffle window {_window_text(ds.shuffle_window)}, "
+        f"this master has {_window_text(window)}: a shuffle window cannot change in the middle "
+        "of a job (trainers' positions count each task's records in its windows' order). "
+        f"Start with {keep}, or with an empty store for a new job"
+    )
+
+
+def _window_text(window: int) -> str:
+    return "0 (off)" if not window else str(window)
 
 
 def _seed_text(seed: int | None) -> str:

@@ -26,6 +26,9 @@ from typing import overload
 
 ROUNDS = 4
 MAX_SEED = 2**64 - 1
+#: The largest job shuffle window (records): a trainer holds a whole window's records in
+#: memory to read them in its permuted order.
+MAX_WINDOW = 10_000_000
 _MASK = 2**32 - 1
 _M1, _M2 = 0x9E3779B1, 0x85EBCA6B  # odd: multiplying by one is a bijection of 32-bit words
 TASKS = b"tasks"
@@ -34,6 +37,11 @@ CHUNKS = b"chunks"
 
 class ShuffleSeedError(ValueError):
     """A shuffle seed that contradicts the one a job was started with (the text says which)."""
+
+
+class ShuffleWindowError(ShuffleSeedError):
+    """A shuffle window that contradicts the one a job was started with: like its seed, every
+    trainer's positions count records in the window's permuted order."""
 
 
 def check_seed(seed: int) -> int:

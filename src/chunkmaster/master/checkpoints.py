@@ -114,6 +114,7 @@ class Checkpoints:
                 for p, (full, partial) in sorted(by_pass.items())
             ),
             shuffle_seed=ds.shuffle_seed,
+            shuffle_window=ds.shuffle_window,
             mixture=None
             if mix is None
             else checkpoint.MixtureCheckpoint(

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.model import FailedPolicy
-from chunkmaster.core.shuffle import MAX_SEED
+from chunkmaster.core.shuffle import MAX_SEED, MAX_WINDOW
 from chunkmaster.core.sizes import parse_size
 from chunkmaster.core.steps import StepsMode
 from chunkmaster.etcd.options import EtcdOptions
@@ -138,6 +138,18 @@ def _seed(text: str) -> int | None:
     return value
 
 
+def _window(text: str) -> int:
+    if not text.strip():
+        return 0
+    value = _integer(text)
+    if not 0 <= value <= MAX_WINDOW:
+        raise ValueError(
+            f"{value} is not a shuffle window: 0 (off) to {MAX_WINDOW:,} records (a trainer "
+            "holds a whole window's records in memory)"
+        )
+    return value
+
+
 def _policy(text: str) -> FailedPolicy:
     try:
         return FailedPolicy(text)
@@ -185,6 +197,7 @@ TEXT_FIELDS: dict[str, Callable[[str], Any]] = {
     "failed_policy": _policy,
     "max_failed_records": ErrorBudget.parse,
     "shuffle_seed": _seed,
+    "shuffle_window": _window,
     "equal_steps": _equal_steps,
     "store": _optional,
     "store_sync": _store_sync,
@@ -244,6 +257,9 @@ class MasterConfig:
     max_failed_records: ErrorBudget = field(default_factory=ErrorBudget)
     #: Shuffle each pass's task order and the chunks of each task by this seed; None: off.
     shuffle_seed: int | None = None
+    #: Trainers read each task's records in windows of this many, each permuted by the seed;
+    #: 0: off (file order).
+    shuffle_window: int = 0
     #: Equal records per trainer in a pass: off, drop or pad (docs/equal-steps.md).
     equal_steps: str = DEFAULTS.equal_steps.value
     #: Embedded store file or ":memory:"; None means the default file of the job.
@@ -349,6 +365,7 @@ class MasterConfig:
                 error_budget=self.max_failed_records,
                 equal_steps=cast(StepsMode, self.equal_steps),  # Settings converts it
                 shuffle_seed=self.shuffle_seed,
+                shuffle_window=self.shuffle_window,
                 trainer_ttl=self.trainer_ttl,
                 rank_wait=self.rank_wait,
                 index_timeout=self.index_timeout,

@@ -131,10 +131,11 @@ class JobDataset:
         self, globs: Sequence[str], chunks_per_task: int | None, dataset_format: str | None
     ) -> Dataset:
         """Index the files of `globs` with this master's settings (its storage options, chunk
-        size, inflation bound and data roots), seeded with its shuffle seed; `chunks_per_task`
-        None: the master's choice (core/task_size.py)."""
+        size, inflation bound and data roots), seeded with its shuffle seed and window;
+        `chunks_per_task` None: the master's choice (core/task_size.py)."""
+        s = self._settings
         return (await self._index(globs, chunks_per_task, dataset_format)).with_shuffle(
-            self._settings.shuffle_seed
+            s.shuffle_seed, s.shuffle_window
         )
 
     async def _index(
@@ -148,9 +149,9 @@ class JobDataset:
         self, sources: Sequence[SourceSpec], chunks_per_task: int | None
     ) -> Dataset:
         """Index each source as a dataset of its own (`chunks_per_task` a task within each),
-        and blend them, seeded with this master's shuffle seed. `chunks_per_task` None: the
-        master's choice for the smallest source, for every source (a mixture has one chunks
-        per task), so each source makes as many tasks as the rule gives it or more."""
+        and blend them, seeded with this master's shuffle seed and window. `chunks_per_task`
+        None: the master's choice for the smallest source, for every source (a mixture has one
+        chunks per task), so each source makes as many tasks as the rule gives it or more."""
         parts = []
         for s in sources:
             fmt = s.format or self._settings.dataset_format
@@ -168,7 +169,8 @@ class JobDataset:
                 cpt,
                 chosen_text(cpt),
             )
-        return Dataset.mix(parts).with_shuffle(self._settings.shuffle_seed)
+        settings = self._settings
+        return Dataset.mix(parts).with_shuffle(settings.shuffle_seed, settings.shuffle_window)
 
     async def set(self, globs: Sequence[str], sources: Sequence[SourceSpec] = ()) -> None:
         """The first dataset wins (see the module's text); a restored data checkpoint's

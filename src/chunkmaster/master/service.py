@@ -133,6 +133,8 @@ class Service:
             )
         chunks = "" if ds.chunk_size is None else f" of up to {size_text(ds.chunk_size)}"
         seed = "" if ds.shuffle_seed is None else f", shuffle seed {ds.shuffle_seed}"
+        if ds.shuffle_window:
+            seed += f", shuffle window {ds.shuffle_window} records"
         stopped = "" if st.stopped is None else f"; stopped in pass {st.stopped.pass_id}"
         what = f"dataset {list(ds.globs)}"
         if ds.sources:

@@ -15,7 +15,7 @@ from typing import Any
 from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.reconcile import Limits
-from chunkmaster.core.shuffle import MAX_SEED
+from chunkmaster.core.shuffle import MAX_SEED, MAX_WINDOW
 from chunkmaster.core.steps import StepsMode
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 
@@ -53,6 +53,9 @@ class Settings:
     error_budget: ErrorBudget = field(default_factory=ErrorBudget)
     equal_steps: StepsMode = StepsMode.OFF
     shuffle_seed: int | None = None
+    #: Records per window trainers permute each task's records in (`--shuffle-window`; 0:
+    #: off). Needs a seed; fixed for the job, like it.
+    shuffle_window: int = 0
     #: How long a silent trainer keeps its session (and the tasks it holds).
     trainer_ttl: float = 10.0
     #: How long a pass with equal steps waits for every rank of a declared world.
@@ -84,6 +87,7 @@ class Settings:
             raise SettingError("chunk_size", f"{self.chunk_size} is not in 1..{MAX_CHUNK_SIZE}")
         if self.shuffle_seed is not None and not 0 <= self.shuffle_seed <= MAX_SEED:
             raise SettingError("shuffle_seed", f"{self.shuffle_seed} is not in 0..2**64-1")
+        _check_window(self)
         if not self.job or "/" in self.job:
             raise SettingError("job", f"{self.job!r} is not a job name: non-empty, without '/'")
         if self.dataset_format is not None:
@@ -105,6 +109,7 @@ class Settings:
             self.error_budget,
             self.equal_steps,
             self.shuffle_seed,
+            self.shuffle_window,
         )
 
 
@@ -115,6 +120,22 @@ def _enum(kind: Any, settings: Settings, name: str) -> Any:
     except ValueError:
         names = ", ".join(m.value for m in kind)
         raise SettingError(name, f"{value!r} is not one of {names}") from None
+
+
+def _check_window(settings: Settings) -> None:
+    """A window is a whole number of records up to MAX_WINDOW (a trainer holds one in memory),
+    and needs a seed (the seed keys each window's permutation)."""
+    window = settings.shuffle_window
+    if type(window) is not int or not 0 <= window <= MAX_WINDOW:
+        raise SettingError(
+            "shuffle_window",
+            f"{window!r} is not a number of records from 0 (off) to {MAX_WINDOW:,} (a trainer "
+            "holds a whole window's records in memory)",
+        )
+    if window and settings.shuffle_seed is None:
+        raise SettingError(
+            "shuffle_window", "needs --shuffle-seed (the seed keys the permutation of each window)"
+        )
 
 
 def _at_least(settings: Settings, name: str, least: int) -> None:

@@ -261,6 +261,8 @@ class Status:
     failure_max: int
     failed_policy: str
     shuffle_seed: int | None
+    #: Records per window trainers permute each task's records in (0: none, or no dataset).
+    shuffle_window: int
     timeout_dur: float
     failed_tasks: list[FailedTask]
     error_budget: BudgetView
@@ -305,6 +307,7 @@ def build_status(
         failure_max=st.failure_max,
         failed_policy=st.failed_policy.value,
         shuffle_seed=None if st.dataset is None else st.dataset.shuffle_seed,
+        shuffle_window=0 if st.dataset is None else st.dataset.shuffle_window,
         timeout_dur=timeout_dur,
         failed_tasks=_failed_tasks(st),
         error_budget=_budget(st),

@@ -31,7 +31,7 @@ class TaskMeta(_message.Message):
     def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("meta", "chunks", "pass_id", "start", "end", "format", "failures", "source")
+    __slots__ = ("meta", "chunks", "pass_id", "start", "end", "format", "failures", "source", "order_key", "shuffle_window")
     META_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     PASS_ID_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,8 @@ class Task(_message.Message):
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ORDER_KEY_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_WINDOW_FIELD_NUMBER: _ClassVar[int]
     meta: TaskMeta
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     pass_id: int
@@ -48,7 +50,9 @@ class Task(_message.Message):
     format: str
     failures: int
     source: str
-    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., format: _Optional[str] = ..., failures: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+    order_key: int
+    shuffle_window: int
+    def __init__(self, meta: _Optional[_Union[TaskMeta, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., pass_id: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., format: _Optional[str] = ..., failures: _Optional[int] = ..., source: _Optional[str] = ..., order_key: _Optional[int] = ..., shuffle_window: _Optional[int] = ...) -> None: ...
 
 class SetDatasetRequest(_message.Message):
     __slots__ = ("globs", "sources")

@@ -158,6 +158,8 @@ def task_to_pb(task: Task) -> pb.Task:
         format="" if task.format == "recordio" else task.format,
         failures=task.failures,
         source=task.source,
+        order_key=task.order_key,
+        shuffle_window=task.shuffle_window,
     )
 
 
@@ -174,4 +176,6 @@ def task_from_pb(msg: pb.Task) -> Task:
         msg.format or "recordio",
         msg.failures,
         msg.source,
+        msg.order_key,
+        msg.shuffle_window,
     )

@@ -147,6 +147,12 @@ def _client_options(
     )
     if not options.session:
         raise ValueError("a Loader needs a session (commits, progress, equal steps)")
+    if options.reading.shuffle_buffer or options.reading.shuffle_seed is not None:
+        raise ValueError(
+            "Reading(shuffle_buffer=, shuffle_seed=) is the Client's buffer, which a Loader "
+            "does not use: a Loader reads records in the job's shuffled order when the master "
+            "has --shuffle-seed and --shuffle-window (docs/shuffle.md)"
+        )
     return options
 
 

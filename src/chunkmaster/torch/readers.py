@@ -11,6 +11,7 @@ DataLoader keeps taking every worker's batches.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,13 +19,18 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from chunkmaster.client.errors import TaskReadError
 from chunkmaster.client.files import OpenFiles
+from chunkmaster.client.interleave import Failed, Interleave
 from chunkmaster.client.options import Reading
 from chunkmaster.client.reading import TaskReader
+from chunkmaster.core.model import Task
 from chunkmaster.formats.storage import storage_for
 from chunkmaster.torch.batches import Batch, Batcher, Loose, ReadFailure
 from chunkmaster.torch.channel import LocalEnd, QueueEnd, WorkerEnds, key_of
 
 Item = Batch | Loose | ReadFailure
+
+#: The most tasks a worker of a shuffled job reads at once (interleave.py).
+MIX_TASKS = 8
 
 
 class Readers(IterableDataset[Item]):
@@ -76,22 +82,65 @@ class Readers(IterableDataset[Item]):
         batcher = Batcher(self.batch_size, self.collate)
         end.open()
         end.ask()
-        while True:
-            task = end.receive()
-            if task is None:
-                break
+        task = end.receive()
+        if task is not None and task.shuffle_window:
+            yield from self._mixed(end, reader, batcher, task)
+        while task is not None and not task.shuffle_window:
             end.ask()  # the next task comes while this one is read
-            key = key_of(task)
-            at = task.start
-            try:
-                for first, records, count in reader.runs(task):
-                    yield from batcher.add(key, first, records, self.transform)
-                    at = first + count
-            except TaskReadError as exc:
-                rest = batcher.rest()
-                if rest is not None:
-                    yield rest
-                yield ReadFailure(key, at, exc.reason)
+            yield from self._one(reader, batcher, task)
+            task = end.receive()
         rest = batcher.rest()
         if rest is not None:
             yield rest
+
+    def _one(self, reader: TaskReader, batcher: Batcher, task: Task) -> Iterator[Item]:
+        """One task's records in their order."""
+        key = key_of(task)
+        at = task.start
+        try:
+            for first, records, count in reader.runs(task):
+                yield from batcher.add(key, first, records, self.transform)
+                at = first + count
+        except TaskReadError as exc:
+            rest = batcher.rest()
+            if rest is not None:
+                yield rest
+            yield ReadFailure(key, at, exc.reason)
+
+    def _mixed(
+        self, end: LocalEnd | QueueEnd, reader: TaskReader, batcher: Batcher, task: Task
+    ) -> Iterator[Item]:
+        """The round's tasks of a shuffled job, read a few at a time and mixed (interleave.py):
+        at least two held while more come, up to MIX_TASKS while they hold fewer records than
+        the job's window. One task is always asked for ahead, as `_read` does."""
+        info = get_worker_info()
+        seed = f"{task.order_key}/{0 if info is None else info.id}"
+        mix = Interleave(random.Random(seed))
+        mix.add(key_of(task), task, reader.runs(task))
+        more, asked = True, False  # the round may bring more tasks; one is asked for
+        while True:
+            while more and (
+                len(mix) < 2 or (len(mix) < MIX_TASKS and mix.left < task.shuffle_window)
+            ):
+                if not asked:
+                    end.ask()
+                coming, asked = end.receive(), False
+                if coming is None:
+                    more = False
+                else:
+                    mix.add(key_of(coming), coming, reader.runs(coming))
+            if more and not asked:
+                end.ask()  # the next task comes while these are read
+                asked = True
+            drawn = mix.draw()
+            if drawn is None:  # every task held is read out
+                if not more:
+                    return
+                continue  # the task asked for comes (or None)
+            if isinstance(drawn, Failed):
+                rest = batcher.rest()
+                if rest is not None:
+                    yield rest
+                yield ReadFailure(drawn.key, drawn.at, drawn.error.reason)
+            else:
+                yield from batcher.add(drawn.key, drawn.first, iter(drawn.records), self.transform)
