@@ -5,7 +5,7 @@ Python loops over the same files, in the same run.
     .venv/bin/python bench/formats_bench.py --chunk-sizes 16KiB,32KiB,256KiB,4MiB --mb 50
 
 The second form measures what the master's --chunk-size costs for JSON Lines and text: at each
-size, the chunks and tasks of the dataset (at the default 10 chunks a task), the master's index
+size, the chunks and tasks of the dataset (at 10 chunks a task, given), the master's index
 pass in MB/s, and one trainer's records/s through a master started with that --chunk-size,
 beside the plain loop (below) in the same run.
 

@@ -64,7 +64,8 @@ class Master:
         with log.open("w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "chunkmaster", "master", "--port", "0", "--store",
-                 ":memory:", "--task-timeout-dur", "10m", "--ready-file", str(ready)],
+                 ":memory:", "--task-timeout-dur", "10m", "--chunk-per-task", "10",
+                 "--ready-file", str(ready)],
                 stdout=subprocess.DEVNULL, stderr=err,
             )  # fmt: skip
         self.addr = str(wait_ready(ready, self.proc, 60, log.read_text)["addr"])

@@ -36,7 +36,7 @@ from chunkmaster.master.readiness import wait_ready
 from chunkmaster.recordio import Compressor, Writer, scan
 
 CHUNK = 4 << 20
-CHUNKS_PER_TASK = 10  # the master's default
+CHUNKS_PER_TASK = 10  # given: PaddlePaddle's default, the master's before it chose one
 
 
 def make_files(directory: Path, size: int, total_mb: int, files: int = 4) -> tuple[list[str], int]:

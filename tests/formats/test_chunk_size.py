@@ -86,7 +86,7 @@ def test_status_warns_when_three_trainers_share_a_two_task_pass(
     tmp_path: Path, master_process: Any, trainers: Any
 ) -> None:
     path = write_records(tmp_path / "a.rio", [b"x" * 40] * 200, max_chunk_size=400)
-    m = master_process()  # 10 chunks a task
+    m = master_process("--chunk-per-task", "10")  # the master would choose a chunk a task
     with MasterConnection(m.addr, timeout=60) as c:
         c.set_dataset([str(path)])
         assert status_view(c.status()).num_tasks == 2

@@ -73,7 +73,7 @@ def test_sigterm_stops_gracefully_and_status_cli(tmp_path: Path) -> None:
         st = json.loads(out)
         assert {k: st[k] for k in ("cur_pass", "todo", "pending", "done", "failed")} == {
             "cur_pass": 0,
-            "todo": 1,
+            "todo": 3,  # no --chunk-per-task: the master's choice for 3 chunks, a task each
             "pending": 0,
             "done": 0,
             "failed": 0,
@@ -85,7 +85,7 @@ def test_sigterm_stops_gracefully_and_status_cli(tmp_path: Path) -> None:
             text=True,
             check=True,
         ).stdout
-        assert "pass     0: todo 1, pending 0, done 0, failed 0" in human
+        assert "pass     0: todo 3, pending 0, done 0, failed 0" in human
         assert master.terminate() == 0
         assert "stopped" in master.log()
     finally:

@@ -44,7 +44,9 @@ def test_moving_the_clock_past_a_deadline_times_the_task_out(tmp_path: Path) -> 
     clock = Clock()
 
     async def main() -> None:
-        async with started_service(data=[data], timeout_dur=3600.0, clock=clock) as svc:
+        async with started_service(
+            data=[data], timeout_dur=3600.0, clock=clock, chunks_per_task=10
+        ) as svc:  # one task of the 10 chunks
             await svc.get_task(0)
             await until(lambda: clock.idle_timers() == 1, "the timer to wait on the clock")
             clock.now += 3540.0

@@ -273,7 +273,9 @@ SETTINGS = (
         ("--chunk-per-task",),
         _env("CHUNK_PER_TASK"),
         "chunks per task (RecordIO/TFRecord chunks, Parquet row groups, JSON Lines/text "
-        "byte ranges); 0 or less means 1 (default 10)",
+        "byte ranges); 0 or less means 1. Default: the master chooses when it indexes the "
+        "dataset: the most chunks, up to 10, that still cut it into at least 64 tasks, else 1 "
+        "(a mixture: for its smallest source)",
     ),
     Setting(
         "chunk_size",

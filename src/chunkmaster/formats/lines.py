@@ -38,8 +38,8 @@ from chunkmaster.inflate import (
 
 CHUNK_SIZE = 32 << 10
 """Default bound on a chunk's bytes (a line longer than it is a chunk of its own; the master's
---chunk-size sets another). Small enough that a 1 MB file makes 31 chunks, so several tasks at
-the default 10 chunks a task (trainers share even a small dataset); large enough that indexing
+--chunk-size sets another). Small enough that a 1 MB file makes 31 chunks, so several tasks
+even at 10 chunks a task (trainers share even a small dataset); large enough that indexing
 and a trainer's per-chunk costs stay small (bench/formats_bench.py --chunk-sizes: JSON Lines
 reads as fast as at 4 MiB; text lines, a few microseconds of work each, pay for the dispatch
 of 100 times more tasks)."""

@@ -245,7 +245,8 @@ class MasterConfig:
     restore_replace: bool = False
     #: With `restore`: accept a checkpoint another job (`--job`) saved.
     restore_other_job: bool = False
-    chunks_per_task: int = DEFAULTS.chunks_per_task
+    #: None: the master chooses chunks per task for each dataset (core/task_size.py).
+    chunks_per_task: int | None = DEFAULTS.chunks_per_task
     #: The most bytes of a chunk the master cuts (JSON Lines, text, TFRecord, WebDataset);
     #: None: each format's default (formats' `chunk_size`).
     chunk_size: int | None = None

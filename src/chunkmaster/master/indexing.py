@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import DatasetError
 from chunkmaster.core.sizes import size_text
+from chunkmaster.core.task_size import chosen_chunks_per_task, chosen_text
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.master.daemon_threads import ItemTimeout, map_in_daemon_threads
 from chunkmaster.master.patterns import (
@@ -100,14 +101,15 @@ class IndexSettings:
 
 def load_dataset(
     globs: Sequence[str],
-    chunks_per_task: int,
+    chunks_per_task: int | None,
     settings: IndexSettings | None = None,
     fmt: str | None = None,
 ) -> Dataset:
     """Expand `globs` and read every file's chunk index (headers or footers only), in
     parallel, as `settings` say (None: the defaults). `fmt` names the files' format (default:
     by their names). Local patterns are kept absolute (absolute_pattern), so the dataset's
-    files are too, whatever the trainers' working directories."""
+    files are too, whatever the trainers' working directories. `chunks_per_task` None: the
+    master's choice for the dataset's chunks (core/task_size.py)."""
     from chunkmaster.formats import get_format
 
     s = settings or IndexSettings()
@@ -121,6 +123,9 @@ def load_dataset(
     bound = chunk_size_for(fmt, s.chunk_size)
     indexed = _index_files(files, get_format(fmt), bound, s, remote)
     indexes = [ix for ix, _ in indexed]
+    chosen = chunks_per_task is None
+    if chunks_per_task is None:
+        chunks_per_task = chosen_chunks_per_task(sum(len(ix.offsets) for ix in indexes))
     dataset = Dataset.build(
         globs,
         files,
@@ -137,7 +142,7 @@ def load_dataset(
             f"no valid dataset specified: the {len(files)} matched file(s) hold no records"
         )
     log.info(
-        "dataset: %d %s files, %d chunks%s, %d records, %d tasks of up to %d chunks",
+        "dataset: %d %s files, %d chunks%s, %d records, %d tasks of up to %d chunks%s",
         len(files),
         fmt,
         dataset.num_chunks,
@@ -145,6 +150,7 @@ def load_dataset(
         dataset.num_records,
         dataset.num_tasks,
         dataset.chunks_per_task,
+        f" ({chosen_text(dataset.chunks_per_task)})" if chosen else "",
     )
     return dataset
 

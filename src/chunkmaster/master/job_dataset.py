@@ -12,6 +12,7 @@ the first call's: later weights come with `set_weights`, which this part also ha
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ from chunkmaster.core.mixture import (
 )
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.reconcile import KEEP_REFUSED
+from chunkmaster.core.task_size import chosen_text
 from chunkmaster.master.daemon_threads import in_daemon_thread
 from chunkmaster.master.indexing import IndexSettings, load_dataset
 from chunkmaster.master.ledger import Ledger
@@ -126,25 +128,30 @@ class JobDataset:
         self._loading_key: object = None
 
     async def index(
-        self, globs: Sequence[str], chunks_per_task: int, dataset_format: str | None
+        self, globs: Sequence[str], chunks_per_task: int | None, dataset_format: str | None
     ) -> Dataset:
         """Index the files of `globs` with this master's settings (its storage options, chunk
-        size, inflation bound and data roots), seeded with its shuffle seed and window."""
+        size, inflation bound and data roots), seeded with its shuffle seed and window;
+        `chunks_per_task` None: the master's choice (core/task_size.py)."""
         s = self._settings
         return (await self._index(globs, chunks_per_task, dataset_format)).with_shuffle(
             s.shuffle_seed, s.shuffle_window
         )
 
     async def _index(
-        self, globs: Sequence[str], chunks_per_task: int, dataset_format: str | None
+        self, globs: Sequence[str], chunks_per_task: int | None, dataset_format: str | None
     ) -> Dataset:
         return await in_daemon_thread(
             load_dataset, list(globs), chunks_per_task, self._indexing, dataset_format
         )
 
-    async def index_mixture(self, sources: Sequence[SourceSpec], chunks_per_task: int) -> Dataset:
+    async def index_mixture(
+        self, sources: Sequence[SourceSpec], chunks_per_task: int | None
+    ) -> Dataset:
         """Index each source as a dataset of its own (`chunks_per_task` a task within each),
-        and blend them, seeded with this master's shuffle seed and window."""
+        and blend them, seeded with this master's shuffle seed and window. `chunks_per_task`
+        None: the master's choice for the smallest source, for every source (a mixture has one
+        chunks per task), so each source makes as many tasks as the rule gives it or more."""
         parts = []
         for s in sources:
             fmt = s.format or self._settings.dataset_format
@@ -153,6 +160,15 @@ class JobDataset:
             except DatasetError as exc:
                 raise type(exc)(f"source {s.name!r}: {exc}") from None
             parts.append((s.name, part, s.weight))
+        if chunks_per_task is None:
+            cpt = min(p.chunks_per_task for _, p, _ in parts)  # the rule grows with the chunks
+            parts = [(n, dataclasses.replace(p, chunks_per_task=cpt), w) for n, p, w in parts]
+            log.info(
+                "mixture of %d sources cut at %d chunk(s) a task, its smallest source's (%s)",
+                len(parts),
+                cpt,
+                chosen_text(cpt),
+            )
         settings = self._settings
         return Dataset.mix(parts).with_shuffle(settings.shuffle_seed, settings.shuffle_window)
 

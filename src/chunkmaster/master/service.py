@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from chunkmaster.core.dataset import effective_chunks_per_task
 from chunkmaster.core.events import Finish, StopJob
 from chunkmaster.core.model import Task, TaskMeta
 from chunkmaster.core.reconcile import reconcile
@@ -145,7 +146,18 @@ class Service:
             f"{ds.num_tasks} tasks of up to {ds.chunks_per_task} chunks{seed}); pass "
             f"{st.cur_pass}: {len(st.todo)} todo, {len(st.pending)} pending, {len(st.done)} "
             f"done, {len(st.failed)} failed; {sessions}; equal steps {st.steps.mode.value}"
-            f"{stopped}"
+            f"{stopped}{self._cut_note(ds.chunks_per_task)}"
+        )
+
+    def _cut_note(self, cpt: int) -> str:
+        """A --chunk-per-task other than the journaled dataset's: it is for a new dataset only
+        (a job's tasks are cut once, when its dataset is set)."""
+        given = self.settings.chunks_per_task
+        if given is None or effective_chunks_per_task(given) == cpt:
+            return ""
+        return (
+            f"; --chunk-per-task {given} does not recut it (its tasks were cut when it was "
+            "set); it applies to a new job's dataset"
         )
 
     async def close(self) -> None:

@@ -37,7 +37,9 @@ class Settings:
     """Everything the service runs by. Durations are seconds."""
 
     job: str = "default"
-    chunks_per_task: int = 10
+    #: Chunks a task (`--chunk-per-task`); None: the master chooses for each dataset it
+    #: indexes (core/task_size.py), and journals its choice with the dataset.
+    chunks_per_task: int | None = None
     #: The most bytes of a chunk the master cuts (line formats, TFRecord, WebDataset); None:
     #: each format's default.
     chunk_size: int | None = None
