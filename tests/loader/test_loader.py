@@ -216,15 +216,24 @@ def test_a_trainer_killed_after_a_commit_resumes_from_its_checkpoint_exactly_onc
         assert counts == [1] * n, f"pass {p}: {Counter(counts)}"
 
 
-@pytest.mark.parametrize("kill_master", [False, True], ids=["", "master-killed"])
+@pytest.mark.parametrize(
+    ("kill_master", "flags"),
+    [
+        (False, ()),
+        (True, ()),
+        (True, ("--shuffle-seed", "3", "--shuffle-window", "50", "--chunk-per-task", "4")),
+    ],
+    ids=["", "master-killed", "master-killed-shuffled"],
+)
 def test_two_trainer_processes_read_every_record_once_per_pass(
-    tmp_path: Path, master_process: Any, kill_master: bool
+    tmp_path: Path, master_process: Any, kill_master: bool, flags: tuple[str, ...]
 ) -> None:
     """Two trainer processes, each a Loader with two persistent workers, three passes; with
-    the master SIGKILLed and started again in the middle of the first pass."""
+    the master SIGKILLed and started again in the middle of the first pass; and so with the
+    job's record shuffle (windows of 50 records across the chunks of 4-chunk tasks)."""
     n = 500
     write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(n)], max_chunk_size=60)
-    m = master_process("--chunk-per-task", "1")
+    m = master_process(*(flags or ("--chunk-per-task", "1")))
     args = ["--addr", m.addr, "--dataset", str(tmp_path / "d.rio"), "--records", str(n)]
     args += ["--passes", "3", "--transform", "slow_record_id" if kill_master else "record_id"]
     procs = {name: trainer(tmp_path, name, *args, "--name", name) for name in ("a", "b")}
