@@ -30,7 +30,7 @@ from helpers.torch_parts import ids_of, record_id, slow_record_id
 from helpers.waits import wait_for
 
 from chunkmaster.cli.status_cmd import render
-from chunkmaster.client import Session
+from chunkmaster.client import Reading, Session
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.master.metrics import StateCollector
 from chunkmaster.recordio import load_index
@@ -320,6 +320,9 @@ def test_a_loader_refuses_what_it_cannot_keep(tmp_path: Path) -> None:
         Loader("127.0.0.1:1", session=False)
     with pytest.raises(ValueError, match="batch_size"):
         Loader("127.0.0.1:1", batch_size=0)
+    for reading in (Reading(shuffle_buffer=500), Reading(shuffle_seed=3)):
+        with pytest.raises(ValueError, match="--shuffle-window"):  # never silently ignored
+            Loader("127.0.0.1:1", reading=reading)
     loader = Loader("127.0.0.1:1")
     with pytest.raises(ValueError, match="not a chunkmaster"):
         loader.load_state_dict({"model": 1})
