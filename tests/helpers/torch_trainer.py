@@ -4,7 +4,8 @@ step and, with --checkpoint, the model and the loader's state saved together eve
 
     python torch_trainer.py --addr A --dataset PATTERN --records N --passes P --out FILE
         [--workers 2] [--batch-size 8] [--prefetch-factor 2] [--checkpoint FILE --save-every K]
-        [--die-at-step S] [--transform record_id|slow_record_id] [--name NAME]
+        [--die-at-step S] [--transform record_id|slow_record_id|worker_and_head_id]
+        [--name NAME]
         [--restore-key KEY] [--break-to-save]
         [--context fork|spawn|forkserver] [--not-persistent]
 
@@ -81,12 +82,16 @@ def main() -> None:
         counts, step = state["counts"], state["step"]
         loader.load_state_dict(state["loader"])
     died = Path(f"{args.checkpoint}.died") if args.checkpoint else None
+    workers: set[int] = set()  # the DataLoader workers whose records were trained on
     first = int(loader.client.status()["cur_pass"])  # type: ignore[call-overload]
     for p in range(first, args.passes):
         loader.set_pass(p)
         read_to_end = False
         while not read_to_end:  # with --break-to-save, the loop is left before each save
             for batch in loader:
+                if args.transform == "worker_and_head_id":  # rows of [record, worker]
+                    workers.update(int(w) for w in batch[:, 1].tolist())
+                    batch = batch[:, 0]
                 ids = torch_parts.ids_of(batch)
                 for i in ids:
                     counts[p, i] += 1  # "training" on the batch
@@ -110,7 +115,13 @@ def main() -> None:
             save(ckpt, counts, step, loader)  # after a break: the loop's batches, no more
         loader.commit()  # the pass's last batches (a no-op when nothing is left to commit)
     Path(args.out).write_text(
-        json.dumps({"counts": counts.tolist(), "read_errors": loader.read_errors})
+        json.dumps(
+            {
+                "counts": counts.tolist(),
+                "read_errors": loader.read_errors,
+                "workers": sorted(workers),
+            }
+        )
     )
     loader.close()
 

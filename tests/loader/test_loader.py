@@ -26,6 +26,7 @@ pytest.importorskip("torch")
 from helpers.datasets import write_records
 from helpers.formats import write_parquet
 from helpers.inproc import InProcessMaster
+from helpers.status_view import master_status_view
 from helpers.torch_parts import ids_of, record_id, slow_record_id
 from helpers.waits import wait_for
 
@@ -416,3 +417,29 @@ def test_the_loader_takes_the_clients_options_grouped_and_warns_at_the_flat_ones
     ):
         assert sorted(int(r) for r in L) == list(range(40))
         assert [t["name"] for t in m.status()["trainers"]] == ["grouped"]
+
+
+def test_a_dataset_at_every_default_keeps_two_trainers_of_four_workers_busy(
+    tmp_path: Path, master_process: Any
+) -> None:
+    """Issue 29: 200 MB in 10 files written with the writer's defaults (one 20 MB chunk each)
+    and a master with no flag: enough tasks that every DataLoader worker of two 4-worker
+    trainers reads (at 10 chunks a task, the old default, it was one task: one worker read)."""
+    n, per_file = 3200, 320
+    for f in range(10):
+        ids = range(f * per_file, (f + 1) * per_file)
+        write_records(
+            tmp_path / f"part-{f}.rio",
+            [i.to_bytes(8, "big") + bytes(65528) for i in ids],
+            max_chunk_size=32 << 20,
+        )
+    m = master_process()
+    args = ["--addr", m.addr, "--dataset", str(tmp_path / "part-*.rio"), "--records", str(n)]
+    args += ["--passes", "1", "--workers", "4", "--transform", "worker_and_head_id"]
+    procs = {name: trainer(tmp_path, name, *args, "--name", name) for name in ("a", "b")}
+    reports = {name: finish(tmp_path, name, proc) for name, proc in procs.items()}
+    assert master_status_view(m.addr).num_tasks == 10
+    for name, report in reports.items():
+        assert report["workers"] == [0, 1, 2, 3], f"trainer {name}: workers that read"
+    total = [a + b for a, b in zip(*(r["counts"][0] for r in reports.values()), strict=True)]
+    assert total == [1] * n

@@ -326,11 +326,12 @@ class Passes:
             dropped = [] if self.reader is None else self.reader.drop_held()
             if self._feed is not None:
                 dropped += self._feed.lose_stock()
-            lost = self.progress.lose_held()
+            held = self.progress.held_ids()
+            self.progress.lose_held()
             self.run_iter = _EMPTY_ITER
             self.run_next = _EMPTY_ITER.__next__
             self.cond.notify_all()
-        ids = sorted({t.meta.id for t in dropped} | {p.task_id for p in lost})
+        ids = sorted({t.meta.id for t in dropped} | set(held))
         if ids:
             log.warning(
                 "tasks %s went to other trainers while this one was away: dropped unread; "

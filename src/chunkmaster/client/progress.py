@@ -119,20 +119,22 @@ class PositionTracker:
         """The task failed here (a chunk could not be read): it is no longer this trainer's."""
         self._forget(task)
 
-    def lose_held(self) -> list[Position]:
+    def held_ids(self) -> list[int]:
+        """The IDs of the tasks held here (read, being read or waiting for a reader)."""
+        return [held.task.meta.id for held in self._held.values()]
+
+    def lose_held(self) -> None:
         """The session ended on the master: every held task went to other trainers. They are
         no longer tracked; where they were consumed to (since their last commit) stays for
         the next commit, which the master refuses: the model holds records of them that are
-        delivered again. Those positions."""
+        delivered again."""
         self._close_run()
-        lost = [
+        self._owed += [
             held.at(pos)
             for held in self._held.values()
             if (pos := self.position(held)) > max(held.committed, held.task.start)
         ]
         self._held.clear()
-        self._owed += lost
-        return lost
 
     def _forget(self, task: Task) -> HeldTask | None:
         run = self._run

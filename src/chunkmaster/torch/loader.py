@@ -330,11 +330,11 @@ class Loader:
             cur = client.status().get("cur_pass")
             pass_id = cur if isinstance(cur, int) else 0
             log.info("this loader's iteration reads pass %d (%s)", pass_id, _why_pass(pass_id))
-        stock = self.num_workers + 1
+        stock = 1
         # A loop left (a `break`) at the pass's last batch finds it over when it comes back:
         # that is its end, not a pass it missed.
         joined = self._completed == pass_id - 1 or self._took_part == pass_id
-        feed = client.feed(pass_id, stock=max(2, stock), joined=joined)
+        feed = client.feed(pass_id, stock=stock, joined=joined)
         return self._run(feed)
 
     def _run(self, feed: PassFeed) -> Iterator[Any]:

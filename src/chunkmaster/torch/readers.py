@@ -75,12 +75,11 @@ class Readers(IterableDataset[Item]):
         )
         batcher = Batcher(self.batch_size, self.collate)
         end.open()
-        end.ask()
         while True:
+            end.ask()  # one task at a time: a rank holds no more than its workers read
             task = end.receive()
             if task is None:
                 break
-            end.ask()  # the next task comes while this one is read
             key = key_of(task)
             at = task.start
             try:
