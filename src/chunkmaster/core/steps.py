@@ -495,6 +495,41 @@ def restart(state: Pass) -> None:
     st.ahead = {}
 
 
+def restored_ranges(state: Pass, pass_id: int, task: int, ranges: list[tuple[int, int]]) -> int:
+    """A data checkpoint's committed `ranges` of `task` beyond its prefix in `pass_id` wait in
+    `ahead` again, as they did when it was taken; the records they hold."""
+    if not ranges:
+        return 0
+    waiting = state.steps.ahead.setdefault((pass_id, task), {})
+    for start, end in ranges:
+        waiting[start] = max(waiting.get(start, start), end)
+    return sum(end - start for start, end in ranges)
+
+
+def split_tasks(state: Pass) -> dict[int, list[tuple[int, int]]]:
+    """The tasks of this pass with committed ranges beyond their prefix (a restore's): each
+    one's ranges, in order."""
+    cur = state.cur_pass
+    return {t: sorted(r.items()) for (p, t), r in state.steps.ahead.items() if p == cur and r}
+
+
+def queue_gaps(state: Pass, task: int, ranges: list[tuple[int, int]]) -> list[int]:
+    """The pieces that deliver what `task` still needs in this pass: the gaps from its prefix
+    to its committed `ranges`, between them and after the last to its end. Committing them
+    joins the ranges to the prefix, and the task is done once they are finished, as when
+    equal steps split it (pieces work with equal steps off as well)."""
+    at = state.commits.get(state.cur_pass, {}).get(task, 0)
+    units = []
+    for start, end in ranges:
+        if start > at:
+            units.append(_new_piece(state, UnitId(task), at, start))
+        at = max(at, end)
+    total = state.task_records(task)
+    if at < total:
+        units.append(_new_piece(state, UnitId(task), at, total))
+    return units
+
+
 def new_pass(state: Pass) -> None:
     """A pass begins: its trainers are fixed at its first dispatch."""
     st = state.steps
