@@ -14,7 +14,9 @@ mid-pass gives its quota back: the quota of the others is computed again from wh
 
 Committed positions are kept per task as a prefix: a piece committed before the pieces ahead
 of it waits in `ahead` and joins the prefix when they are committed. Dropped records count as
-committed for the data position (they are not delivered again in that pass).
+committed for the data position (they are not delivered again in that pass). A data checkpoint
+keeps what waits; a restore puts it back (`restored_ranges`) and queues only the gaps before
+it, as pieces (`queue_gaps`), so none of it is delivered again.
 
 Everything here is applied by core/state.py inside `apply`: no clocks, no I/O. It sees the
 state through one seam, `Pass`: the pass's queues and positions, its holders and sessions,
@@ -488,7 +490,8 @@ def _forget_members(st: StepsState) -> None:
 
 def restart(state: Pass) -> None:
     """A restore: the pass starts again, fixed at its first dispatch; pieces are forgotten
-    (their IDs are never used again) and so are commits waiting for the pieces before them."""
+    (their IDs are never used again) and so are commits waiting for the pieces before them
+    (the restore puts back those its checkpoint holds: `restored_ranges`)."""
     st = state.steps
     _forget_members(st)
     st.pieces = {}
