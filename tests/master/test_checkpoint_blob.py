@@ -166,7 +166,7 @@ def checkpoints(draw: st.DrawFn) -> DataCheckpoint:
         partial = {t: draw(st.integers(1, 2**64 - 1)) for t in tasks[cut:]}
         ranges = {}
         for t in draw(st.lists(st.integers(0, max(0, ds.num_tasks - 1)), unique=True)):
-            if t in tasks[:cut] or not ds.num_tasks or partial.get(t, 0) >= 2**64 - 9:
+            if t in tasks[:cut] or not ds.num_tasks or partial.get(t, 0) >= 2**64 - 16:
                 continue
             at = partial.get(t, 0) + draw(st.integers(1, 3))
             spans = []
@@ -353,6 +353,8 @@ def test_committed_ranges_beyond_a_prefix_round_trip_in_version_5() -> None:
     assert struct.unpack_from("<I", blob, 8)[0] == VERSION_RANGES
     assert decode(blob) == cp
     assert parts(blob)[0]["ranges"] == [[2, 1, 9, 12], [2, 1, 15, 20], [2, 4, 3, 5]]
+    assert describe(cp)["passes"][0]["tasks_with_ranges_ahead"] == 2  # checkpoint show
+    assert "tasks_with_ranges_ahead" not in describe(checkpoint())["passes"][0]
     assert struct.unpack_from("<I", encode(checkpoint()), 8)[0] == VERSION
 
 
