@@ -30,7 +30,7 @@ records/s through a 10,000-record client shuffle buffer.
 Rounds alternate baseline and shuffled runs in the same master; the medians of the rounds are
 reported (the machine is shared and noisy).
 
-    .venv/bin/python bench/shuffle_bench.py [--rounds 3] [--seconds 5]
+    .venv/bin/python bench/shuffle_bench.py [--rounds 3] [--seconds 5] [--parts window]
 """
 
 from __future__ import annotations
@@ -189,24 +189,17 @@ def window_rates(root: Path, rounds: int, size: int) -> tuple[list[float], list[
     return rates
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="shuffle-bench-"))
-    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]}", flush=True)
+def dispatch_part(root: Path, rounds: int, seconds: float) -> None:
+    """1. The master's dispatch rate and CPU with and without a seed, and the core's share."""
     base: list[float] = []
     seeded: list[float] = []
     base_cpu: list[float] = []
     seeded_cpu: list[float] = []
-    for r in range(args.rounds):
-        rate, cpu = dispatch_rate(root, None, args.seconds)
+    for r in range(rounds):
+        rate, cpu = dispatch_rate(root, None, seconds)
         base.append(rate)
         base_cpu.append(cpu)
-        rate, cpu = dispatch_rate(root, 7, args.seconds)
+        rate, cpu = dispatch_rate(root, 7, seconds)
         seeded.append(rate)
         seeded_cpu.append(cpu)
         row = {"round": r, "plain": round(base[-1]), "seeded": round(seeded[-1])}
@@ -214,21 +207,13 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     core_plain: list[float] = []
     core_seeded: list[float] = []
-    for _ in range(5 * args.rounds):
+    for _ in range(5 * rounds):
         core_plain.append(core_cycle_us(None, 3000))
         core_seeded.append(core_cycle_us(7, 3000))
-    plain, shuffled = buffer_rates(root, args.rounds)
-    print(
-        json.dumps(
-            {"plain_rps": [round(x) for x in plain], "buffer_rps": [round(x) for x in shuffled]}
-        )
-    )
-
     ratios = [s / b for s, b in zip(seeded, base, strict=True)]
-    print()
     print(
         f"dispatch cycles/s ({CHUNKS} chunks, {CPT} a task, {CLIENTS} clients, in-memory store), "
-        f"median of {args.rounds} rounds:"
+        f"median of {rounds} rounds:"
     )
     print(f"  without --shuffle-seed  {statistics.median(base):10.0f}")
     print(f"  with --shuffle-seed     {statistics.median(seeded):10.0f}")
@@ -244,21 +229,53 @@ def main() -> None:
         f"{statistics.median(core_plain):.1f} us without, {statistics.median(core_seeded):.1f}"
         f" us with a seed (median of {len(core_plain)} alternating windows)"
     )
+
+
+def buffer_part(root: Path, rounds: int) -> None:
+    """2. One trainer's records/s through the client's shuffle buffer, and without."""
+    plain, shuffled = buffer_rates(root, rounds)
     buf_ratios = [s / p for s, p in zip(shuffled, plain, strict=True)]
-    print(f"one trainer's records/s ({RECORDS} records of 32 bytes), median of {args.rounds}:")
+    print(f"one trainer's records/s ({RECORDS} records of 32 bytes), median of {rounds}:")
     print(f"  no shuffle buffer        {statistics.median(plain):10.0f}")
     print(f"  shuffle_buffer={BUFFER}   {statistics.median(shuffled):10.0f}")
     print(f"  ratio (median of rounds) {statistics.median(buf_ratios):.2f}x")
+
+
+def window_part(root: Path, rounds: int) -> None:
+    """3. One trainer's records/s with the job's shuffle window, and in file order."""
     for size in (100, 1024, 65536):
-        plain, windowed = window_rates(root, args.rounds, size)
+        plain, windowed = window_rates(root, rounds, size)
         ratios = [w / p for w, p in zip(windowed, plain, strict=True)]
         print(
             f"one trainer's records/s, {window_records(size)} records of {size} bytes in the "
-            f"writer's default chunks, --shuffle-seed 7, median of {args.rounds}:"
+            f"writer's default chunks, --shuffle-seed 7, median of {rounds}:"
         )
         print(f"  file order               {statistics.median(plain):10.0f}")
         print(f"  --shuffle-window {WINDOW}  {statistics.median(windowed):10.0f}")
         print(f"  ratio (median of rounds) {statistics.median(ratios):.2f}x  (target >= 0.9x)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument(
+        "--parts", default="dispatch,buffer,window", help="which of the three to run (comma list)"
+    )
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if unknown := parts - {"dispatch", "buffer", "window"}:
+        ap.error(f"--parts: no part called {', '.join(sorted(unknown))}")
+    root = Path(tempfile.mkdtemp(prefix="shuffle-bench-"))
+    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]}", flush=True)
+    if "dispatch" in parts:
+        dispatch_part(root, args.rounds, args.seconds)
+    if "buffer" in parts:
+        buffer_part(root, args.rounds)
+    if "window" in parts:
+        window_part(root, args.rounds)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from helpers.torch_parts import ids_of, record_id, slow_record_id
 from helpers.waits import wait_for
 
 from chunkmaster.cli.status_cmd import render
-from chunkmaster.client import Session
+from chunkmaster.client import Reading, Session
 from chunkmaster.client.connection import MasterConnection
 from chunkmaster.master.metrics import StateCollector
 from chunkmaster.recordio import load_index
@@ -216,15 +216,24 @@ def test_a_trainer_killed_after_a_commit_resumes_from_its_checkpoint_exactly_onc
         assert counts == [1] * n, f"pass {p}: {Counter(counts)}"
 
 
-@pytest.mark.parametrize("kill_master", [False, True], ids=["", "master-killed"])
+@pytest.mark.parametrize(
+    ("kill_master", "flags"),
+    [
+        (False, ()),
+        (True, ()),
+        (True, ("--shuffle-seed", "3", "--shuffle-window", "50", "--chunk-per-task", "4")),
+    ],
+    ids=["", "master-killed", "master-killed-shuffled"],
+)
 def test_two_trainer_processes_read_every_record_once_per_pass(
-    tmp_path: Path, master_process: Any, kill_master: bool
+    tmp_path: Path, master_process: Any, kill_master: bool, flags: tuple[str, ...]
 ) -> None:
     """Two trainer processes, each a Loader with two persistent workers, three passes; with
-    the master SIGKILLed and started again in the middle of the first pass."""
+    the master SIGKILLed and started again in the middle of the first pass; and so with the
+    job's record shuffle (windows of 50 records across the chunks of 4-chunk tasks)."""
     n = 500
     write_records(tmp_path / "d.rio", [b"%06d" % i for i in range(n)], max_chunk_size=60)
-    m = master_process("--chunk-per-task", "1")
+    m = master_process(*(flags or ("--chunk-per-task", "1")))
     args = ["--addr", m.addr, "--dataset", str(tmp_path / "d.rio"), "--records", str(n)]
     args += ["--passes", "3", "--transform", "slow_record_id" if kill_master else "record_id"]
     procs = {name: trainer(tmp_path, name, *args, "--name", name) for name in ("a", "b")}
@@ -311,6 +320,9 @@ def test_a_loader_refuses_what_it_cannot_keep(tmp_path: Path) -> None:
         Loader("127.0.0.1:1", session=False)
     with pytest.raises(ValueError, match="batch_size"):
         Loader("127.0.0.1:1", batch_size=0)
+    for reading in (Reading(shuffle_buffer=500), Reading(shuffle_seed=3)):
+        with pytest.raises(ValueError, match="--shuffle-window"):  # never silently ignored
+            Loader("127.0.0.1:1", reading=reading)
     loader = Loader("127.0.0.1:1")
     with pytest.raises(ValueError, match="not a chunkmaster"):
         loader.load_state_dict({"model": 1})

@@ -155,7 +155,8 @@ def _add_reading_flags(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="hand records out in a random order drawn from a buffer of N records, across "
-        "the tasks held (default 0: off; not with --task-lines); see docs/shuffle.md",
+        "the tasks held (default 0: off; not with --task-lines); a job whose master has "
+        "--shuffle-window is read in its shuffled order anyway; see docs/shuffle.md",
     )
     p.add_argument(
         "--shuffle-seed",
