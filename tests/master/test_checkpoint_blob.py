@@ -23,6 +23,7 @@ from chunkmaster.cli.checkpoint_cmd import describe
 from chunkmaster.core.checkpoint import (
     MAGIC,
     VERSION,
+    VERSION_RANGES,
     VERSION_SHUFFLED,
     VERSION_WINDOWED,
     CheckpointError,
@@ -163,7 +164,17 @@ def checkpoints(draw: st.DrawFn) -> DataCheckpoint:
         )
         cut = draw(st.integers(0, len(tasks)))
         partial = {t: draw(st.integers(1, 2**64 - 1)) for t in tasks[cut:]}
-        passes.append(PassCommits(pass_id, frozenset(tasks[:cut]), partial))
+        ranges = {}
+        for t in draw(st.lists(st.integers(0, max(0, ds.num_tasks - 1)), unique=True)):
+            if t in tasks[:cut] or not ds.num_tasks or partial.get(t, 0) >= 2**64 - 16:
+                continue
+            at = partial.get(t, 0) + draw(st.integers(1, 3))
+            spans = []
+            for _ in range(draw(st.integers(1, 2))):
+                spans.append((at, at + draw(st.integers(1, 3))))
+                at = spans[-1][1] + draw(st.integers(1, 3))
+            ranges[t] = tuple(spans)
+        passes.append(PassCommits(pass_id, frozenset(tasks[:cut]), partial, ranges))
         pass_id += draw(st.integers(1, 3))
     created = draw(st.floats(0, 253402300799.0))  # up to the end of year 9999
     return DataCheckpoint(draw(jobs), created, fp, ds.num_tasks, floor, tuple(passes))
@@ -305,8 +316,9 @@ def test_foreign_files_are_refused(tmp_path: Path) -> None:
 
 def test_a_future_version_is_refused_naming_the_version_read() -> None:
     head, sections = parts(encode(checkpoint()))
-    msg = refused(seal(head, sections, version=5), "version 5 is not supported")
-    assert f"reads versions {VERSION}, {VERSION_SHUFFLED}, 3 and {VERSION_WINDOWED}" in msg
+    msg = refused(seal(head, sections, version=6), "version 6 is not supported")
+    assert f"reads versions {VERSION}, {VERSION_SHUFFLED}, 3, {VERSION_WINDOWED} and 5" in msg
+    refused(seal(head, sections, version=VERSION_RANGES), "committed ranges disagree")
     msg = refused(seal(head, sections, version=VERSION_SHUFFLED), "shuffle seed disagree")
     refused(seal(head, sections, version=VERSION_WINDOWED), "shuffle window disagree")
     assert decode(seal(head, sections)) == checkpoint()  # `seal` follows the documented layout
@@ -329,6 +341,59 @@ def with_pass(entry: list[int], section: bytes, edit: dict[str, Any] | None = No
     head["passes"] = [entry]
     head.update(edit or {})
     return seal(head, section)
+
+
+def test_committed_ranges_beyond_a_prefix_round_trip_in_version_5() -> None:
+    """Ranges a split task committed beyond its prefix are kept (VERSION_RANGES, which an
+    older build refuses rather than drop them); without them a checkpoint keeps its version."""
+    cp = checkpoint(
+        (PassCommits(2, frozenset({0}), {1: 7}, {1: ((9, 12), (15, 20)), 4: ((3, 5),)}),)
+    )
+    blob = encode(cp)
+    assert struct.unpack_from("<I", blob, 8)[0] == VERSION_RANGES
+    assert decode(blob) == cp
+    assert parts(blob)[0]["ranges"] == [[2, 1, 9, 12], [2, 1, 15, 20], [2, 4, 3, 5]]
+    assert describe(cp)["passes"][0]["tasks_with_ranges_ahead"] == 2  # checkpoint show
+    assert "tasks_with_ranges_ahead" not in describe(checkpoint())["passes"][0]
+    assert struct.unpack_from("<I", encode(checkpoint()), 8)[0] == VERSION
+
+
+def with_ranges(ranges: Any, partial_of: list[tuple[int, int]] | None = None) -> bytes:
+    """A pass 2 with task 0 whole, the partial commits given (task 1 to 7 by default), and
+    `ranges` as the header's, sealed as version 5."""
+    items = [(1, 7)] if partial_of is None else partial_of
+    head, _ = parts(encode(checkpoint(())))
+    head["passes"] = [[2, 1, len(bitmap({0})), len(items)]]
+    head["ranges"] = ranges
+    return seal(head, bitmap({0}) + partial(items), VERSION_RANGES)
+
+
+@pytest.mark.parametrize(
+    ("ranges", "words"),
+    [
+        ([[2, 1, 7, 9]], "not after record 7"),  # at the prefix: it would be part of it
+        ([[2, 1, 3, 9]], "not after record 7"),
+        ([[2, 1, 9, 9]], "is empty"),
+        ([[2, 1, 9, 12], [2, 1, 11, 14]], "not after record 12"),  # overlapping
+        ([[2, 1, 12, 14], [2, 1, 9, 11]], "not ascending"),
+        ([[2, 0, 3, 5]], "wholly committed"),
+        ([[2, 6, 3, 5]], "not in 0..5"),
+        ([[3, 1, 9, 12]], "pass 3, which has no entry"),
+        ([[2, 1, 9]], "committed range is not a list of 4"),
+        ([[2, 1, 9, "x"]], "committed range field"),
+        ({"2": 1}, "ranges is not a list"),
+        ([], "committed ranges disagree"),  # version 5 without any
+    ],
+)
+def test_inconsistent_committed_ranges_are_refused(ranges: Any, words: str) -> None:
+    refused(with_ranges(ranges), "inconsistent data checkpoint", words)
+
+
+def test_committed_ranges_must_lie_within_their_task() -> None:
+    cp = decode(with_ranges([[2, 1, 9, 20], [2, 2, 1, 21]]))
+    with pytest.raises(CheckpointError, match="task 2 has 20 records, so a range committed up"):
+        check_restorable(cp, dataset())
+    check_restorable(decode(with_ranges([[2, 1, 9, 20]])), dataset())
 
 
 def test_a_hand_sealed_pass_decodes() -> None:

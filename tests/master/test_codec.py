@@ -166,10 +166,14 @@ def test_replay_and_snapshot_agree(ops: list[tuple[str, int]]) -> None:
 @settings(max_examples=60, deadline=None)
 @given(
     mode=st.sampled_from(["drop", "pad"]),
-    ops=st.lists(st.tuples(st.sampled_from("DDDFFXOEPKQ"), st.integers(0, 9)), max_size=100),
+    ops=st.lists(st.tuples(st.sampled_from("DDDFFXOEPKQR"), st.integers(0, 9)), max_size=100),
 )
 def test_replay_and_snapshot_agree_with_equal_steps(mode: str, ops: list[tuple[str, int]]) -> None:
-    """Equal steps (pieces, quotas, drops, pads, trainers lost) replay and load exactly."""
+    """Equal steps (pieces, quotas, drops, pads, trainers lost, restores of ranges committed
+    beyond a split task's prefix) replay and load exactly."""
+    from chunkmaster.core.events import Restore
+    from chunkmaster.core.state import committed_position, committed_ranges
+
     live, journal = MasterState(), []
     first = [EqualSteps(mode), SetDataset(ds(9))]
     first += [OpenSession(f"s{i}", f"t{i}", "h", i, 0, f"CN=t{i % 2}") for i in range(3)]
@@ -194,6 +198,10 @@ def test_replay_and_snapshot_agree_with_equal_steps(mode: str, ops: list[tuple[s
             ev = Commit(held(live, x))
         elif kind == "Q":
             ev = EqualSteps(["off", "drop", "pad"][x % 3])
+        elif kind == "R":
+            floor, commits = committed_position(live)
+            key = f"k{len(journal)}"
+            ev = Restore(floor, commits, key, key, ranges=committed_ranges(live))
         elif not live.pending:
             continue
         else:
@@ -310,6 +318,25 @@ def test_a_mixtures_entries_and_snapshots_refuse_older_readers() -> None:
     apply(plain, SetDataset(ds(9)))
     assert unpack(encode_snapshot(plain))[0]["version"] == 6
     assert encode_event(SetDataset(ds(9)))[:1] == b"T"
+
+
+def test_a_restore_with_committed_ranges_has_a_tag_older_builds_refuse() -> None:
+    """A restore that carries ranges committed beyond tasks' prefixes is tagged "Y" (a
+    mixture's too): an older build refuses it rather than replay it without them, which would
+    deliver those records again. One without ranges is written as before."""
+    from chunkmaster.core.events import MixturePosition, Restore
+    from chunkmaster.core.mixture import Weights
+
+    ranges = ((0, 2, 3, 5), (1, 0, 1, 2))
+    for ev in (
+        Restore(0, ((0, 1, 4),), "c", "k", None, 1, "ab", ranges),
+        Restore(0, (), "c", "", MixturePosition((), Weights.fixed([1, 2])), -1, "", ranges),
+    ):
+        data = encode_event(ev)
+        assert data[:1] == b"Y" and decode_event(data) == ev
+    old = Restore(0, ((0, 1, 4),), "c", "k", None, 1)
+    assert encode_event(old) == b'B[0,[[0,1,4]],"c","k",1]'
+    assert decode_event(encode_event(old)).ranges == ()
 
 
 def test_a_mixtures_per_source_ledger_is_kept_and_an_older_snapshot_has_none() -> None:

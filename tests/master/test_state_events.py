@@ -86,6 +86,7 @@ from chunkmaster.core.state import (
     check_get_task,
     commit_refused,
     committed_position,
+    committed_ranges,
     mixture_position,
     replan_point,
     save_allowed,
@@ -101,6 +102,7 @@ MAX_SESSIONS = 4
 #: Events applied, by kind, over a run of the machine (the test checks every kind is there).
 APPLIED: Counter[str] = Counter()
 Checkpoint = tuple[int, tuple[tuple[int, int, int], ...]]
+Ranges = tuple[tuple[int, int, int, int], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +185,26 @@ def position_strategy(ds: Dataset) -> st.SearchStrategy[Checkpoint]:
     return st.integers(0, 2).flatmap(commits)
 
 
+@st.composite
+def ranges_strategy(draw: st.DrawFn, ds: Dataset, position: Checkpoint) -> Ranges:
+    """Ranges committed beyond tasks' prefixes, as a checkpoint of a task equal steps split
+    holds: after the position's prefix of the task, ascending and apart, within it."""
+    floor, commits = position
+    prefix = {(p, t): r for p, t, r in commits}
+    out = []
+    for p, t in draw(
+        st.lists(st.tuples(st.integers(floor, floor + 1), st.integers(0, ds.num_tasks - 1)))
+    ):
+        at, end = prefix.get((p, t), 0) + 1, ds.task_records_for(p)[t]
+        if any(o[:2] == (p, t) for o in out):  # each task once
+            continue
+        while at < end and draw(st.booleans()):
+            stop = draw(st.integers(at + 1, end))
+            out.append((p, t, at, stop))
+            at = stop + 1
+    return tuple(sorted(out))
+
+
 class EveryEvent(RuleBasedStateMachine):
     """The state, its journal as bytes, and what the trainers were handed."""
 
@@ -198,6 +220,7 @@ class EveryEvent(RuleBasedStateMachine):
         self.taken: dict[str, list[Work]] = {}  # live session -> dispatches taken from it
         self.checkpoints: list[Checkpoint] = []
         self.positions: list[MixturePosition | None] = []  # a mixture's, beside each checkpoint
+        self.ranges: list[Ranges] = []  # committed beyond split tasks' prefixes, beside each
         self.keys: list[str] = []
         self.restored: dict[int, int] = {}  # pass -> records committed by restores
         self.unequal: set[tuple[int, int]] = set()  # (restore, pass): equal steps not promised
@@ -621,6 +644,7 @@ class EveryEvent(RuleBasedStateMachine):
         """The position a data checkpoint holds now (to restore later)."""
         self.checkpoints.append(committed_position(self.state))
         self.positions.append(mixture_position(self.state))
+        self.ranges.append(committed_ranges(self.state))
 
     @precondition(lambda self: any(self.work.values()))  # a restore before any read: `start`
     @rule(data=st.data(), again=st.booleans())
@@ -635,25 +659,36 @@ class EveryEvent(RuleBasedStateMachine):
             assert dump(s) == before
             return
         position: MixturePosition | None = None
+        ranges: Ranges = ()
         if self.checkpoints and (s.mix is not None or data.draw(st.booleans())):
             i = data.draw(st.integers(0, len(self.checkpoints) - 1))
             (floor, commits), position = self.checkpoints[i], self.positions[i]
+            ranges = self.ranges[i]
         elif s.mix is None:
             assert s.dataset is not None
             floor, commits = data.draw(position_strategy(s.dataset))
+            ranges = data.draw(ranges_strategy(s.dataset, (floor, commits)))
         else:
             return  # a mixture's position comes from its own checkpoints: none yet
         key = f"k{next(self.ids)}"
         self.keys.append(key)
-        assert self.submit(Restore(floor, commits, f"/ckpt/{key}", key, position)) is True
-        self.note_restore(floor, commits)
+        if ranges:
+            event("a restore with committed ranges beyond a split task's prefix")
+            APPLIED["Restore with ranges"] += 1
+        restore = Restore(floor, commits, f"/ckpt/{key}", key, position, ranges=ranges)
+        assert self.submit(restore) is True
+        self.note_restore(floor, commits, ranges)
         assert not s.sessions and not s.pending and s.cur_pass >= floor
 
-    def note_restore(self, floor: int, commits: tuple[tuple[int, int, int], ...]) -> None:
+    def note_restore(
+        self, floor: int, commits: tuple[tuple[int, int, int], ...], ranges: Ranges = ()
+    ) -> None:
         self.restores += 1
         self.restored = {p: n for p, n in self.restored.items() if p < floor}
         for p, _, r in commits:
             self.restored[p] = self.restored.get(p, 0) + r
+        for p, _, start, end in ranges:
+            self.restored[p] = self.restored.get(p, 0) + end - start
         self.work.clear()
         self.taken.clear()
         self.progressed.clear()

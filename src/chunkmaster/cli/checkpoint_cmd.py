@@ -83,7 +83,13 @@ def describe(cp: Any) -> dict[str, Any]:
         "tasks": cp.num_tasks,
         "first_pass_not_committed": cp.floor,
         "passes": [
-            {"pass": p.pass_id, "tasks_committed": len(p.full), "tasks_partly": len(p.partial)}
+            {
+                "pass": p.pass_id,
+                "tasks_committed": len(p.full),
+                "tasks_partly": len(p.partial),
+                # split by equal steps, a later piece committed before the ones ahead of it
+                **({"tasks_with_ranges_ahead": len(p.ranges)} if p.ranges else {}),
+            }
             for p in cp.passes
         ],
     }

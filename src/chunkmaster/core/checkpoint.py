@@ -8,7 +8,8 @@ No pickle: reading a checkpoint must not mean running code. Layout (little-endia
     header   magic  8s  b"\\x89CMCKP\\r\\n"   (the \\r\\n pair shows text-mode damage)
              version u32 (VERSION, or VERSION_SHUFFLED for a job with a shuffle seed, or
                VERSION_MIXTURE for a mixture, with or without one, or VERSION_WINDOWED for
-               a job with a shuffle window, a mixture or not),
+               a job with a shuffle window, a mixture or not, or VERSION_RANGES for any of
+               these with committed ranges beyond a task's prefix),
              body length u64
     body     JSON length u32, JSON (ASCII): job, created, num_tasks, floor,
                dataset {globs, cpt, files: [[path, size, chunks, records, index digest hex]],
@@ -31,7 +32,11 @@ No pickle: reading a checkpoint must not mean running code. Layout (little-endia
                    last pass with commits: how each was planned (core/mixture.py)
                passes [[pass_id, full count, bitmap bytes, partial count]], ascending,
                job_id (absent in checkpoints older than it: the job's identity, hex, which a
-                 running job checks a checkpoint restored onto it against)
+                 running job checks a checkpoint restored onto it against),
+               ranges (VERSION_RANGES only: [[pass_id, task, start, end]], ascending, each a
+                 task's records [start, end) committed beyond its committed prefix: equal
+                 steps split the task in pieces and a later one was committed first; they lie
+                 within the task, after its prefix, sorted and apart, in a pass of `passes`)
              then per pass, in order: bitmap (zlib of ceil(num_tasks/8) bytes, task t is bit
                t % 8 of byte t // 8, padding bits 0), partial task ids u32[n] ascending,
                partial records u64[n]
@@ -58,7 +63,7 @@ import zlib
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import compress, pairwise
 from typing import Any
 
@@ -86,7 +91,10 @@ VERSION = 1
 VERSION_SHUFFLED = 2
 VERSION_MIXTURE = 3
 VERSION_WINDOWED = 4
-VERSIONS = (VERSION, VERSION_SHUFFLED, VERSION_MIXTURE, VERSION_WINDOWED)
+#: Any of the others with committed ranges beyond tasks' prefixes: a reader without them would
+#: deliver those records again, so it must refuse the file.
+VERSION_RANGES = 5
+VERSIONS = (VERSION, VERSION_SHUFFLED, VERSION_MIXTURE, VERSION_WINDOWED, VERSION_RANGES)
 _HEADER = struct.Struct("<8sIQ")
 _JSON_LEN = struct.Struct("<I")
 _DIGEST_SIZE = 16
@@ -148,6 +156,9 @@ class PassCommits:
     pass_id: int
     full: frozenset[int]  # tasks wholly committed in this pass
     partial: Mapping[int, int]  # task -> records committed, 0 < records < the task's records
+    #: task -> [start, end) ranges committed beyond its prefix (the prefix: `partial`, or 0),
+    #: ascending and apart: a task split by equal steps whose later pieces were committed first
+    ranges: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -482,6 +493,30 @@ def _check_passes(cp: DataCheckpoint) -> None:
                 raise CheckpointError(
                     f"pass {p.pass_id}: task {task} is both wholly and partly committed"
                 )
+        for task, ranges in p.ranges.items():
+            _check_ranges(cp, p, task, ranges)
+
+
+def _check_ranges(
+    cp: DataCheckpoint, p: PassCommits, task: int, ranges: tuple[tuple[int, int], ...]
+) -> None:
+    """A task's ranges committed beyond its prefix: after it, ascending and apart (the task's
+    end is checked against its records by `check_restorable`)."""
+    where = f"pass {p.pass_id}: task {task}"
+    if not 0 <= task < cp.num_tasks:
+        raise CheckpointError(f"{where} has committed ranges and is not in 0..{cp.num_tasks - 1}")
+    if task in p.full:
+        raise CheckpointError(f"{where} is wholly committed and has committed ranges beyond it")
+    if not ranges:
+        raise CheckpointError(f"{where} has an empty list of committed ranges")
+    at = p.partial.get(task, 0)
+    for start, end in ranges:
+        if not at < start < end <= _MAX_RECORDS:
+            raise CheckpointError(
+                f"{where}: committed range [{_shown(start)}, {_shown(end)}) is not after "
+                f"record {at} (its prefix or the range before it), or is empty"
+            )
+        at = end
 
 
 def _check_mixture(cp: DataCheckpoint, mix: MixtureCheckpoint) -> None:
@@ -559,7 +594,7 @@ def unit_records(cp: DataCheckpoint, ds: Dataset) -> dict[int, list[int]]:
     assert cp.mixture is not None
     mix = MixtureState.of(ds)
     records = ds.task_records
-    last = {p.pass_id: max([*p.full, *p.partial], default=-1) for p in cp.passes}
+    last = {p.pass_id: max([*p.full, *p.partial, *p.ranges], default=-1) for p in cp.passes}
     n = len(ds.sources)  # sources after the checkpoint's have weight 0 in its plans
     return {
         p: [records[t] for t in mix.compute(widen_plan(plan, n), last.get(p, -1) + 1)[0]]
@@ -635,6 +670,12 @@ def check_restorable(
                 raise CheckpointError(
                     f"pass {p.pass_id}: task {task} has {totals[task]} records, so {got} "
                     f"committed is not a partial commit"
+                )
+        for task, ranges in p.ranges.items():
+            if ranges[-1][1] > totals[task]:
+                raise CheckpointError(
+                    f"pass {p.pass_id}: task {task} has {totals[task]} records, so a range "
+                    f"committed up to record {ranges[-1][1]} is not within it"
                 )
     return records
 
@@ -717,6 +758,12 @@ def encode(cp: DataCheckpoint) -> bytes:
         records = array("Q", (p.partial[t] for t in tasks)).tobytes()
         sections += (bitmap, ids, records)
         passes.append([p.pass_id, len(p.full), len(bitmap), len(tasks)])
+    ranges = [
+        [p.pass_id, t, start, end]
+        for p in cp.passes
+        for t in sorted(p.ranges)
+        for start, end in p.ranges[t]
+    ]
     ds = cp.dataset
     head = _dumps(
         {
@@ -739,6 +786,7 @@ def encode(cp: DataCheckpoint) -> bytes:
             **({} if not cp.shuffle_window else {"shuffle_window": cp.shuffle_window}),
             **({} if cp.mixture is None else {"mixture": _mixture_json(cp.mixture)}),
             **({} if not cp.job_id else {"job_id": cp.job_id}),
+            **({} if not ranges else {"ranges": ranges}),
         }
     )
     if len(head) > MAX_HEAD_SIZE:
@@ -753,6 +801,8 @@ def encode(cp: DataCheckpoint) -> bytes:
 
 def _version(cp: DataCheckpoint) -> int:
     """The oldest format that holds `cp`: a reader of an older one would drop what it has."""
+    if any(p.ranges for p in cp.passes):
+        return VERSION_RANGES
     if cp.shuffle_window:
         return VERSION_WINDOWED
     if cp.mixture is not None:
@@ -872,7 +922,7 @@ def check_head(prefix: bytes, head: bytes) -> None:
         return
     _, _, body_len = _HEADER.unpack_from(prefix)
     try:
-        cp, entries = _parse_head(memoryview(head))
+        cp, entries, _ = _parse_head(memoryview(head))
         _check_entries(entries, cp.num_tasks, body_len - _JSON_LEN.size - len(head))
     except CheckpointError as exc:
         raise CheckpointError(
@@ -900,7 +950,11 @@ def decode(data: bytes | bytearray | memoryview) -> DataCheckpoint:
 
 def _check_version(version: int, cp: DataCheckpoint) -> None:
     """The format version agrees with what the checkpoint holds (a windowed one holds a
-    mixture or not, and a seed: `_check`)."""
+    mixture or not, and a seed: `_check`; one with ranges any of the others')."""
+    if (version == VERSION_RANGES) != any(p.ranges for p in cp.passes):
+        raise CheckpointError(f"format version {version} and the committed ranges disagree")
+    if version == VERSION_RANGES:
+        return
     if (version == VERSION_WINDOWED) != (cp.shuffle_window > 0):
         raise CheckpointError(f"format version {version} and the shuffle window disagree")
     if version == VERSION_WINDOWED:
@@ -989,9 +1043,13 @@ def _dataset_head(ds_head: Any) -> DatasetFingerprint:
     )
 
 
-def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, int, int]]]:
-    """The JSON header's fields, type- and range-checked (`_check`, passes aside), and its
-    pass entries (pass, tasks wholly committed, bitmap bytes, tasks partly committed)."""
+_Entries = list[tuple[int, int, int, int]]
+
+
+def _parse_head(js: memoryview) -> tuple[DataCheckpoint, _Entries, _Entries]:
+    """The JSON header's fields, type- and range-checked (`_check`, passes aside), its pass
+    entries (pass, tasks wholly committed, bitmap bytes, tasks partly committed) and its
+    committed ranges (pass, task, start, end)."""
     head = _load_head(js)
     try:
         dataset = _dataset_head(head["dataset"])
@@ -1006,6 +1064,12 @@ def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, in
                 _int(v, "pass entry field") for v in _list(entry, "pass entry", 4)
             )
             entries.append((pass_id, full, bitmap_len, partial))
+        ranges = []
+        for entry in _list(head.get("ranges", []), "ranges"):
+            pass_id, task, start, end = (
+                _int(v, "committed range field") for v in _list(entry, "committed range", 4)
+            )
+            ranges.append((pass_id, task, start, end))
         seed = head.get("shuffle_seed")
         window = _int(head.get("shuffle_window", 0), "shuffle window")
         mixture = None if head.get("mixture") is None else _mixture_from(head["mixture"])
@@ -1024,7 +1088,7 @@ def _parse_head(js: memoryview) -> tuple[DataCheckpoint, list[tuple[int, int, in
     except KeyError as exc:
         raise CheckpointError(f"header lacks the field {exc}") from None
     _check(cp)
-    return cp, entries
+    return cp, entries, ranges
 
 
 def _bitmap_bound(num_tasks: int) -> int:
@@ -1064,7 +1128,7 @@ def _parse(body: memoryview) -> DataCheckpoint:
     pos = _JSON_LEN.size + head_len
     if pos > len(body):
         raise CheckpointError("header runs past the end of the body")
-    head, entries = _parse_head(body[_JSON_LEN.size : pos])
+    head, entries, ranges = _parse_head(body[_JSON_LEN.size : pos])
     num_tasks = head.num_tasks
     _check_entries(entries, num_tasks, len(body) - pos)
     passes = []
@@ -1085,7 +1149,26 @@ def _parse(body: memoryview) -> DataCheckpoint:
         if any(a >= b for a, b in pairwise(ids)):
             raise CheckpointError(f"pass {pass_id}: partial task ids are not ascending")
         passes.append(PassCommits(pass_id, full, dict(zip(ids, records, strict=True))))
-    return replace(head, passes=tuple(passes))
+    return replace(head, passes=_with_ranges(passes, ranges))
+
+
+def _with_ranges(passes: list[PassCommits], ranges: _Entries) -> tuple[PassCommits, ...]:
+    """The passes with the header's committed ranges, each in a pass that has an entry."""
+    if any(a >= b for a, b in pairwise((p, t, s) for p, t, s, _ in ranges)):
+        raise CheckpointError("committed ranges are not ascending")
+    by_pass: dict[int, dict[int, list[tuple[int, int]]]] = {}
+    for pass_id, task, start, end in ranges:
+        by_pass.setdefault(pass_id, {}).setdefault(task, []).append((start, end))
+    known = {p.pass_id for p in passes}
+    for pass_id in by_pass:
+        if pass_id not in known:
+            raise CheckpointError(f"committed ranges of pass {_shown(pass_id)}, which has no entry")
+    return tuple(
+        replace(p, ranges={t: tuple(r) for t, r in by_pass[p.pass_id].items()})
+        if p.pass_id in by_pass
+        else p
+        for p in passes
+    )
 
 
 def _inflate(section: memoryview, num_tasks: int, pass_id: int) -> bytes:

@@ -245,15 +245,43 @@ def _encode_progress(ev: Progress) -> bytes:
 
 def _encode_restore(ev: Restore) -> bytes:
     cs = [list(c) for c in ev.commits]
-    asker = [ev.rank, ev.job_id] if ev.job_id else [ev.rank] if ev.rank >= 0 else []
     mix = ev.mixture
+    if ev.ranges:  # a tag of its own, which a reader without ranges refuses (not drops)
+        plans = None if mix is None else [weights_json(mix.weights), _plans_json(mix)]
+        ranges = [list(r) for r in ev.ranges]
+        return b"Y" + _dumps([ev.floor, cs, ev.source, ev.key, ev.rank, ev.job_id, plans, ranges])
+    asker = [ev.rank, ev.job_id] if ev.job_id else [ev.rank] if ev.rank >= 0 else []
     if mix is not None:  # a tag of its own, which a reader without mixtures refuses
-        plans = [[p, plan_json(plan)] for p, plan in mix.passes]
         return b"A" + _dumps(
-            [ev.floor, cs, ev.source, ev.key, weights_json(mix.weights), plans, *asker]
+            [ev.floor, cs, ev.source, ev.key, weights_json(mix.weights), _plans_json(mix), *asker]
         )
     tail = [ev.key, *asker] if ev.key or asker else []
     return b"B" + _dumps([ev.floor, cs, ev.source, *tail])
+
+
+def _plans_json(mix: MixturePosition) -> list[Any]:
+    return [[p, plan_json(plan)] for p, plan in mix.passes]
+
+
+def _decode_ranged_restore(v: Any) -> Restore:
+    """Y, a restore with committed ranges beyond tasks' prefixes: floor, commits, source,
+    key, rank, job_id, [weights, plans] (a mixture's) or null, ranges."""
+    floor, commits, source, key, rank, job_id, plans, ranges = v
+    return Restore(
+        int(floor),
+        tuple((int(p), int(t), int(r)) for p, t, r in commits),
+        str(source),
+        str(key),
+        None
+        if plans is None
+        else MixturePosition(
+            tuple((int(p), plan_from_json(plan)) for p, plan in plans[1]),
+            weights_from_json(plans[0]),
+        ),
+        int(rank),
+        str(job_id),
+        tuple((int(p), int(t), int(a), int(b)) for p, t, a, b in ranges),
+    )
 
 
 def _encode_add_sources(ev: AddSources) -> bytes:
@@ -360,6 +388,7 @@ _DECODERS: dict[bytes, Callable[[Any], Event]] = {
     b"K": lambda v: Commit(_positions_from(v)),
     b"B": _decode_restore,
     b"A": lambda v: _decode_restore(v, mixture=True),
+    b"Y": _decode_ranged_restore,
     b"W": lambda v: SetWeights(weights_from_json(v)),
     b"F": lambda v: Finish(int(v[0]), int(v[1]), int(v[2])),
     b"X": lambda v: Fail(int(v[0]), int(v[1]), str(v[2])),

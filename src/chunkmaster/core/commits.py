@@ -103,3 +103,22 @@ def committed_position(state: MasterState) -> tuple[int, tuple[tuple[int, int, i
         for t, r in sorted(state.commits[p].items())
     )
     return state.commit_floor, commits
+
+
+def committed_ranges(state: MasterState) -> tuple[tuple[int, int, int, int], ...]:
+    """(pass, task, start, end) for each range of records committed beyond its task's prefix
+    (a task split by equal steps, a later piece committed first), from the commit floor on,
+    ascending and merged: a data checkpoint holds them beside the prefixes, or a restore would
+    deliver them again."""
+    out: list[tuple[int, int, int, int]] = []
+    for (p, t), waiting in sorted(state.steps.ahead.items()):
+        if p < state.commit_floor:
+            continue
+        merged: list[list[int]] = []
+        for start, end in sorted(waiting.items()):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            elif end > start:
+                merged.append([start, end])
+        out.extend((p, t, start, end) for start, end in merged)
+    return tuple(out)

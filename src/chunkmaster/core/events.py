@@ -198,9 +198,11 @@ class MixturePosition:
 @dataclass(frozen=True, slots=True)
 class Restore:
     """Go to a data checkpoint's position: pass `floor` with `commits` ((pass, task, records
-    committed), pass >= floor) already made. On a running job every session ends and the
-    queues start again from there (a training job restarted from its model checkpoint); task
-    epochs keep growing, so no report about an earlier dispatch can apply to a later one."""
+    committed), pass >= floor) already made, and `ranges` ((pass, task, start, end): records
+    of a task split by equal steps committed beyond its prefix, ascending) too. On a running
+    job every session ends and the queues start again from there (a training job restarted
+    from its model checkpoint); task epochs keep growing, so no report about an earlier
+    dispatch can apply to a later one."""
 
     floor: int
     commits: tuple[tuple[int, int, int], ...]
@@ -209,6 +211,7 @@ class Restore:
     mixture: MixturePosition | None = None  # a mixture's plans (None: not a mixture)
     rank: int = -1  # the rank that asked (-1: a trainer without a rank, or the operator)
     job_id: str = ""  # the checkpoint's job identity, which a job started from it takes
+    ranges: tuple[tuple[int, int, int, int], ...] = ()
 
 
 Event = (

@@ -51,8 +51,9 @@ def set_weights(state: MasterState, weights: Weights) -> int:
     except MixtureError as exc:
         raise InvalidEvent(str(exc)) from None
     last = max(mix.passes)
-    if last != state.cur_pass:
-        at = 1 + max(state.commits.get(last, {}), default=-1)
+    if last != state.cur_pass:  # units with ranges committed beyond their prefix count too
+        ahead = (t for p, t in state.steps.ahead if p == last)
+        at = 1 + max([*state.commits.get(last, {}), *ahead], default=-1)
         return mix.replan(last, at, weights, False)
     at = replan_point(state)
     again = mix.plan_again(last, at, weights)

@@ -14,9 +14,12 @@ from chunkmaster.core.model import FailedPolicy
 
 def start_pass(state: MasterState) -> None:
     """Apply the commits a data checkpoint holds for the pass just begun: wholly committed
-    tasks are done, partly committed ones start where their commit ends."""
-    commits = state.commits.get(state.cur_pass)
-    if not commits:
+    tasks are done, partly committed ones start where their commit ends, and those with
+    committed ranges beyond their prefix (split by equal steps) are queued as the pieces
+    between them."""
+    commits = state.commits.get(state.cur_pass, {})
+    split = steps.split_tasks(state)  # committed beyond their prefix: their gaps are queued
+    if not commits and not split:
         return
     todo: deque[int] = deque()
     for task_id in state.todo:
@@ -24,12 +27,15 @@ def start_pass(state: MasterState) -> None:
         if c == state.task_records(task_id):
             state.done.append(task_id)
             continue
+        if task_id in split:
+            todo.extend(steps.queue_gaps(state, task_id, split[task_id]))
+            continue
         if c:
             state.progress[task_id] = c
         todo.append(task_id)
     state.todo = todo
     if state.mix is not None:  # a weight change plans again only after the commits
-        state.mix.reach(state.cur_pass, max(commits))
+        state.mix.reach(state.cur_pass, max([*commits, *split]))
 
 
 def maybe_roll_over(state: MasterState) -> None:

@@ -90,9 +90,23 @@ def restore(state: MasterState, ev: Restore) -> bool:
             state.full_commits[pass_id] = state.full_commits.get(pass_id, 0) + 1
         for led in state.ledgers(task_id, pass_id):
             led.committed += records
+    _restore_ranges(state, ev.ranges)
     state.todo = state.pass_queue(
         None if not kept else (t for t in range(state.num_tasks) if t not in kept)
     )
     start_pass(state)
     maybe_roll_over(state)
     return True
+
+
+def _restore_ranges(state: MasterState, ranges: tuple[tuple[int, int, int, int], ...]) -> None:
+    """Records committed beyond a task's prefix wait for the gaps before them again (the pass
+    that has them queues the gaps as pieces: `start_pass`), and count as committed."""
+    by_task: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for pass_id, task_id, start, end in ranges:
+        by_task.setdefault((pass_id, task_id), []).append((start, end))
+    for (pass_id, task_id), spans in by_task.items():
+        state.commits.setdefault(pass_id, {})
+        records = steps.restored_ranges(state, pass_id, task_id, spans)
+        for led in state.ledgers(task_id, pass_id):
+            led.committed += records

@@ -20,7 +20,13 @@ from __future__ import annotations
 from array import array
 
 from chunkmaster.core import quarantine, steps
-from chunkmaster.core.commits import commit, commit_refused, committed_position, returned_at
+from chunkmaster.core.commits import (
+    commit,
+    commit_refused,
+    committed_position,
+    committed_ranges,
+    returned_at,
+)
 from chunkmaster.core.events import (
     AddSources,
     ApproveSave,
@@ -91,6 +97,7 @@ __all__ = [
     "check_get_task",
     "commit_refused",
     "committed_position",
+    "committed_ranges",
     "fail_ignored",
     "fail_quarantines",
     "finish_ignored",

@@ -14,7 +14,9 @@ mid-pass gives its quota back: the quota of the others is computed again from wh
 
 Committed positions are kept per task as a prefix: a piece committed before the pieces ahead
 of it waits in `ahead` and joins the prefix when they are committed. Dropped records count as
-committed for the data position (they are not delivered again in that pass).
+committed for the data position (they are not delivered again in that pass). A data checkpoint
+keeps what waits; a restore puts it back (`restored_ranges`) and queues only the gaps before
+it, as pieces (`queue_gaps`), so none of it is delivered again.
 
 Everything here is applied by core/state.py inside `apply`: no clocks, no I/O. It sees the
 state through one seam, `Pass`: the pass's queues and positions, its holders and sessions,
@@ -488,11 +490,47 @@ def _forget_members(st: StepsState) -> None:
 
 def restart(state: Pass) -> None:
     """A restore: the pass starts again, fixed at its first dispatch; pieces are forgotten
-    (their IDs are never used again) and so are commits waiting for the pieces before them."""
+    (their IDs are never used again) and so are commits waiting for the pieces before them
+    (the restore puts back those its checkpoint holds: `restored_ranges`)."""
     st = state.steps
     _forget_members(st)
     st.pieces = {}
     st.ahead = {}
+
+
+def restored_ranges(state: Pass, pass_id: int, task: int, ranges: list[tuple[int, int]]) -> int:
+    """A data checkpoint's committed `ranges` of `task` beyond its prefix in `pass_id` wait in
+    `ahead` again, as they did when it was taken; the records they hold."""
+    if not ranges:
+        return 0
+    waiting = state.steps.ahead.setdefault((pass_id, task), {})
+    for start, end in ranges:
+        waiting[start] = max(waiting.get(start, start), end)
+    return sum(end - start for start, end in ranges)
+
+
+def split_tasks(state: Pass) -> dict[int, list[tuple[int, int]]]:
+    """The tasks of this pass with committed ranges beyond their prefix (a restore's): each
+    one's ranges, in order."""
+    cur = state.cur_pass
+    return {t: sorted(r.items()) for (p, t), r in state.steps.ahead.items() if p == cur and r}
+
+
+def queue_gaps(state: Pass, task: int, ranges: list[tuple[int, int]]) -> list[int]:
+    """The pieces that deliver what `task` still needs in this pass: the gaps from its prefix
+    to its committed `ranges`, between them and after the last to its end. Committing them
+    joins the ranges to the prefix, and the task is done once they are finished, as when
+    equal steps split it (pieces work with equal steps off as well)."""
+    at = state.commits.get(state.cur_pass, {}).get(task, 0)
+    units = []
+    for start, end in ranges:
+        if start > at:
+            units.append(_new_piece(state, UnitId(task), at, start))
+        at = max(at, end)
+    total = state.task_records(task)
+    if at < total:
+        units.append(_new_piece(state, UnitId(task), at, total))
+    return units
 
 
 def new_pass(state: Pass) -> None:

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 
 from chunkmaster.core import checkpoint
-from chunkmaster.core.commits import commit_refused, committed_position
+from chunkmaster.core.commits import commit_refused, committed_position, committed_ranges
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.errors import CheckpointRefusedError
 from chunkmaster.core.events import (
@@ -96,13 +96,17 @@ class Checkpoints:
             raise CheckpointRefusedError("no dataset is set yet: there is no position to save")
         floor, commits = committed_position(st)
         mix = mixture_position(st)
-        by_pass: dict[int, tuple[set[int], dict[int, int]]] = {}
+        by_pass: dict[int, tuple[set[int], dict[int, int], dict[int, list[tuple[int, int]]]]]
+        by_pass = {}
         for pass_id, task_id, records in commits:
-            full, partial = by_pass.setdefault(pass_id, (set(), {}))
+            full, partial, _ = by_pass.setdefault(pass_id, (set(), {}, {}))
             if records == st.task_records(task_id, pass_id):
                 full.add(task_id)
             else:
                 partial[task_id] = records
+        for pass_id, task_id, start, end in committed_ranges(st):  # kept, or delivered again
+            ranges = by_pass.setdefault(pass_id, (set(), {}, {}))[2]
+            ranges.setdefault(task_id, []).append((start, end))
         cp = checkpoint.DataCheckpoint(
             job=self._settings.job,
             created=self._clock(),
@@ -110,8 +114,10 @@ class Checkpoints:
             num_tasks=st.num_tasks,
             floor=floor,
             passes=tuple(
-                checkpoint.PassCommits(p, frozenset(full), partial)
-                for p, (full, partial) in sorted(by_pass.items())
+                checkpoint.PassCommits(
+                    p, frozenset(full), partial, {t: tuple(r) for t, r in ranges.items()}
+                )
+                for p, (full, partial, ranges) in sorted(by_pass.items())
             ),
             shuffle_seed=ds.shuffle_seed,
             shuffle_window=ds.shuffle_window,
@@ -180,16 +186,7 @@ class Checkpoints:
         events: list[Event] = [SetDataset(first, uuid.uuid4().hex)]
         if added is not None and cp.mixture is not None:  # as the job had them: set, added
             events.append(AddSources(added, cp.mixture.weights))
-        events.append(
-            Restore(
-                cp.floor,
-                _commits_of(cp, dataset, units),
-                source,
-                "",
-                _plans_of(cp),
-                job_id=cp.job_id,
-            )
-        )
+        events.append(_restore_event(cp, dataset, units, source))
         if st.dataset is None:
             for ev in events:
                 await self._ledger.commit(ev)
@@ -270,9 +267,7 @@ class Checkpoints:
         ended = len(st.sessions)
         if not self._ledger.available:
             raise self._ledger.unavailable()
-        await self._ledger.commit(
-            Restore(cp.floor, _commits_of(cp, ds, units), source, key, _plans_of(cp), rank)
-        )
+        await self._ledger.commit(_restore_event(cp, ds, units, source, key, rank))
         st = self._ledger.state
         self._sessions.reset()
         self._timeouts.rearm()
@@ -289,6 +284,28 @@ class Checkpoints:
         return True
 
 
+def _restore_event(
+    cp: checkpoint.DataCheckpoint,
+    dataset: Dataset,
+    units: dict[int, list[int]],
+    source: str,
+    key: str = "",
+    rank: int = -1,
+) -> Restore:
+    """The Restore of a checkpoint: at start (no `key`, the job takes the checkpoint's
+    identity) or onto the running job (`key`, `rank`: the restart that asked)."""
+    return Restore(
+        cp.floor,
+        _commits_of(cp, dataset, units),
+        source,
+        key,
+        _plans_of(cp),
+        rank,
+        "" if key else cp.job_id,
+        _ranges_of(cp),
+    )
+
+
 def _commits_of(
     cp: checkpoint.DataCheckpoint, dataset: Dataset, units: dict[int, list[int]]
 ) -> tuple[tuple[int, int, int], ...]:
@@ -300,6 +317,17 @@ def _commits_of(
         for p in cp.passes
         for totals in (units.get(p.pass_id) or dataset.task_records_for(p.pass_id),)
         for t, r in sorted([(t, totals[t]) for t in p.full] + list(p.partial.items()))
+    )
+
+
+def _ranges_of(cp: checkpoint.DataCheckpoint) -> tuple[tuple[int, int, int, int], ...]:
+    """(pass, task, start, end) of each range a checkpoint holds committed beyond a task's
+    prefix, in order."""
+    return tuple(
+        (p.pass_id, t, start, end)
+        for p in cp.passes
+        for t in sorted(p.ranges)
+        for start, end in p.ranges[t]
     )
 
 
