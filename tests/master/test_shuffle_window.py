@@ -315,3 +315,24 @@ def test_a_task_carries_the_jobs_window_and_seed_and_a_piece_all_its_chunks() ->
         assert piece.end == 1 and len(whole.chunks) == 2
         assert piece.chunks == (whole.chunks if ds.shuffle_window else whole.chunks[:1])
         assert (piece.order_key, piece.shuffle_window) == (whole.order_key, expected[1])
+
+
+def test_a_task_a_mixture_plans_twice_in_a_pass_is_read_in_two_orders() -> None:
+    """Source a is 8 of the 18 records and weighs 0.9: the pass plans its tasks more than
+    once. Each time a task comes, it carries another order key (the order is keyed by the
+    pass's unit, not by the dataset's task), and each unit keeps one key for all its
+    dispatches."""
+    from chunkmaster.core.events import Dispatch
+
+    a = Dataset.build(["/a/*"], ["/a/x"], [([0, 1, 2], [3, 1, 4])], 1)
+    b = Dataset.build(["/b/*"], ["/b/y"], [([0, 9], [5, 5])], 1, fmt="jsonl")
+    st = state_of(Dataset.mix([("a", a, 0.9), ("b", b, 0.1)]).with_shuffle(5, 4))
+    keys: dict[int, set[int]] = {}  # the dataset's task -> the order keys it came with
+    dispatched = {}
+    while st.todo:
+        task = apply(st, Dispatch(1e9))
+        dispatched[task.meta.id] = task.order_key
+        keys.setdefault(int(st.unit_task(task.meta.id)), set()).add(task.order_key)
+    assert len(dispatched) > len(keys), "the plan repeats no task: the test proves nothing"
+    assert sum(len(k) for k in keys.values()) == len(dispatched)  # a key of its own per unit
+    assert all(st.task(u).order_key == key for u, key in dispatched.items())  # and kept

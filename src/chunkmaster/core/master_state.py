@@ -198,7 +198,7 @@ class MasterState:
             fmt,
             self.num_failures.get(task_id, 0),
             source,
-            task_order_key(ds.shuffle_seed or 0, self.cur_pass, task) if window else 0,
+            task_order_key(ds.shuffle_seed or 0, self.cur_pass, unit) if window else 0,
             window,
         )
 

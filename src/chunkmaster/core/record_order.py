@@ -22,10 +22,12 @@ import random
 from itertools import repeat
 
 
-def task_order_key(seed: int, pass_id: int, task: int) -> int:
-    """The key of the record order of the dataset's task `task` in pass `pass_id` (the master
-    sends it with every dispatch and piece of the task, so every reader reads one order)."""
-    return _digest(b"task", f"{seed}/{pass_id}/{task}")
+def task_order_key(seed: int, pass_id: int, unit: int) -> int:
+    """The key of the record order of unit `unit` of pass `pass_id`: the dataset's task of
+    that number, or in a mixture the unit of the pass's plan, so that a task planned twice in
+    a pass is read in two orders. The master sends it with every dispatch and piece of the
+    unit, so every reader reads one order."""
+    return _digest(b"task", f"{seed}/{pass_id}/{unit}")
 
 
 def window_permutation(key: int, window: int, length: int) -> list[int]:
