@@ -1,13 +1,14 @@
 """Data-parallel training over a chunkmaster job under torchrun: commits beside the model.
 
-    chunkmaster master --port 8080 --equal-steps drop &
+    chunkmaster master --port 8080 &
     torchrun --nproc-per-node 4 examples/train_ddp.py --addr 127.0.0.1:8080 \\
         --dataset 'data/*.rio' --records 1200 --passes 2 --checkpoint run/ckpt.pt
 
 Each rank is one trainer of the job: its `Loader` holds the rank's session (WORLD_SIZE and RANK
-come from torchrun), and its DataLoader workers read the tasks the master hands that rank. With
-`--equal-steps` on the master every rank gets the same number of records in a pass, so the
-same number of batches: no rank waits for ever at the next all-reduce.
+come from torchrun), and its DataLoader workers read the tasks the master hands that rank. The
+master gives ranks equal steps (`--equal-steps auto`, its default): every rank gets the same
+number of records in a pass, so the same number of batches, and no rank waits for ever at the
+next all-reduce.
 
 After each optimizer step the rank commits the batches it took. Every `--save-every` steps all
 ranks have committed; after a barrier rank 0 saves the model and the loader's state (the job's

@@ -343,8 +343,10 @@ SETTINGS = (
         _env("EQUAL_STEPS"),
         "for synchronous training: every trainer (session) of a pass gets the same number "
         "of records; the remainder is dropped for the pass ('drop') or short trainers get "
-        "repeated records ('pad'); docs/equal-steps.md (default off)",
-        "{off,drop,pad}",
+        "repeated records ('pad'). 'auto' (the default): 'drop' for trainers that declare a "
+        "world size (torchrun's WORLD_SIZE, which DDP needs), 'off' for the others, and a "
+        "job's trainers all of one kind; docs/equal-steps.md",
+        "{auto,off,drop,pad}",
     ),
     Setting(
         "store",

@@ -33,7 +33,9 @@ class Limits:
     failure_max: int = 3
     failed_policy: FailedPolicy = FailedPolicy.RETRY
     error_budget: ErrorBudget = field(default_factory=ErrorBudget)
-    equal_steps: StepsMode = StepsMode.OFF
+    #: None: the job's trainers decide (`--equal-steps auto`: the master journals the mode when
+    #: the first of them opens a session), so a restart keeps the state's.
+    equal_steps: StepsMode | None = StepsMode.OFF
     shuffle_seed: int | None = None
     shuffle_window: int = 0
 
@@ -53,7 +55,7 @@ def reconcile(state: MasterState, limits: Limits, resume_at: float | None = None
         events.append(Configure(limits.failure_max, limits.failed_policy))
     if state.error_budget != limits.error_budget:
         events.append(SetErrorBudget(limits.error_budget))
-    if state.steps.mode is not limits.equal_steps:
+    if limits.equal_steps is not None and state.steps.mode is not limits.equal_steps:
         events.append(EqualSteps(limits.equal_steps.value))
     if resume_at is not None and state.pending:
         events.append(Resume(resume_at))

@@ -218,6 +218,35 @@ def world(state: Pass) -> tuple[int, dict[int, str]]:
     return size, ranks
 
 
+def unlike(state: Pass, session: str) -> list[str]:
+    """The live sessions of the other kind than `session` (ranked: a declared world size;
+    unranked: none), when the oldest live session is of that other kind: under
+    `--equal-steps auto` the first of a job's trainers sets its kind (equal steps for ranks,
+    dynamic dispatch otherwise), and a trainer of the other kind would get what the job's
+    trainers do not expect."""
+    s = state.sessions.get(session)
+    if s is None:
+        return []
+    ranked = bool(s.world_size)
+    oldest = next(iter(state.sessions.values()))
+    if bool(oldest.world_size) == ranked:
+        return []
+    return [sid for sid, o in state.sessions.items() if bool(o.world_size) != ranked]
+
+
+def unequal_world(state: Pass) -> str | None:
+    """A warning when equal steps are off and live trainers declare a world (torchrun's): ranks
+    then get unequal numbers of batches, and DDP waits forever at a pass's last all-reduce."""
+    size = world_size(state)
+    if state.steps.on or not size:
+        return None
+    return (
+        f"equal steps are off (--equal-steps off) and trainers declare a world of {size} "
+        "(WORLD_SIZE): ranks get unequal numbers of batches, and DDP hangs at the all-reduce "
+        "of a pass's last step; --equal-steps auto (the default) gives ranks equal steps"
+    )
+
+
 def contested(state: Pass, session: str) -> list[str]:
     """The live sessions whose declarations `session`'s contradicts: the live world's ranks
     when it declares another world size, the holder of its rank when that is another session;

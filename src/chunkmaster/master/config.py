@@ -18,12 +18,17 @@ from chunkmaster.core.budget import ErrorBudget
 from chunkmaster.core.model import FailedPolicy
 from chunkmaster.core.shuffle import MAX_SEED, MAX_WINDOW
 from chunkmaster.core.sizes import parse_size
-from chunkmaster.core.steps import StepsMode
 from chunkmaster.etcd.options import EtcdOptions
 from chunkmaster.formats import options as storage_opts
 from chunkmaster.master.auth import is_loopback
 from chunkmaster.master.roots import DataRoots
-from chunkmaster.master.settings import DEFAULTS, MAX_CHUNK_SIZE, SettingError, Settings
+from chunkmaster.master.settings import (
+    DEFAULTS,
+    MAX_CHUNK_SIZE,
+    SettingError,
+    Settings,
+    StepsSetting,
+)
 from chunkmaster.store.directory import folder_problem
 from chunkmaster.tokens import given_token, read_token
 
@@ -38,7 +43,7 @@ __all__ = [
 ]
 
 STORE_SYNC_MODES = ("full", "normal")
-EQUAL_STEPS_MODES = tuple(m.value for m in StepsMode)
+EQUAL_STEPS_MODES = tuple(m.value for m in StepsSetting)
 STORE_ON_DAMAGE = ("refuse", "move-aside", "accept-older")
 
 
@@ -363,7 +368,7 @@ class MasterConfig:
                 failure_max=self.task_timeout_max,
                 failed_policy=self.failed_policy,
                 error_budget=self.max_failed_records,
-                equal_steps=cast(StepsMode, self.equal_steps),  # Settings converts it
+                equal_steps=cast(StepsSetting, self.equal_steps),  # Settings converts it
                 shuffle_seed=self.shuffle_seed,
                 shuffle_window=self.shuffle_window,
                 trainer_ttl=self.trainer_ttl,

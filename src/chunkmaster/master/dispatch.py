@@ -28,7 +28,7 @@ from chunkmaster.core.events import Dispatch
 from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.model import Task
 from chunkmaster.core.queues import Availability, check_get_task
-from chunkmaster.core.steps import contested, missing_ranks, world, world_size
+from chunkmaster.core.steps import contested, missing_ranks, unlike, world, world_size
 from chunkmaster.master.checks import check_pass, wait_seconds
 from chunkmaster.master.leases import LeaseKeeper
 from chunkmaster.master.ledger import Ledger, LedgerSubscriber
@@ -43,9 +43,17 @@ hearing from them changes nothing a waiting request would be woken by)."""
 
 class Dispatcher(LedgerSubscriber):
     def __init__(
-        self, ledger: Ledger, timeouts: TaskTimeouts, rank_wait: float, leases: LeaseKeeper
+        self,
+        ledger: Ledger,
+        timeouts: TaskTimeouts,
+        rank_wait: float,
+        leases: LeaseKeeper,
+        *,
+        one_kind: bool = False,
     ) -> None:
         self._ledger = ledger
+        #: `--equal-steps auto`: a job's trainers are all ranked or all not (`steps.unlike`)
+        self._one_kind = one_kind
         self._timeouts = timeouts
         self.rank_wait = rank_wait
         self._leases = leases
@@ -125,6 +133,13 @@ class Dispatcher(LedgerSubscriber):
                 # Its dispatch may still be on its way to the store (the retry came while the
                 # first request waited for it): answered, like the first, once it is durable.
                 return st.task(held), self._ledger.written()
+            if self._one_kind and session and self._contest(st, session, unlike(st, session)):
+                # Its rivals may be dead (a torchrun job started after a `read` was killed):
+                # look again shortly.
+                if time.monotonic() >= until:
+                    raise NoMoreAvailableError()
+                await self._wait_change(min(until, time.monotonic() + CONTEST_TICK))
+                continue
             try:
                 avail = check_get_task(st, pass_id, session)
             except PassAfterError:
@@ -140,7 +155,7 @@ class Dispatcher(LedgerSubscriber):
                 await durable
                 continue  # equal steps: nothing for this trainer in this pass; ask again
             if avail is Availability.WAIT:
-                if st.steps.on and self._contest(st, session):
+                if st.steps.on and self._contest(st, session, contested(st, session)):
                     # Its rivals may be dead, their leases running out: look again shortly.
                     tick = min(until, time.monotonic() + CONTEST_TICK)
                     if await self._wait_change(tick) or time.monotonic() < until:
@@ -180,13 +195,12 @@ class Dispatcher(LedgerSubscriber):
                 "start them, or check each trainer's WORLD_SIZE and RANK"
             )
 
-    def _contest(self, st: MasterState, session: str) -> bool:
-        """Whether `session`'s declaration contradicts the live world (`steps.contested`),
-        to wait on while its rivals may be dead (a rank restarted after a crash, its old
-        session's lease still running); refused naming both once a rival is heard from
-        after `session` opened: that one is alive, and the live world is never given up for
-        a trainer outside it."""
-        rivals = contested(st, session)
+    def _contest(self, st: MasterState, session: str, rivals: list[str]) -> bool:
+        """Whether `session`'s declaration contradicts the live `rivals` (`steps.contested`:
+        the live world; `steps.unlike`: trainers of the other kind), to wait on while they
+        may be dead (a rank restarted after a crash, its old session's lease still running);
+        refused naming both once a rival is heard from after `session` opened: that one is
+        alive, and the live world is never given up for a trainer outside it."""
         mine = self._leases.get(session)
         if not rivals or mine is None:
             return False
@@ -199,8 +213,20 @@ class Dispatcher(LedgerSubscriber):
             return True
         s = st.sessions[session]
         size, ranks = world(st)
-        declared = f"this trainer declares rank {s.rank} of world {s.world_size}"
-        if s.world_size != size:
+        declared = (
+            f"this trainer declares rank {s.rank} of world {s.world_size}"
+            if s.world_size
+            else "this trainer declares no world size"
+        )
+        if bool(s.world_size) != bool(st.sessions[rivals[0]].world_size):
+            kind = "declare no world size" if s.world_size else f"declare a world of {size}"
+            why = (
+                f"the job's live trainers {kind} ({_who(st, rivals[0])}"
+                f"{f' and {len(rivals) - 1} more' if len(rivals) > 1 else ''}): under "
+                "--equal-steps auto a job's trainers are all ranked (equal steps) or all not "
+                "(dynamic dispatch)"
+            )
+        elif s.world_size != size:
             shown = [_who(st, sid) for sid in rivals[:4]]
             more = f" and {len(rivals) - 4} more" if len(rivals) > 4 else ""
             why = (

@@ -39,7 +39,7 @@ from chunkmaster.master.reports import Reports
 from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.save_model import SaveApprovals
 from chunkmaster.master.sessions import Sessions
-from chunkmaster.master.settings import Settings
+from chunkmaster.master.settings import Settings, StepsSetting
 from chunkmaster.master.status import Status, TaskShare, build_status, few_tasks
 from chunkmaster.master.timeouts import TaskTimeouts
 from chunkmaster.store.base import Store
@@ -70,8 +70,14 @@ class Service:
         self._share = TaskShare(self.ledger)
         self._timeouts = TaskTimeouts(self.ledger, s.timeout_dur, clock)
         #: sessions and their leases: open, touch, data waits, end
-        self.sessions = Sessions(self.ledger, s.trainer_ttl, self._share)
-        self._dispatch = Dispatcher(self.ledger, self._timeouts, s.rank_wait, self.sessions.leases)
+        self.sessions = Sessions(self.ledger, s.trainer_ttl, self._share, s.equal_steps)
+        self._dispatch = Dispatcher(
+            self.ledger,
+            self._timeouts,
+            s.rank_wait,
+            self.sessions.leases,
+            one_kind=s.equal_steps is StepsSetting.AUTO,
+        )
         #: finishes, failures, progress and tasks handed back
         self.reports = Reports(self.ledger, self._timeouts.from_now)
         self._dataset = JobDataset(self.ledger, s, DataRoots(s.data_roots), self._share)
@@ -102,6 +108,13 @@ class Service:
         await self.ledger.recover()
         events = reconcile(self.ledger.state, self.settings.limits, self._timeouts.from_now())
         log.info("%s", self._recovered())
+        if self.settings.equal_steps is StepsSetting.OFF:
+            log.warning(
+                "--equal-steps off: trainers that declare a world size (torchrun's WORLD_SIZE) "
+                "get what they ask for, so DDP ranks get unequal numbers of batches and hang "
+                "at the all-reduce of a pass's last step; --equal-steps auto (the default) "
+                "gives them equal steps"
+            )
         for ev in events:
             await self.ledger.commit(ev)
         st = self.ledger.state

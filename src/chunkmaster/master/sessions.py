@@ -12,24 +12,34 @@ import uuid
 from collections.abc import Iterable
 
 from chunkmaster.core.errors import SessionExpiredError
-from chunkmaster.core.events import EndSession, OpenSession
+from chunkmaster.core.events import EndSession, EqualSteps, OpenSession
 from chunkmaster.core.model import TRAINER_LOST_REASON, Position
 from chunkmaster.core.queues import fail_quarantines, lost_reason, reading_task
+from chunkmaster.core.steps import StepsMode, unequal_world
 from chunkmaster.logs import about
 from chunkmaster.master.checks import check_hello, deny
 from chunkmaster.master.leases import DataWait, LeaseKeeper
 from chunkmaster.master.ledger import Ledger, LedgerSubscriber
 from chunkmaster.master.owners import own_positions, resume_refused
 from chunkmaster.master.reports import log_failure
+from chunkmaster.master.settings import StepsSetting
 from chunkmaster.master.status import TaskShare
 
 log = logging.getLogger("chunkmaster.service")
 
 
 class Sessions(LedgerSubscriber):
-    def __init__(self, ledger: Ledger, trainer_ttl: float, share: TaskShare) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        trainer_ttl: float,
+        share: TaskShare,
+        equal_steps: StepsSetting = StepsSetting.AUTO,
+    ) -> None:
         self._ledger = ledger
         self._share = share
+        self._equal_steps = equal_steps
+        self._warned_unequal = False
         self.leases = LeaseKeeper(trainer_ttl, self._lease_expired)
         ledger.subscribe(self)
 
@@ -72,6 +82,7 @@ class Sessions(LedgerSubscriber):
             world_size,
             rank if world_size else 0,
         )
+        self._choose_steps(world_size)
         _, durable = self._ledger.submit(opened)
         self.leases.renew(sid)
         await durable
@@ -85,7 +96,31 @@ class Sessions(LedgerSubscriber):
             extra=about(trainer=name, session=sid),
         )
         self._share.check()
+        self._warn_unequal()
         return sid
+
+    def _choose_steps(self, world_size: int) -> None:
+        """Under `--equal-steps auto`, the first of a job's live trainers sets its mode: equal
+        steps (drop) for a trainer that declares a world size, none for one that does not
+        (journaled before its session, so a recovering master replays the same)."""
+        if self._equal_steps is not StepsSetting.AUTO or self._ledger.state.sessions:
+            return
+        mode = StepsMode.DROP if world_size else StepsMode.OFF
+        if self._ledger.state.steps.mode is mode:
+            return
+        self._ledger.submit(EqualSteps(mode.value))
+        log.info(
+            "equal steps %s for this job (--equal-steps auto): its first trainer %s",
+            mode.value,
+            f"declares a world of {world_size}" if world_size else "declares no world size",
+        )
+
+    def _warn_unequal(self) -> None:
+        """Log once that ranks are served without equal steps (status says it meanwhile)."""
+        warning = unequal_world(self._ledger.state)
+        if warning is not None and not self._warned_unequal:
+            log.warning("%s", warning)
+        self._warned_unequal = warning is not None
 
     def touch(self, session: str) -> None:
         """Renew a session's lease (every message does); raise if it has ended."""

@@ -7,6 +7,7 @@ and a wrong value gets the same message from the flag and from the constructor.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,20 @@ class SettingError(ValueError):
         self.message = message
 
 
+class StepsSetting(enum.StrEnum):
+    """`--equal-steps`: a mode for every trainer, or `auto`, the job's trainers' choice."""
+
+    AUTO = "auto"  # drop for trainers that declare a world size (torchrun), off for the others
+    OFF = "off"
+    DROP = "drop"
+    PAD = "pad"
+
+    @property
+    def mode(self) -> StepsMode | None:
+        """The mode the state holds (None: auto, journaled as the trainers come)."""
+        return None if self is StepsSetting.AUTO else StepsMode(self.value)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the service runs by. Durations are seconds."""
@@ -51,7 +66,9 @@ class Settings:
     failed_policy: FailedPolicy = FailedPolicy.RETRY
     #: Records one pass may lose to quarantined tasks (`--max-failed-records`).
     error_budget: ErrorBudget = field(default_factory=ErrorBudget)
-    equal_steps: StepsMode = StepsMode.OFF
+    #: `--equal-steps`: auto (equal steps, drop, for trainers that declare a world size, none
+    #: for the others), or a mode for every trainer.
+    equal_steps: StepsSetting = StepsSetting.AUTO
     shuffle_seed: int | None = None
     #: Records per window trainers permute each task's records in (`--shuffle-window`; 0:
     #: off). Needs a seed; fixed for the job, like it.
@@ -73,7 +90,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failed_policy", _enum(FailedPolicy, self, "failed_policy"))
-        object.__setattr__(self, "equal_steps", _enum(StepsMode, self, "equal_steps"))
+        object.__setattr__(self, "equal_steps", _enum(StepsSetting, self, "equal_steps"))
         object.__setattr__(self, "storage_options", dict(self.storage_options))
         object.__setattr__(self, "data_roots", tuple(self.data_roots))
         for name in ("timeout_dur", "trainer_ttl", "rank_wait", "index_timeout"):
@@ -107,7 +124,7 @@ class Settings:
             self.failure_max,
             self.failed_policy,
             self.error_budget,
-            self.equal_steps,
+            self.equal_steps.mode,
             self.shuffle_seed,
             self.shuffle_window,
         )

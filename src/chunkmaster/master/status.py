@@ -20,7 +20,7 @@ from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.model import Failure, PassLedger, RecordCounts
 from chunkmaster.core.quarantine import budget_limit, describe
 from chunkmaster.core.queues import task_deadline
-from chunkmaster.core.steps import missing_ranks, world_size
+from chunkmaster.core.steps import missing_ranks, unequal_world, world_size
 from chunkmaster.logs import about, plural
 from chunkmaster.master.indexing import chunk_size_hint
 from chunkmaster.master.leases import DataWait, LeaseKeeper
@@ -291,10 +291,10 @@ def build_status(
 ) -> Status:
     """The status at wall-clock time `now` (deadlines are wall-clock; leases monotonic)."""
     st = ledger.state
-    warning = few_tasks(st)
+    warnings = [w for w in (few_tasks(st), unequal_world(st)) if w is not None]
     return Status(
         healthy=ledger.available,
-        warnings=[] if warning is None else [warning],
+        warnings=warnings,
         ready=st.ready,
         cur_pass=st.cur_pass,
         todo=len(st.todo),
