@@ -350,3 +350,67 @@ def test_the_live_world_is_the_oldest_declaration_and_a_contradiction_is_contest
         apply(s, EndSession(sid, "returned"))
     assert world(s) == (4, {0: "stray"})  # the old world ended: the next oldest declaration
     assert contested(s, "again") == ["stray"]
+
+
+def drain(s: MasterState, commit: bool = True) -> None:
+    """Every session reads the current pass to its end, committing each task it finishes (or
+    not: `commit`)."""
+    p = s.cur_pass
+    while s.cur_pass == p:
+        for sid in sorted(s.sessions):
+            if s.cur_pass != p or check_get_task(s, p, sid) is not Availability.DISPATCH:
+                continue
+            t = apply(s, Dispatch(1.0, sid, "", sid))
+            if t is None:
+                continue
+            if commit:
+                apply(s, Commit((Position(t.meta.id, t.meta.epoch, p, t.num_records),)))
+            apply(s, Finish(t.meta.id, t.meta.epoch, p))
+
+
+def test_ranges_committed_far_behind_are_kept_while_the_floor_is_there() -> None:
+    """Hostile review (issue 29): one task of 10 records split among 3 trainers; the last two
+    pieces are committed, the first never is (its trainer lost without a restart), so the floor
+    stays at pass 0 while 17 more passes go by. Every checkpoint keeps pass 0's prefix (none)
+    and its committed ranges: they were pruned with the pieces 16 passes later, and a restore
+    delivered the 7 committed records again."""
+    s = started("drop", [1] * 10, 10, 3)
+    a, b, c = (apply(s, Dispatch(1.0, sid, "", sid)) for sid in ("s0", "s1", "s2"))
+    for t in (b, c):
+        apply(s, Commit((Position(t.meta.id, t.meta.epoch, 0, t.num_records),)))
+    for t in (a, b, c):
+        apply(s, Finish(t.meta.id, t.meta.epoch, 0))
+    ranges = committed_ranges(s)
+    assert [(p, t) for p, t, _, _ in ranges] == [(0, 0)]
+    for _ in range(17):
+        drain(s)
+    assert s.cur_pass == 18 and s.commit_floor == 0
+    assert committed_ranges(s)[: len(ranges)] == ranges
+
+
+def test_a_mixture_checkpoint_holds_the_plan_of_a_pass_with_only_ranges() -> None:
+    """Hostile review (issue 29): in a mixture with equal steps (drop), pass 0 read and not
+    committed yet (the floor stays there), pass 1 begun: the records its split tasks drop are
+    ranges beyond their prefixes, and pass 1 has no prefix commit. The checkpoint's mixture
+    position must hold pass 1's plan, or encoding it fails ("pass 1 has commits and no
+    plan"): `Loader.state_dict()` raised."""
+    from helpers.datasets import chunk_dataset as chunks_of
+
+    from chunkmaster.core.dataset import Dataset
+    from chunkmaster.core.state import mixture_position
+
+    mixed = Dataset.mix([("a", chunks_of([1] * 10, 5), 0.5), ("b", chunks_of([1] * 5, 5), 0.5)])
+    s = MasterState()
+    apply(s, EqualSteps("drop"))
+    apply(s, SetDataset(mixed))
+    for i in range(2):
+        apply(s, OpenSession(f"s{i}", f"t{i}", "h", i, world_size=2, rank=i))
+    drain(s, commit=False)
+    for _ in range(2):
+        for sid in ("s0", "s1"):
+            if check_get_task(s, 1, sid) is Availability.DISPATCH:
+                apply(s, Dispatch(1.0, sid, "", sid))
+    ranges = committed_ranges(s)
+    assert s.commit_floor == 0 and 1 in {p for p, _, _, _ in ranges} and not s.commits.get(1)
+    mix = mixture_position(s)
+    assert mix is not None and 1 in dict(mix.passes)

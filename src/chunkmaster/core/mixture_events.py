@@ -6,7 +6,7 @@ and restores the plans. A pass is planned once, when it begins (O(log sources) a
 from __future__ import annotations
 
 from chunkmaster.core import steps
-from chunkmaster.core.commits import committed_position
+from chunkmaster.core.commits import committed_position, committed_ranges
 from chunkmaster.core.events import AddSources, MixturePosition
 from chunkmaster.core.master_state import InvalidEvent, MasterState
 from chunkmaster.core.mixture import (
@@ -108,12 +108,13 @@ def _records_from(state: MasterState, at: int) -> int:
 
 def mixture_position(state: MasterState) -> MixturePosition | None:
     """What a mixture's data checkpoint holds beside `committed_position`: the plans of the
-    passes from the floor to the last with commits, and the weights in force (None: the job
-    is not a mixture)."""
+    passes from the floor to the last with commits (prefixes or ranges beyond them), and the
+    weights in force (None: the job is not a mixture)."""
     if state.mix is None:
         return None
     floor, commits = committed_position(state)
-    last = max([floor, *(p for p, _, _ in commits)])
+    ranges = committed_ranges(state)  # a pass may have ranges and no prefix commit yet
+    last = max([floor, *(p for p, _, _ in commits), *(p for p, _, _, _ in ranges)])
     plans = state.mix.passes
     return MixturePosition(
         tuple(

@@ -568,7 +568,9 @@ def new_pass(state: Pass) -> None:
     _forget_members(st)
     keep_from = max(state.commit_floor, state.cur_pass - PIECES_KEPT + 1)
     st.pieces = {u: p for u, p in st.pieces.items() if p.pass_id >= keep_from}
-    st.ahead = {k: v for k, v in st.ahead.items() if k[0] >= keep_from}
+    # Committed ranges are kept from the floor on, as the prefixes are: a data checkpoint holds
+    # both, however far behind the floor is (a piece never committed holds it there).
+    st.ahead = {k: v for k, v in st.ahead.items() if k[0] >= state.commit_floor}
 
 
 # ---- commits ------------------------------------------------------------------------------
