@@ -14,5 +14,10 @@ if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2
 fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-# torch 2.13.0 CPU lies on these machines' disk; asking for it exactly avoids a CUDA download.
-"$VENV/bin/python" -m pip install -q -e ".[test]" "torch==2.13.0"
+# torch's CPU build (2.13.0+cpu, where the package index or a wheel folder has it: a 1.6 GB
+# virtualenv); else torch 2.13.0 from PyPI, which brings CUDA's libraries (5.3 GB). numpy:
+# torch warns at every import without it (the torch extra).
+if ! "$VENV/bin/python" -m pip install -q -e ".[test,torch]" "torch==2.13.0+cpu"; then
+    echo "no torch 2.13.0+cpu here: installing torch 2.13.0 (with CUDA's libraries)" >&2
+    "$VENV/bin/python" -m pip install -q -e ".[test,torch]" "torch==2.13.0"
+fi
