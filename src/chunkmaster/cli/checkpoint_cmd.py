@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chunkmaster.cli.common import CliError, add_security_flags, ask_master
+from chunkmaster.cli.common import CliError, add_master_location, add_security_flags, ask_master
 from chunkmaster.core.sizes import size_text
 from chunkmaster.logs import plural
 
@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
     )
     cmds = p.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
     save = cmds.add_parser("save", help="ask a master for its data checkpoint; write it to FILE")
-    save.add_argument("--addr", required=True, help="the master's HOST:PORT")
+    add_master_location(save, positionals=True)
     save.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
     save.add_argument("file", metavar="FILE", help="where to write it (atomically)")
     add_security_flags(save)

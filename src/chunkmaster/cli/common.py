@@ -15,6 +15,7 @@ T = TypeVar("T")
 
 __all__ = [
     "CliError",
+    "add_master_location",
     "add_security_flags",
     "ask_master",
     "channel_security",
@@ -41,6 +42,28 @@ def duration_text(seconds: float) -> str:
         return f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h" + (f" {minutes} min" if minutes else "")
+
+
+def add_master_location(
+    p: argparse.ArgumentParser, *, follows: str = "", positionals: bool = False
+) -> None:
+    """Where the master is: --addr, or etcd's --endpoints (the leader's address, which the
+    command looks up; `follows`: what else it does with it) and --job. A command with
+    positional arguments takes the endpoints as one comma-separated value (repeatable), so
+    that they do not swallow its positionals."""
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--addr", help="the master's HOST:PORT")
+    found = "ask the master whose address is at /master/addr (the leader's)" + follows
+    if positionals:
+        where.add_argument(
+            "--endpoints",
+            action="append",
+            metavar="URL[,URL...]",
+            help=f"etcd endpoints, comma-separated: {found}",
+        )
+    else:
+        where.add_argument("--endpoints", nargs="+", metavar="URL", help=f"etcd endpoints: {found}")
+    p.add_argument("--job", help="etcd key namespace of the job (with --endpoints)")
 
 
 def add_security_flags(p: argparse.ArgumentParser) -> None:
@@ -98,8 +121,53 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def ask_master(args: argparse.Namespace, call: Callable[[MasterConnection], T]) -> T:
-    """One call to the master at --addr, with the command's security flags; its errors (the
-    master's, or an unreachable master) become one CliError line."""
+    """One call to the master at --addr, or to the leader etcd names (--endpoints, --job), with
+    the command's security flags; its errors (the master's, an unreachable master, no leader)
+    become one CliError line. A leader that cannot be reached is looked up again once: it may
+    have just handed over."""
+    from chunkmaster.client.connection import TransportError
+
+    if args.job and not args.endpoints:
+        raise CliError("--job names a job in etcd: give --endpoints too", 2)
+    if not args.endpoints:
+        return _ask(args, args.addr, call)
+    from chunkmaster.etcd.discovery import MasterLocator
+    from chunkmaster.etcd.options import EtcdOptions
+
+    try:
+        etcd = EtcdOptions.parse([u for e in args.endpoints for u in e.split(",")])
+    except ValueError as exc:
+        raise CliError(f"--endpoints: {exc}", 2) from None
+    with MasterLocator(etcd, job=args.job, timeout=args.timeout) as locator:
+        addr = locator.wait_for_address(args.timeout)
+        if addr is None:
+            raise CliError(_no_leader(locator.key.decode(), args))
+        try:
+            return _ask(args, addr, call, raw=True)
+        except TransportError:
+            again = locator.wait_change(addr, args.timeout)
+            if again is None or again == addr:
+                raise CliError(_no_leader(locator.key.decode(), args, addr)) from None
+            return _ask(args, again, call)
+
+
+def _no_leader(key: str, args: argparse.Namespace, unreachable: str | None = None) -> str:
+    where = f"etcd ({' '.join(args.endpoints)})"
+    if unreachable is not None:
+        return (
+            f"the master at {unreachable}, whose address {key} in {where} holds, cannot be "
+            f"reached, and no other took its place within {args.timeout:g}s"
+        )
+    return (
+        f"no master address at {key} in {where} within {args.timeout:g}s: is a master of "
+        f"{'job ' + repr(args.job) if args.job else 'the default job'} running (--job)?"
+    )
+
+
+def _ask(
+    args: argparse.Namespace, addr: str, call: Callable[[MasterConnection], T], *, raw: bool = False
+) -> T:
+    """The call to the master at `addr` (`raw`: its transport error raised as it is)."""
     from chunkmaster.client.connection import (
         UNREACHABLE_ADVICE,
         MasterConnection,
@@ -108,12 +176,14 @@ def ask_master(args: argparse.Namespace, call: Callable[[MasterConnection], T]) 
     from chunkmaster.core.errors import MasterError
 
     security = channel_security(args)
-    with MasterConnection(args.addr, timeout=args.timeout, security=security) as conn:
+    with MasterConnection(addr, timeout=args.timeout, security=security) as conn:
         try:
             return call(conn)
         except TransportError as exc:
+            if raw:
+                raise
             raise CliError(
-                f"cannot reach the master at {args.addr} ({exc.cause}): {UNREACHABLE_ADVICE}"
+                f"cannot reach the master at {addr} ({exc.cause}): {UNREACHABLE_ADVICE}"
             ) from None
         except MasterError as exc:
             raise CliError(str(exc)) from None

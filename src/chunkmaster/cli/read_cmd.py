@@ -31,7 +31,12 @@ from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 from chunkmaster import logs
-from chunkmaster.cli.common import CliError, add_security_flags, security_kwargs
+from chunkmaster.cli.common import (
+    CliError,
+    add_master_location,
+    add_security_flags,
+    security_kwargs,
+)
 from chunkmaster.core.sizes import parse_size
 from chunkmaster.inflate import DEFAULT_MAX_INFLATED
 from chunkmaster.logs import plural
@@ -71,15 +76,7 @@ def register(sub: Any) -> None:
 
 def _add_master_flags(p: argparse.ArgumentParser) -> None:
     """Where the master is, and the dataset this trainer sets."""
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--addr", help="the master's HOST:PORT")
-    where.add_argument(
-        "--endpoints",
-        nargs="+",
-        metavar="URL",
-        help="etcd endpoints: find the master at /master/addr (and follow it when it moves)",
-    )
-    p.add_argument("--job", help="etcd key namespace of the job (with --endpoints)")
+    add_master_location(p, follows=", and follow it when it moves")
     p.add_argument(
         "--dataset",
         nargs="+",

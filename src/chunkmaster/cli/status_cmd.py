@@ -6,7 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from chunkmaster.cli.common import add_security_flags, ask_master, duration_text
+from chunkmaster.cli.common import (
+    add_master_location,
+    add_security_flags,
+    ask_master,
+    duration_text,
+)
 from chunkmaster.core.sizes import size_text
 from chunkmaster.logs import plural, printable
 
@@ -20,7 +25,7 @@ def register(sub: Any) -> None:
         "the pass's total, the trainers' rate, the time that leaves), the queues, the trainers "
         "with a session, the record ledger and the tasks that failed, each reason once.",
     )
-    p.add_argument("--addr", required=True, help="the master's HOST:PORT")
+    add_master_location(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     add_security_flags(p)

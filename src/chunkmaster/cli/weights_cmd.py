@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from chunkmaster.cli.common import CliError, add_security_flags, ask_master
+from chunkmaster.cli.common import CliError, add_master_location, add_security_flags, ask_master
 
 
 def register(sub: Any) -> None:
@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
             "added source has its @WEIGHT on the same scale."
         ),
     )
-    p.add_argument("--addr", required=True, help="the master's HOST:PORT")
+    add_master_location(p, positionals=True)
     p.add_argument(
         "points",
         nargs="*",
