@@ -10,7 +10,10 @@ master gives ranks equal steps (`--equal-steps auto`, its default): every rank g
 number of records in a pass, so the same number of batches, and no rank waits for ever at the
 next all-reduce.
 
-After each optimizer step the rank commits the batches it took. Every `--save-every` steps all
+The process group starts with `chunkmaster.torch.init_process_group`, whose rendezvous keys
+are new at every elastic restart (with gloo, torch 2.13, a restarted group would otherwise meet
+the addresses of the ranks that died). After each optimizer step the rank commits the batches
+it took. Every `--save-every` steps all
 ranks have committed; after a barrier rank 0 saves the model and the loader's state (the job's
 data checkpoint) in one file. A rank that dies makes torchrun restart the whole group (give it
 `--max-restarts`): every rank then loads that file, and the loader takes the master back to the
@@ -38,7 +41,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from chunkmaster.tokens import read_token
-from chunkmaster.torch import Loader
+from chunkmaster.torch import Loader, init_process_group
 
 RECORD = struct.Struct("<q5f")  # record ID, 4 features, target
 
@@ -69,16 +72,11 @@ def main() -> None:
     ap.add_argument("--stop-after", type=int, help="every rank exits after this many steps")
     args = ap.parse_args()
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # The group's rendezvous keys are kept per elastic restart: gloo (torch 2.13) would
+    # otherwise read the addresses of the ranks that died.
+    init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    # The group's rendezvous keys are kept per restart: after an elastic restart gloo (torch
-    # 2.13) would otherwise read the addresses of the ranks that died.
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False
-    )
-    dist.init_process_group(
-        "gloo", store=dist.PrefixStore(f"restart{restart}", store), rank=rank, world_size=world
-    )
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(4, 1).double())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

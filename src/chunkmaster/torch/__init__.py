@@ -10,7 +10,8 @@
 
 One session per rank, held by the main process; DataLoader workers (any number, persistent or
 not, any start method, in order or not) read the tasks it hands them. Under torchrun each rank
-is one trainer of the job (WORLD_SIZE, RANK). docs/torch.md has the whole story.
+is one trainer of the job (WORLD_SIZE, RANK); `init_process_group(backend)` starts its process
+group with rendezvous keys of its own at every elastic restart. docs/torch.md has the whole story.
 
 Needs the optional extra: `pip install 'chunkmaster[torch]'`.
 """
@@ -26,9 +27,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "chunkmaster.torch needs PyTorch; install it with: pip install 'chunkmaster[torch]'"
     ) from exc
 
+from chunkmaster.torch.ddp import init_process_group
 from chunkmaster.torch.loader import Loader
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "init_process_group"]
 
 
 def __getattr__(name: str) -> Any:

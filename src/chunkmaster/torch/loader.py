@@ -30,6 +30,7 @@ from chunkmaster.client.client import Client, declared_world
 from chunkmaster.client.datawait import WaitMeter
 from chunkmaster.client.errors import EndOfPass
 from chunkmaster.client.feed import PassFeed
+from chunkmaster.client.mixture import Sources
 from chunkmaster.client.options import GROUPED, Options
 from chunkmaster.client.options import resolve as resolve_options
 from chunkmaster.core.errors import PassOverError
@@ -161,7 +162,8 @@ class Loader:
     every argument in docs/torch.md).
 
     The master: `addr` or `etcd_endpoints`; the rank's `Client` options as keyword arguments,
-    as the Client takes them. `dataset`: patterns to set on the master. Records become samples
+    as the Client takes them. `dataset`: patterns, or a mixture of named sources
+    (`Client.set_dataset`'s), to set on the master. Records become samples
     through `transform` (in the workers), batches through `collate_fn` (default_collate) of
     `batch_size` samples (None: one by one). The DataLoader's own options pass through; without
     a `multiprocessing_context` workers start by forkserver (never forked from this process,
@@ -175,7 +177,7 @@ class Loader:
         addr: str | None = None,
         *,
         etcd_endpoints: Sequence[str] | str | None = None,
-        dataset: Sequence[str] | str | None = None,
+        dataset: Sequence[str] | str | Sources | None = None,
         transform: Callable[[Any], Any] | None = None,
         batch_size: int | None = 1,
         collate_fn: Callable[[list[Any]], Any] | None = None,
