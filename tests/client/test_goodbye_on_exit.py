@@ -2,7 +2,14 @@
 tasks handed back at their positions), not "trainer lost" a lease later, the wording of a
 crash. Ctrl-C (KeyboardInterrupt) out of a `with Client(...)`, or out of a script that never
 closes its Client, `sys.exit()` with a Client left open, and SIGINT or SIGTERM to
-`chunkmaster read`: each against a real master process whose log is read."""
+`chunkmaster read`: each against a real master process whose log is read.
+
+The trainer scripts wait for Ctrl-C in a main thread that wakes every second, as a busy training
+loop does, not in one blocked in a lock (`threading.Event().wait()`): CPython raises the
+KeyboardInterrupt in the main thread, and a SIGINT the kernel hands to another thread (gRPC's,
+the client's) only sets a flag that a main thread blocked in a lock never looks at, so such a
+script could wait for ever (seen in full runs under load). Should a trainer hang anyway,
+faulthandler prints every thread's stack after 45 s and exits, and the test shows them."""
 
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ from helpers.trainers import wait_until_holding
 #: or exits at once (`exit`); `with`: its Client in a with block, else left open.
 SCRIPT = textwrap.dedent(
     """
-    import sys, threading
+    import faulthandler, sys, time
     from chunkmaster.client import Client
     addr, path, mode = sys.argv[1:4]
 
@@ -36,7 +43,9 @@ SCRIPT = textwrap.dedent(
         print("READING", flush=True)
         if mode == "exit":
             sys.exit(0)
-        threading.Event().wait()  # until Ctrl-C
+        faulthandler.dump_traceback_later(45, exit=True)  # a hang: every thread's stack
+        while True:  # until Ctrl-C (see the module's text)
+            time.sleep(1)
 
     if mode == "with":
         with Client(addr) as client:
@@ -51,14 +60,16 @@ SCRIPT = textwrap.dedent(
 #: batch, says READING, then waits for Ctrl-C.
 LOADER_SCRIPT = textwrap.dedent(
     """
-    import sys, threading
+    import faulthandler, sys, time
     from chunkmaster.torch import Loader
     if __name__ == "__main__":
         addr, path = sys.argv[1:3]
         loader = Loader(addr, dataset=[path], batch_size=4, num_workers=2)
         for batch in loader:
             print("READING", flush=True)
-            threading.Event().wait()  # until Ctrl-C
+            faulthandler.dump_traceback_later(45, exit=True)  # a hang: every thread's stack
+            while True:  # until Ctrl-C (see the module's text)
+                time.sleep(1)
     """
 )
 
