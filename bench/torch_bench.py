@@ -1,17 +1,22 @@
 """A DataLoader over chunkmaster against the same DataLoader over the same local files, and what
 a commit after every step costs.
 
-    .venv/bin/python bench/torch_bench.py [--mb 64] [--repeat 5] [--workers 2] [--batch 64]
+    .venv/bin/python bench/torch_bench.py [--sizes 1k,64k,1m] [--mb N] [--repeat 5]
+        [--workers 2] [--batch 64]
 
-**Reading.** Records of 1 KiB, in RecordIO (uncompressed chunks of 64 KiB) and in Parquet
-(row groups of 1,024 rows); each record becomes a uint8 tensor of its bytes, and batches of
-`--batch` are stacked by torch's default_collate, in `--workers` DataLoader workers. Two ways,
-interleaved run by run, medians of `--repeat` (the ratio: the median of each round's ratio):
+**Reading.** RecordIO records of each size of SIZES (uncompressed; 1 KiB in chunks of 64 KiB,
+64 KiB in chunks of 4 MiB, 1 MiB in chunks of 16 MiB; `64k-1`: 64 KiB records one a chunk,
+tasks of 32 chunks, as issue 30 measured them), and Parquet at 1 KiB (row groups of 1,024
+rows); each record becomes a uint8 tensor of its bytes, and batches of `--batch` are stacked by
+torch's default_collate, in `--workers` DataLoader workers. Two ways, interleaved pass by pass,
+medians of `--repeat` rounds (the ratio: the median of each round's ratio):
 
 * baseline: the fastest plain way to read the same files with a DataLoader: a map-style
-  dataset with `__getitems__`, which reads each batch's records with one decode of each chunk
-  (row group) it touches, a sequential sampler (no shuffle: the files are read in order, as
-  chunkmaster reads each task's chunks), `DataLoader(batch_size=B, num_workers=W)`;
+  dataset over the files' preloaded chunk offsets with `__getitems__`, which reads each
+  batch's records with one read of each chunk (row group) it touches, RecordIO records as
+  views of recordio's reused chunk buffer (`scan(copy=False)`: no copy out of it), a
+  sequential sampler (no shuffle: the files are read in order, as chunkmaster reads each
+  task's chunks), `DataLoader(batch_size=B, num_workers=W, persistent_workers=True)`;
 * chunkmaster: `chunkmaster.torch.Loader(batch_size=B, num_workers=W, persistent_workers=True)`
   over a master on the embedded store (a full pass: tasks handed out, read by the workers,
   finishes and progress reported).
