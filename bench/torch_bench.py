@@ -1,17 +1,22 @@
 """A DataLoader over chunkmaster against the same DataLoader over the same local files, and what
 a commit after every step costs.
 
-    .venv/bin/python bench/torch_bench.py [--mb 64] [--repeat 5] [--workers 2] [--batch 64]
+    .venv/bin/python bench/torch_bench.py [--sizes 1k,64k,1m] [--mb N] [--repeat 5]
+        [--workers 2] [--batch 64]
 
-**Reading.** Records of 1 KiB, in RecordIO (uncompressed chunks of 64 KiB) and in Parquet
-(row groups of 1,024 rows); each record becomes a uint8 tensor of its bytes, and batches of
-`--batch` are stacked by torch's default_collate, in `--workers` DataLoader workers. Two ways,
-interleaved run by run, medians of `--repeat` (the ratio: the median of each round's ratio):
+**Reading.** RecordIO records of each size of SIZES (uncompressed; 1 KiB in chunks of 64 KiB,
+64 KiB in chunks of 4 MiB, 1 MiB in chunks of 16 MiB; `64k-1`: 64 KiB records one a chunk,
+tasks of 32 chunks, as issue 30 measured them), and Parquet at 1 KiB (row groups of 1,024
+rows); each record becomes a uint8 tensor of its bytes, and batches of `--batch` are stacked by
+torch's default_collate, in `--workers` DataLoader workers. Two ways, interleaved pass by pass,
+medians of `--repeat` rounds (the ratio: the median of each round's ratio):
 
 * baseline: the fastest plain way to read the same files with a DataLoader: a map-style
-  dataset with `__getitems__`, which reads each batch's records with one decode of each chunk
-  (row group) it touches, a sequential sampler (no shuffle: the files are read in order, as
-  chunkmaster reads each task's chunks), `DataLoader(batch_size=B, num_workers=W)`;
+  dataset over the files' preloaded chunk offsets with `__getitems__`, which reads each
+  batch's records with one read of each chunk (row group) it touches, RecordIO records as
+  views of recordio's reused chunk buffer (`scan(copy=False)`: no copy out of it), a
+  sequential sampler (no shuffle: the files are read in order, as chunkmaster reads each
+  task's chunks), `DataLoader(batch_size=B, num_workers=W, persistent_workers=True)`;
 * chunkmaster: `chunkmaster.torch.Loader(batch_size=B, num_workers=W, persistent_workers=True)`
   over a master on the embedded store (a full pass: tasks handed out, read by the workers,
   finishes and progress reported).
@@ -40,8 +45,13 @@ from chunkmaster.master.readiness import wait_ready
 from chunkmaster.recordio import Compressor, Writer, load_index, scan
 from chunkmaster.torch import Loader
 
-RECORD = 1024
-CHUNKS_PER_TASK = 32  # 64 KiB chunks: tasks of about 2 MB
+SIZES = {
+    # record size: (chunk size, chunks per task, MB of records)
+    "1k": (1 << 10, 64 << 10, 32, 64),  # tasks of about 2 MB
+    "64k": (64 << 10, 4 << 20, 4, 256),  # 64 records a chunk, tasks of 16 MB
+    "1m": (1 << 20, 16 << 20, 1, 512),  # 16 records a chunk, tasks of 16 MB
+    "64k-1": (64 << 10, 64 << 10, 32, 256),  # one record a chunk, tasks of 2 MB
+}
 
 
 def as_tensor(record: Any) -> torch.Tensor:
@@ -49,23 +59,23 @@ def as_tensor(record: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def make_recordio(d: Path, mb: int) -> tuple[str, int]:
-    n = mb * (1 << 20) // RECORD
+def make_recordio(d: Path, mb: int, record: int = 1024, chunk: int = 64 << 10) -> tuple[str, int]:
+    n = mb * (1 << 20) // record
     path = d / "data.rio"
-    payload = bytes(range(256)) * (RECORD // 256)
-    with Writer(str(path), max_chunk_size=64 << 10, compressor=Compressor.NONE) as w:
+    payload = bytes(range(256)) * (record // 256)
+    with Writer(str(path), max_chunk_size=chunk, compressor=Compressor.NONE) as w:
         for i in range(n):
             w.write(i.to_bytes(8, "big") + payload[8:])
     path.read_bytes()
     return str(path), n
 
 
-def make_parquet(d: Path, mb: int) -> tuple[str, int]:
+def make_parquet(d: Path, mb: int, record: int = 1024) -> tuple[str, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    n = mb * (1 << 20) // RECORD
-    payload = bytes(range(256)) * (RECORD // 256)
+    n = mb * (1 << 20) // record
+    payload = bytes(range(256)) * (record // 256)
     rows = [i.to_bytes(8, "big") + payload[8:] for i in range(n)]
     path = d / "data.parquet"
     pq.write_table(pa.table({"data": pa.array(rows, pa.binary())}), path, row_group_size=1024)
@@ -74,7 +84,8 @@ def make_parquet(d: Path, mb: int) -> tuple[str, int]:
 
 
 class RecordIOFiles(Dataset[torch.Tensor]):
-    """Record i of a RecordIO file; each chunk is decoded once (the last one is kept)."""
+    """Record i of a RecordIO file; each chunk is decoded once (the last one is kept), its
+    records views of recordio's reused, page-aligned chunk buffer (no copy out of it)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -95,7 +106,8 @@ class RecordIOFiles(Dataset[torch.Tensor]):
             c = bisect.bisect_right(self.firsts, i) - 1
             if c != self._chunk:
                 count = self.index.chunk_records[c]
-                self._records = list(scan(self.path, self.index, self.firsts[c], count))
+                self._records = []  # its buffer is free for the next chunk (buffers.py)
+                self._records = list(scan(self.path, self.index, self.firsts[c], count, copy=False))
                 self._chunk = c
             out.append(as_tensor(self._records[i - self.firsts[c]]))
         return out
@@ -139,12 +151,12 @@ class ParquetFiles(Dataset[torch.Tensor]):
         return out
 
 
-def start_master(d: Path) -> tuple[subprocess.Popen[str], str]:
+def start_master(d: Path, chunks_per_task: int = 32) -> tuple[subprocess.Popen[str], str]:
     ready = d / "ready.json"
     log = open(d / "master.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "chunkmaster", "master", "--port", "0", "--store", str(d / "s.db"),
-         "--chunk-per-task", str(CHUNKS_PER_TASK), "--ready-file", str(ready)],
+         "--chunk-per-task", str(chunks_per_task), "--ready-file", str(ready)],
         stdout=subprocess.DEVNULL, stderr=log, text=True,
     )  # fmt: skip
     info = wait_ready(ready, proc, 60, (d / "master.log").read_text)
@@ -157,15 +169,22 @@ def time_pass(batches: Any) -> tuple[int, float]:
     return n, time.perf_counter() - t
 
 
-def bench_reading(d: Path, fmt: str, mb: int, repeat: int, workers: int, batch: int) -> None:
-    path, n = (make_recordio if fmt == "recordio" else make_parquet)(d, mb)
+def bench_reading(
+    d: Path, fmt: str, size: str, mb: int | None, repeat: int, workers: int, batch: int
+) -> None:
+    record, chunk, per_task, default_mb = SIZES[size]
+    mb = mb or default_mb
+    if fmt == "recordio":
+        path, n = make_recordio(d, mb, record, chunk)
+    else:
+        path, n = make_parquet(d, mb, record)
     plain = DataLoader(
         RecordIOFiles(path) if fmt == "recordio" else ParquetFiles(path),
         batch_size=batch,
         num_workers=workers,
         persistent_workers=True,
     )
-    proc, addr = start_master(d)
+    proc, addr = start_master(d, per_task)
     ours = Loader(
         addr,
         dataset=[path],
@@ -193,8 +212,8 @@ def bench_reading(d: Path, fmt: str, mb: int, repeat: int, workers: int, batch: 
         m / b for m, b in zip(rates["chunkmaster"][1:], rates["baseline"][1:], strict=True)
     )
     print(
-        f"{fmt:8} {n:>8} records  baseline {base:>10,.0f} rec/s  chunkmaster {mine:>10,.0f} "
-        f"rec/s  {ratio:.2f}x (median of {len(rates['baseline']) - 1} rounds' ratios)",
+        f"{fmt:8} {size:>5} {n:>6} records  baseline {base:>9,.0f} rec/s  chunkmaster "
+        f"{mine:>9,.0f} rec/s  {ratio:.2f}x (median of {len(rates['baseline']) - 1} rounds)",
         flush=True,
     )
 
@@ -236,7 +255,9 @@ def bench_commits(d: Path, steps: int, step_ms: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mb", type=int, default=64, help="MB of records per format")
+    ap.add_argument("--mb", type=int, help="MB of records per size (default: SIZES')")
+    ap.add_argument("--sizes", default="1k,64k,1m", help="record sizes, of " + ",".join(SIZES))
+    ap.add_argument("--formats", default="recordio,parquet", help="parquet: 1 KiB records only")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
@@ -247,10 +268,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         if args.only in (None, "reading"):
-            for fmt in ("recordio", "parquet"):
-                sub = d / fmt
-                sub.mkdir()
-                bench_reading(sub, fmt, args.mb, args.repeat, args.workers, args.batch)
+            for size in args.sizes.split(","):
+                for fmt in args.formats.split(","):
+                    if fmt == "parquet" and size != "1k":
+                        continue  # row groups of 1,024 rows
+                    sub = d / f"{fmt}-{size}"
+                    sub.mkdir()
+                    bench_reading(sub, fmt, size, args.mb, args.repeat, args.workers, args.batch)
         if args.only in (None, "commits"):
             sub = d / "commits"
             sub.mkdir()

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import operator
+import zlib
 from pathlib import Path
 
+import pytest
 from helpers.datasets import write_records
 
 from chunkmaster.client.progress import PositionTracker
 from chunkmaster.core.model import Chunk, Position, Task, TaskMeta
 from chunkmaster.formats.recordio import ChunkReader
 from chunkmaster.recordio import Compressor
+from chunkmaster.recordio.errors import RecordIOError
+from chunkmaster.recordio.header import HEADER_SIZE
 from chunkmaster.recordio.index import load_index
 
 
@@ -115,3 +119,58 @@ def test_without_sessions_finished_tasks_are_not_kept() -> None:
     p.run_started(t, 0, 1, iter([1]))
     p.finished(t)
     assert p.to_commit() == []
+
+
+def test_large_records_are_read_each_into_bytes_of_their_own(tmp_path: Path) -> None:
+    """Records of 4 KiB and more are each read into their own bytes (no chunk buffer): a
+    record stays whole after the chunks after it are read, and a cut's ends count as before."""
+    records = [bytes([i]) * (5000 + 997 * i) for i in range(12)]
+    path = write_records(
+        tmp_path / "large.rio", records, max_chunk_size=40_000, compressor=Compressor.NONE
+    )
+    reader = ChunkReader()
+    got: list[bytes] = []
+    for chunk in _chunks(path):
+        loaded = reader.load(chunk.path, chunk.offset, chunk.num_records)
+        it, ends = loaded.cut(1, loaded.count)
+        assert operator.length_hint(ends) == loaded.count - 1
+        first = next(loaded.cut(0, 1)[0])
+        got += [first, *it]
+        assert operator.length_hint(ends) == 0
+    assert len(_chunks(path)) > 2
+    assert got == records  # the first chunks' records, after the last chunk was read
+    assert all(type(r) is bytes for r in got)
+
+
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        ("payload", "ChecksumError"),  # a flipped bit in a record
+        ("length", "RecordOverrunError"),  # a record's length past the chunk's end
+        ("truncate", "TruncatedChunkError"),  # the file ends inside the chunk
+    ],
+)
+def test_a_damaged_chunk_of_large_records_names_its_file_and_chunk(
+    tmp_path: Path, damage: str, error: str
+) -> None:
+    records = [bytes([i]) * 6000 for i in range(5)]
+    path = write_records(
+        tmp_path / "d.rio", records, max_chunk_size=10**6, compressor=Compressor.NONE
+    )
+    (chunk,) = _chunks(path)
+    data = bytearray(path.read_bytes())
+    payload = chunk.offset + HEADER_SIZE
+    if damage == "payload":
+        data[payload + 4 + 6000 + 4 + 100] ^= 1
+    elif damage == "length":  # the second record's length ~8 MB, under a CRC that holds
+        data[payload + 4 + 6000 + 2] = 0x7F
+        end = payload + int.from_bytes(data[chunk.offset + 12 : chunk.offset + 16], "little")
+        crc = zlib.crc32(data[payload:end])
+        data[chunk.offset + 4 : chunk.offset + 8] = crc.to_bytes(4, "little")
+    else:
+        del data[-3000:]
+    path.write_bytes(bytes(data))
+    with pytest.raises(RecordIOError) as info:
+        ChunkReader().load(str(path), chunk.offset, chunk.num_records)
+    assert type(info.value).__name__ == error
+    assert str(path) in str(info.value) and "chunk 0" in str(info.value)

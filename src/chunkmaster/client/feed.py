@@ -17,12 +17,14 @@ keeps asking the master meanwhile; `wait_ready` says when a task came back or th
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import replace
 
 from chunkmaster.client.fetcher import PassAnswers, until_end
 from chunkmaster.client.link import Cancelled, CancelToken
+from chunkmaster.client.pace import Pace
 from chunkmaster.client.pass_reader import ReaderSetup
 from chunkmaster.client.session import TrainerSession
 from chunkmaster.core.errors import NoMoreAvailableError
@@ -30,7 +32,9 @@ from chunkmaster.core.model import Position, Task
 
 
 class PassFeed:
-    """Tasks of one pass for outside readers; `stock` tasks are fetched ahead of them.
+    """Tasks of one pass for outside readers; `stock` tasks at least are fetched ahead of them,
+    more when the readers take tasks faster than a round trip to the master (pace.py: the
+    stock then covers a round trip at their pace; tasks that take long keep it at `stock`).
 
     Everything is guarded by the client's lock (`setup.buffer.cond`). `joined`: the trainer
     read the pass before this one to its end (see buffer.PassBuffer.joined).
@@ -46,6 +50,9 @@ class PassFeed:
         self._session = session
         self._progress = setup.buffer.progress
         self._size = max(1, stock)
+        self.pace = Pace(self._size)
+        self._taken_at: float | None = None  # when a reader took the task before
+        self._waited = 0.0  # what readers waited for the stock since then
         self._poll_wait = setup.poll_wait
         self._joined = joined
         self._stock: deque[Task] = deque()
@@ -63,13 +70,19 @@ class PassFeed:
         """A task for a reader, waiting while one is on its way; None when none is coming now
         (the feed is dry, the pass is over or cannot go on, or the feed was abandoned)."""
         with self._cond:
+            started = time.monotonic()
             while not self._stock and not self.dry and self.end is None:
                 if self.cancel.cancelled:
                     return None
                 self._cond.wait()
+            now = time.monotonic()
+            self._waited += now - started
             if not self._stock:
                 return None
             task = self._stock.popleft()
+            if self._taken_at is not None:  # the readers' time over a task, waits left out
+                self.pace.task_took(now - self._taken_at - self._waited)
+            self._taken_at, self._waited = now, 0.0
             self._cond.notify_all()  # room in the stock
             return task
 
@@ -160,14 +173,16 @@ class PassFeed:
         answers = PassAnswers(self.pass_id, self.cancel, self._startup, (NoMoreAvailableError,))
         while True:
             with self._cond:
-                while len(self._stock) >= self._size and not self.cancel.cancelled:
+                size = self.pace.slots()
+                while len(self._stock) >= size and not self.cancel.cancelled:
                     self._cond.wait()
-                want = min(self._size - len(self._stock), self._session.max_batch)
+                want = min(size - len(self._stock), self._session.max_batch)
                 # Not dry yet: ask without waiting, to learn at once that nothing is free.
                 wait = self._poll_wait if self.dry else 0.0
             if self._startup is not None:
                 wait = self._startup.poll(wait)
             self.cancel.check()
+            asked_at = time.monotonic()
             try:
                 tasks = self._session.next_tasks(
                     self.pass_id, max(1, want), wait, uuid.uuid4().hex, self.cancel
@@ -185,6 +200,7 @@ class PassFeed:
                 continue
             answers.tasks()
             with self._cond:
+                self.pace.answered(time.monotonic() - asked_at, max(1, want), len(tasks))
                 if self.cancel.cancelled:  # abandoned meanwhile: hand them straight back
                     back = [Position(t.meta.id, t.meta.epoch, t.pass_id, t.start) for t in tasks]
                 else:

@@ -4,9 +4,10 @@ one chunk of a task in its own thread, the way a direct scan reads it.
 The chunk is read whole and checked (CRC, decompression, the framing of every record) before
 any record of it is handed out; the checks and errors are recordio's (`load_chunk`), built from
 its public pieces. Records are cut out one at a time when asked for, by C-level iterators (one
-step of one is atomic under the GIL). Chunks of large uncompressed records are read into one
-buffer reused from chunk to chunk (a fresh 4 MiB buffer per chunk costs more in page faults
-than the read itself) and each record is copied out; other chunks are read as bytes and each
+step of one is atomic under the GIL). Each record of a chunk of large uncompressed records is
+read straight into bytes of its own, the CRC taken as they come (a chunk buffer would cost a
+copy of every byte out of it); if the chunk turns out damaged it is read again into one buffer
+reused from chunk to chunk, for the checks' own error. Other chunks are read as bytes and each
 record is a slice of them. A chunk whose bytes were fetched ahead (a ranged read from an
 object store) is checked and cut the same way from those bytes.
 """
@@ -14,6 +15,7 @@ object store) is checked and cut the same way from those bytes.
 from __future__ import annotations
 
 import operator
+import struct
 from collections.abc import Iterator
 from itertools import chain, repeat
 from typing import IO
@@ -30,7 +32,10 @@ from chunkmaster.recordio.scanner import read_chunk
 from chunkmaster.recordio.source import Opened, Source, open_source, read_exact
 
 LARGE_RECORD = 4096
-"""Average record size from which an uncompressed chunk is read into the reused buffer."""
+"""Average record size from which each record of an uncompressed local chunk is read into bytes
+of its own (two reads a record, no chunk buffer copied out of: a copy less of every byte)."""
+
+_LENGTH = struct.Struct("<I").unpack
 
 
 class LoadedChunk:
@@ -62,6 +67,57 @@ class LoadedChunk:
         return (map(bytes, records) if self._copy else records), it
 
 
+class RecordList:
+    """A checked chunk whose records were each read into bytes of their own."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records: list[bytes]) -> None:
+        self._records = records
+
+    @property
+    def count(self) -> int:
+        return len(self._records)
+
+    def cut(self, a: int, b: int) -> tuple[Iterator[bytes], Iterator[bytes]]:
+        """Records a..b-1; the one list iterator both hands them out and tells, through
+        `operator.length_hint`, how many are not taken yet (as LoadedChunk.cut's)."""
+        it = iter(self._records[a:b])
+        return it, it
+
+
+Checked = LoadedChunk | RecordList
+"""A chunk read and checked, its records to cut out."""
+
+
+def _read_records(f: IO[bytes], size: int, count: int, checksum: int) -> list[bytes] | None:
+    """The `count` records of an uncompressed payload of `size` bytes at `f`'s position, each
+    read straight into bytes of its own (no chunk buffer to copy them out of), the CRC-32
+    taken over them as they come; None unless the framing tiles the payload exactly and the
+    CRC is the header's (the caller then reads the chunk again for the checks' own error)."""
+    read = f.read
+    records: list[bytes] = []
+    append = records.append
+    crc = 0
+    left = size
+    for _ in repeat(None, count):
+        prefix = read(4)
+        if len(prefix) != 4 or left < 4:
+            return None
+        n = _LENGTH(prefix)[0]
+        left -= 4 + n
+        if left < 0:
+            return None
+        record = read(n)
+        if len(record) != n:
+            return None
+        crc = crc32(record, crc32(prefix, crc))
+        append(record)
+    if left or crc != checksum:
+        return None
+    return records
+
+
 class ChunkReader:
     """Loads chunks one after the other for one consumer; owns the reused buffer.
 
@@ -74,15 +130,15 @@ class ChunkReader:
         self._buffer = bytearray()
         self.max_inflated = check_limit(max_inflated)
 
-    def load(self, source: Source, offset: int, num_records: int) -> LoadedChunk:
+    def load(self, source: Source, offset: int, num_records: int) -> Checked:
         with open_source(source) as src:
             return self._load(src, offset, num_records)
 
-    def load_file(self, f: IO[bytes], path: str, offset: int, num_records: int) -> LoadedChunk:
+    def load_file(self, f: IO[bytes], path: str, offset: int, num_records: int) -> Checked:
         """The chunk at `offset` of `f`, an open file of `path` (the name errors give)."""
         return self._load(Opened(f, path, 0), offset, num_records)
 
-    def _load(self, src: Opened, offset: int, num_records: int) -> LoadedChunk:
+    def _load(self, src: Opened, offset: int, num_records: int) -> Checked:
         src.file.seek(src.base + offset)
         header = read_chunk(src, 0, offset, num_records)
         where: Where = {"path": src.name, "chunk": 0, "offset": offset}
@@ -90,6 +146,11 @@ class ChunkReader:
         count = header.num_records
         large = header.compressor == 0 and count and size // count >= LARGE_RECORD
         if large and callable(getattr(src.file, "readinto", None)):
+            records = _read_records(src.file, size, count, header.checksum)
+            if records is not None:
+                return RecordList(records)
+            # Damaged or short: read it again whole, for the checks' own error.
+            src.file.seek(src.base + offset + HEADER_SIZE)
             view = self._read_into(src.file, size, where)
             _check_crc(view, header.checksum, where)
             return LoadedChunk(view, frame_ends(view, count, where), copy=True)
@@ -156,14 +217,14 @@ class RecordIOLoader:
     """The trainer's side: a chunk from its bytes, fetched ahead or read with one ranged read
     (for a local file one pread, on the descriptor a trainer keeps open: client/files.py); a
     local chunk of large records (or of unknown length) from the open file, through
-    `ChunkReader` (large uncompressed records into its reused buffer)."""
+    `ChunkReader` (large uncompressed records each into bytes of its own)."""
 
     __slots__ = ("_reader",)
 
     def __init__(self, max_inflated: int = DEFAULT_MAX_INFLATED) -> None:
         self._reader = ChunkReader(max_inflated)
 
-    def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> LoadedChunk:
+    def load(self, chunk: Chunk, storage: Storage, data: bytes | None = None) -> Checked:
         if data is None:
             small = 0 < chunk.length < LARGE_RECORD * max(1, chunk.num_records)
             if isinstance(storage, LocalStorage) and not small:

@@ -6,10 +6,11 @@ when it hands the batch to the training loop, so a commit covers exactly the bat
 what workers read ahead or what waits in the DataLoader's queues and pinned memory.
 
 Workers collate full batches themselves (as a DataLoader would). What is left when a worker's
-part of a round ends is sent uncollated (`Loose`) and merged by the main process into full
-batches (`Merger`): a rank that takes R records in a pass gets ceil(R / batch_size) batches,
-however its records were spread over workers and rounds, so ranks with equal records (equal
-steps) take equal numbers of steps.
+part of a round ends is sent uncollated (`Loose`: with the default collate, tensors of one shape
+go stacked into one, which crosses to the main process as one shared-memory tensor, not one a
+sample) and merged by the main process into full batches (`Merger`): a rank that takes R
+records in a pass gets ceil(R / batch_size) batches, however its records were spread over
+workers and rounds, so ranks with equal records (equal steps) take equal numbers of steps.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
+
+from torch.utils.data import default_collate
 
 from chunkmaster.torch.channel import TaskKey
 
@@ -57,10 +60,38 @@ def pinned(data: Any) -> Any:
 
 @dataclass(slots=True)
 class Loose:
-    """Samples left over when a worker's part of a round ended: fewer than a batch."""
+    """Samples left over when a worker's part of a round ended: fewer than a batch. `packed`:
+    the samples are tensors of one shape and dtype, stacked into one (`samples` is that tensor,
+    its rows the samples), so that they cross to the main process as one shared-memory tensor
+    rather than one each."""
 
-    samples: list[Any]
+    samples: Any
     spans: list[Span]
+    packed: bool = False
+
+    def rows(self) -> list[Any]:
+        """The samples, one by one (a packed tensor's rows: views of it)."""
+        return list(self.samples.unbind(0)) if self.packed else list(self.samples)
+
+
+def _packable(samples: list[Any]) -> bool:
+    """Whether `samples` are tensors that torch.stack takes as default_collate would (one
+    shape, one dtype, dense, no grad): default_collate of their rows is then their stack."""
+    import torch
+
+    first = samples[0]
+    if type(first) is not torch.Tensor or first.layout != torch.strided or first.requires_grad:
+        return False
+    shape, dtype, device = first.shape, first.dtype, first.device
+    return all(
+        type(s) is torch.Tensor
+        and s.shape == shape
+        and s.dtype == dtype
+        and s.device == device
+        and s.layout == torch.strided
+        and not s.requires_grad
+        for s in samples
+    )
 
 
 @dataclass(slots=True)
@@ -118,9 +149,11 @@ class Batcher:
         """What is left (less than a batch), for the main process to merge."""
         if not self._samples:
             return None
-        loose = Loose(self._samples, self._spans)
+        samples, spans = self._samples, self._spans
         self._samples, self._spans = [], []
-        return loose
+        if self._collate is default_collate and len(samples) > 1 and _packable(samples):
+            return Loose(default_collate(samples), spans, packed=True)
+        return Loose(samples, spans)
 
 
 class Merger:
@@ -133,7 +166,7 @@ class Merger:
         self._ends: deque[tuple[TaskKey, int]] = deque()  # each sample's task and position after
 
     def add(self, loose: Loose) -> None:
-        self._samples.extend(loose.samples)
+        self._samples.extend(loose.rows())
         for key, first, count in loose.spans:
             self._ends.extend((key, first + i + 1) for i in range(count))
 

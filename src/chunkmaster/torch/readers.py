@@ -6,7 +6,8 @@ say where they leave their tasks (batches.py).
 Picklable (settings and the channel's queues only), so it works with every multiprocessing
 start method. An iteration reads tasks until the main process says none is coming now, then
 sends what is left of its last batch: it never waits for the end of the pass, so an in-order
-DataLoader keeps taking every worker's batches.
+DataLoader keeps taking every worker's batches. A worker asks for its next task near the end of
+the one it reads (`ASK_AHEAD`), so that it does not wait for the answer.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from chunkmaster.torch.batches import Batch, Batcher, Loose, ReadFailure
 from chunkmaster.torch.channel import LocalEnd, QueueEnd, WorkerEnds, key_of
 
 Item = Batch | Loose | ReadFailure
+
+ASK_AHEAD = 2
+"""A worker asks for its next task when this many batches of its task are left to read: the
+answer (a master's round trip when the main process's stock is empty) comes while it reads
+them, and a rank holds one task more per worker only for that long."""
 
 
 class Readers(IterableDataset[Item]):
@@ -74,16 +80,18 @@ class Readers(IterableDataset[Item]):
             lambda path: storage_for(path, options, local=files), self.columns, self.max_inflated
         )
         batcher = Batcher(self.batch_size, self.collate)
+        lead = ASK_AHEAD * (self.batch_size or 1)
         end.open()
-        while True:
-            end.ask()  # one task at a time: a rank holds no more than its workers read
-            task = end.receive()
-            if task is None:
-                break
+        end.ask()
+        while (task := end.receive()) is not None:
             key = key_of(task)
             at = task.start
+            asked = False
             try:
                 for first, records, count in reader.runs(task):
+                    if not asked and task.num_records - first <= lead:
+                        end.ask()  # the next task comes while this one's end is read
+                        asked = True
                     yield from batcher.add(key, first, records, self.transform)
                     at = first + count
             except TaskReadError as exc:
@@ -91,6 +99,8 @@ class Readers(IterableDataset[Item]):
                 if rest is not None:
                     yield rest
                 yield ReadFailure(key, at, exc.reason)
+            if not asked:
+                end.ask()
         rest = batcher.rest()
         if rest is not None:
             yield rest
