@@ -52,7 +52,7 @@ from chunkmaster.master.patterns import (
 )
 from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.settings import Settings
-from chunkmaster.master.status import TaskShare
+from chunkmaster.master.status import StatusWarnings
 
 log = logging.getLogger("chunkmaster.service")
 
@@ -111,12 +111,12 @@ def check_sources(sources: Sequence[SourceSpec], *, weighted: bool = True) -> No
 
 class JobDataset:
     def __init__(
-        self, ledger: Ledger, settings: Settings, roots: DataRoots, share: TaskShare
+        self, ledger: Ledger, settings: Settings, roots: DataRoots, warnings: StatusWarnings
     ) -> None:
         self._ledger = ledger
         self._settings = settings
         self.roots = roots
-        self._share = share
+        self._warnings = warnings
         self._indexing = IndexSettings(
             settings.index_timeout,
             settings.storage_options,
@@ -263,7 +263,7 @@ class JobDataset:
             dataset = await self.index(globs, s.chunks_per_task, s.dataset_format)
         if self._ledger.state.dataset is None:
             await self._ledger.commit(SetDataset(dataset, uuid.uuid4().hex))
-            self._share.check()
+            self._warnings.check()
 
     async def set_weights(
         self, points: Sequence[tuple[int, ByName]], mode: str = "step"

@@ -40,7 +40,7 @@ from chunkmaster.master.roots import DataRoots
 from chunkmaster.master.save_model import SaveApprovals
 from chunkmaster.master.sessions import Sessions
 from chunkmaster.master.settings import Settings, StepsSetting
-from chunkmaster.master.status import Status, TaskShare, build_status, few_tasks
+from chunkmaster.master.status import Status, StatusWarnings, build_status, few_tasks
 from chunkmaster.master.timeouts import TaskTimeouts
 from chunkmaster.store.base import Store
 
@@ -67,10 +67,10 @@ class Service:
         self.ledger = (
             Ledger(store) if compact_min is None else Ledger(store, compact_min=compact_min)
         )
-        self._share = TaskShare(self.ledger)
+        self._warnings = StatusWarnings(self.ledger)
         self._timeouts = TaskTimeouts(self.ledger, s.timeout_dur, clock)
         #: sessions and their leases: open, touch, data waits, end
-        self.sessions = Sessions(self.ledger, s.trainer_ttl, self._share, s.equal_steps)
+        self.sessions = Sessions(self.ledger, s.trainer_ttl, self._warnings, s.equal_steps)
         self._dispatch = Dispatcher(
             self.ledger,
             self._timeouts,
@@ -80,7 +80,7 @@ class Service:
         )
         #: finishes, failures, progress and tasks handed back
         self.reports = Reports(self.ledger, self._timeouts.from_now)
-        self._dataset = JobDataset(self.ledger, s, DataRoots(s.data_roots), self._share)
+        self._dataset = JobDataset(self.ledger, s, DataRoots(s.data_roots), self._warnings)
         #: commits, data checkpoints and restores
         self.checkpoints = Checkpoints(
             self.ledger, s, clock, self._dataset, self.sessions, self._timeouts
@@ -131,7 +131,7 @@ class Service:
         self.leases.grant(st.sessions)
         self.leases.start()
         self._started = True
-        self._share.check()
+        self._warnings.check()
 
     def _recovered(self) -> str:
         """One line: what this master found in its store (a new job, or where the job is)."""

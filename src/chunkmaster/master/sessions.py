@@ -15,7 +15,7 @@ from chunkmaster.core.errors import SessionExpiredError
 from chunkmaster.core.events import EndSession, EqualSteps, OpenSession
 from chunkmaster.core.model import TRAINER_LOST_REASON, Position
 from chunkmaster.core.queues import fail_quarantines, lost_reason, reading_task
-from chunkmaster.core.steps import StepsMode, unequal_world
+from chunkmaster.core.steps import StepsMode
 from chunkmaster.logs import about
 from chunkmaster.master.checks import check_hello, deny
 from chunkmaster.master.leases import DataWait, LeaseKeeper
@@ -23,7 +23,7 @@ from chunkmaster.master.ledger import Ledger, LedgerSubscriber
 from chunkmaster.master.owners import own_positions, resume_refused
 from chunkmaster.master.reports import log_failure
 from chunkmaster.master.settings import StepsSetting
-from chunkmaster.master.status import TaskShare
+from chunkmaster.master.status import StatusWarnings
 
 log = logging.getLogger("chunkmaster.service")
 
@@ -33,13 +33,12 @@ class Sessions(LedgerSubscriber):
         self,
         ledger: Ledger,
         trainer_ttl: float,
-        share: TaskShare,
+        warnings: StatusWarnings,
         equal_steps: StepsSetting = StepsSetting.AUTO,
     ) -> None:
         self._ledger = ledger
-        self._share = share
+        self._warnings = warnings
         self._equal_steps = equal_steps
-        self._warned_unequal = False
         self.leases = LeaseKeeper(trainer_ttl, self._lease_expired)
         ledger.subscribe(self)
 
@@ -95,8 +94,7 @@ class Sessions(LedgerSubscriber):
             sid,
             extra=about(trainer=name, session=sid),
         )
-        self._share.check()
-        self._warn_unequal()
+        self._warnings.check()
         return sid
 
     def _choose_steps(self, world_size: int) -> None:
@@ -114,13 +112,6 @@ class Sessions(LedgerSubscriber):
             mode.value,
             f"declares a world of {world_size}" if world_size else "declares no world size",
         )
-
-    def _warn_unequal(self) -> None:
-        """Log once that ranks are served without equal steps (status says it meanwhile)."""
-        warning = unequal_world(self._ledger.state)
-        if warning is not None and not self._warned_unequal:
-            log.warning("%s", warning)
-        self._warned_unequal = warning is not None
 
     def touch(self, session: str) -> None:
         """Renew a session's lease (every message does); raise if it has ended."""
@@ -152,7 +143,7 @@ class Sessions(LedgerSubscriber):
         held = await self._ledger.commit(EndSession(session, reason, ps, charge))
         assert isinstance(held, int)
         self.leases.drop(session)
-        self._share.check()
+        self._warnings.check()
         if reading is not None:
             log_failure(self._ledger.state, reading, lost_reason(s), quarantined=quarantined)
         log.log(

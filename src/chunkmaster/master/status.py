@@ -291,10 +291,9 @@ def build_status(
 ) -> Status:
     """The status at wall-clock time `now` (deadlines are wall-clock; leases monotonic)."""
     st = ledger.state
-    warnings = [w for w in (few_tasks(st), unequal_world(st)) if w is not None]
     return Status(
         healthy=ledger.available,
-        warnings=warnings,
+        warnings=status_warnings(st),
         ready=st.ready,
         cur_pass=st.cur_pass,
         todo=len(st.todo),
@@ -565,15 +564,25 @@ def few_tasks(st: MasterState) -> str | None:
     )
 
 
-class TaskShare:
-    """Logs `few_tasks` once each time trainers come to outnumber the tasks."""
+def status_warnings(st: MasterState) -> list[str]:
+    """What the status warns of: too few tasks for the trainers, ranks without equal steps."""
+    return [w for find in _WARNINGS if (w := find(st)) is not None]
+
+
+_WARNINGS = (few_tasks, unequal_world)
+
+
+class StatusWarnings:
+    """Logs each of the status's warnings once each time it comes to hold."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
-        self._warned = False
+        self._warned = dict.fromkeys(_WARNINGS, False)
 
     def check(self) -> None:
-        warning = few_tasks(self._ledger.state)
-        if warning is not None and not self._warned:
-            log.warning("%s", warning, extra=about(pass_id=self._ledger.state.cur_pass))
-        self._warned = warning is not None
+        st = self._ledger.state
+        for find in _WARNINGS:
+            warning = find(st)
+            if warning is not None and not self._warned[find]:
+                log.warning("%s", warning, extra=about(pass_id=st.cur_pass))
+            self._warned[find] = warning is not None
