@@ -134,11 +134,7 @@ class Dispatcher(LedgerSubscriber):
                 # first request waited for it): answered, like the first, once it is durable.
                 return st.task(held), self._ledger.written()
             if self._one_kind and session and self._contest(st, session, unlike(st, session)):
-                # Its rivals may be dead (a torchrun job started after a `read` was killed):
-                # look again shortly.
-                if time.monotonic() >= until:
-                    raise NoMoreAvailableError()
-                await self._wait_change(min(until, time.monotonic() + CONTEST_TICK))
+                await self._await_rivals(until)  # a `read` killed before a torchrun job, say
                 continue
             try:
                 avail = check_get_task(st, pass_id, session)
@@ -156,11 +152,8 @@ class Dispatcher(LedgerSubscriber):
                 continue  # equal steps: nothing for this trainer in this pass; ask again
             if avail is Availability.WAIT:
                 if st.steps.on and self._contest(st, session, contested(st, session)):
-                    # Its rivals may be dead, their leases running out: look again shortly.
-                    tick = min(until, time.monotonic() + CONTEST_TICK)
-                    if await self._wait_change(tick) or time.monotonic() < until:
-                        continue
-                    raise NoMoreAvailableError()
+                    await self._await_rivals(until)
+                    continue
                 self._check_ranks()
             if not await self._wait_change(until):
                 if avail is Availability.NOT_READY:
@@ -194,6 +187,13 @@ class Dispatcher(LedgerSubscriber):
                 f"{size} have no trainer after {waited:.0f}s (--rank-wait {self.rank_wait:g}s); "
                 "start them, or check each trainer's WORLD_SIZE and RANK"
             )
+
+    async def _await_rivals(self, until: float) -> None:
+        """A contested trainer's rivals may be dead, their leases running out: wait a tick (or
+        a change) before looking again; NoMoreAvailableError once the request's wait is over."""
+        tick = min(until, time.monotonic() + CONTEST_TICK)
+        if not await self._wait_change(tick) and time.monotonic() >= until:
+            raise NoMoreAvailableError()
 
     def _contest(self, st: MasterState, session: str, rivals: list[str]) -> bool:
         """Whether `session`'s declaration contradicts the live `rivals` (`steps.contested`:
