@@ -4,6 +4,7 @@ wheel's metadata and the installed command against it."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from packaging.version import Version
 import chunkmaster
 from chunkmaster.cli.main import main
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+REPO = Path(__file__).resolve().parents[2]
+PYPROJECT = REPO / "pyproject.toml"
 
 
 def test_pyproject_takes_the_version_from_the_package_and_writes_none_of_its_own() -> None:
@@ -35,3 +37,17 @@ def test_help_names_the_version_flag(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "--version" in capsys.readouterr().out
+
+
+def test_the_docs_name_the_files_and_the_version_of_this_release() -> None:
+    """docs/install.md and docs/torch.md name dist/'s files (chunkmaster-0.1.0-py3-none-any.whl)
+    and what `--version` prints: a new `__version__` fails here until they say it too."""
+    said: dict[str, set[str]] = {}
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        found = re.findall(r"chunkmaster-(\d+(?:\.\d+)+)(?:-py3|\.tar\.gz)", text)
+        found += re.findall(r"# chunkmaster (\d+(?:\.\d+)+)", text)
+        if found:
+            said[doc.name] = set(found)
+    assert {"install.md", "torch.md"} <= set(said)
+    assert all(v == {chunkmaster.__version__} for v in said.values()), said
