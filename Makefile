@@ -85,7 +85,7 @@ image: $(STAMP)
 
 # The deployment tests that need more than Python: the image built and run in a podman pod,
 # the sbatch script under a real Slurm, the DDP example against a TLS master (each installs
-# what it needs: scripts/ensure-*.sh).
+# what it needs: scripts/ensure-*.sh), the wheel installed in a fresh virtualenv.
 test-cluster: $(STAMP)
 	sh scripts/ensure-podman.sh
 	sh scripts/ensure-slurm.sh
