@@ -98,7 +98,7 @@ def test_tls_needs_the_ca_and_the_certificates_name(master_process: Any, tmp_pat
 def test_an_etcd_standby_is_alive_with_standby_ok_and_serving_once_it_leads(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    """As etcd/masters.yaml runs them: the probe's address from CHUNKMASTER_HOST, a DNS name
+    """As overlays/etcd runs them: the probe's address from CHUNKMASTER_HOST, a DNS name
     (here localhost), which the master listens on and publishes once it leads."""
     common = ["--endpoints", etcd_server.endpoint, "--ttl", "2"]
     leader = MasterProcess([*common, "--host", "127.0.0.1"], log_path=tmp_path / "a.log").start()
