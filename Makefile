@@ -15,6 +15,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	sh scripts/ensure-etcd.sh
+	sh scripts/ensure-kubectl.sh
 	sh scripts/ensure-chromium.sh
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
@@ -77,11 +78,16 @@ clean:
 dist: $(STAMP)
 	PY=$(PY) sh scripts/dist.sh dist
 
-# The container image chunkmaster:dev (Containerfile; scripts/build-image.sh says how; where
-# podman's defaults fail, as on CI's machines: CONTAINERS_CONF=tests/deploy/podman/containers.conf).
+# The container image IMAGE:TAG, chunkmaster:dev by default; `make image
+# IMAGE=registry.example.com/chunkmaster TAG=0.1.0` tags what the Kubernetes overlays name (their
+# `images:` entry), with OCI labels for the version and the git revision (Containerfile;
+# scripts/build-image.sh says how; where podman's defaults fail, as on CI's machines:
+# CONTAINERS_CONF=tests/deploy/podman/containers.conf).
+IMAGE ?= chunkmaster
+TAG   ?= dev
 image: $(STAMP)
 	sh scripts/ensure-podman.sh
-	PY=$(PY) sh scripts/build-image.sh
+	PY=$(PY) IMAGE=$(IMAGE) TAG=$(TAG) sh scripts/build-image.sh
 
 # The deployment tests that need more than Python: the image built and run in a podman pod,
 # the sbatch script under a real Slurm, the DDP example against a TLS master (each installs
