@@ -16,6 +16,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	sh scripts/ensure-etcd.sh
 	sh scripts/ensure-chromium.sh
+	sh scripts/ensure-promtool.sh
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
 	$(PY) -m mypy
