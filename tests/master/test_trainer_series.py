@@ -1,12 +1,15 @@
 """A trainer's metric series are labelled by what it declares (its name and rank), not by its
-session: a rank restarted again and again continues one series, and its series go when its
-session ends (closed or expired). Real master and trainer processes, a real scrape."""
+session: a rank restarted again and again continues one series, under a name of its own or
+the client's default (HOST:PID:N, new with each process, as a torchrun rank's: labelled by its
+host), and its series go when its session ends (closed or expired). Real master and trainer
+processes, a real scrape."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +19,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from chunkmaster.master.metrics.collector import trainer_label
 from chunkmaster.master.readiness import read_ready_file
+from chunkmaster.master.status import Trainer
 from tests.helpers.datasets import numbered_records
 from tests.helpers.master_process import MasterProcess
 from tests.helpers.waits import wait_for
@@ -50,10 +55,12 @@ def trainer_series(addr: str) -> dict[str, set[tuple[tuple[str, str], ...]]]:
 
 
 def start(
-    master: MasterProcess, out: Path, name: str, rank: int, *extra: str
+    master: MasterProcess, out: Path, name: str | None, rank: int, *extra: str
 ) -> subprocess.Popen[bytes]:
+    """A trainer of rank `rank` of 2, named `name` (None: the client's default name)."""
     cmd = [sys.executable, TRAINER, "--addr", str(master.addr), "--out", str(out)]
-    cmd += ["--name", name, "--world-size", "2", "--rank", str(rank), "--passes", "1000"]
+    cmd += ["--name", name] if name is not None else []
+    cmd += ["--world-size", "2", "--rank", str(rank), "--passes", "1000"]
     return subprocess.Popen([*cmd, "--step-time", "0.05", *extra], stderr=subprocess.DEVNULL)
 
 
@@ -72,9 +79,10 @@ def test_a_restarted_rank_continues_its_series_and_they_go_with_its_session(
     w0 = start(master, tmp_path / "w0.out", "w0", 0, "--dataset", data, "--stop-file", str(stop))
     procs = [w0]
     try:
-        for i in range(RESTARTS + 1):  # rank 1: started, reads, SIGKILLed; RESTARTS times over
+        # rank 1, with the default name: started, reads, SIGKILLed; RESTARTS times over
+        for i in range(RESTARTS + 1):
             out = tmp_path / f"w1-{i}.out"
-            w1 = start(master, out, "w1", 1, "--stop-file", str(stop))
+            w1 = start(master, out, None, 1, "--stop-file", str(stop))
             procs.append(w1)
             wait_for(lambda out=out: records(out) >= 2, f"w1's run {i} to read", 60)
             if i < RESTARTS:
@@ -84,9 +92,11 @@ def test_a_restarted_rank_continues_its_series_and_they_go_with_its_session(
             sessions = json.load(r)["trainers"]
         # the killed runs' sessions are still there (their TTL has not run out) ...
         assert len(sessions) == RESTARTS + 2, sessions
-        assert sorted({(t["name"], t["rank"]) for t in sessions}) == [("w0", 0), ("w1", 1)]
+        host = socket.gethostname()
+        assert len({t["name"] for t in sessions if t["rank"] == 1}) == RESTARTS + 1  # HOST:PID:0
+        assert all(t["name"].startswith(f"{host}:") for t in sessions if t["rank"] == 1)
         # ... and each trainer has one series, whatever its sessions
-        want = {(("rank", "0"), ("trainer", "w0")), (("rank", "1"), ("trainer", "w1"))}
+        want = {(("rank", "0"), ("trainer", "w0")), (("rank", "1"), ("trainer", host))}
         series = trainer_series(addr)
         assert series["chunkmaster_trainer_records_consumed"] == want, series
         assert "session" not in str(series)
@@ -111,3 +121,16 @@ def test_a_restarted_rank_continues_its_series_and_they_go_with_its_session(
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait(10)
+
+
+def trainer(name: str, rank: int | None, host: str = "gpu-1", pid: int = 4242) -> Trainer:
+    return Trainer("sid", name, host, pid, 0, 0, None, None, None, rank, 2, None)
+
+
+def test_the_trainer_label_is_the_name_or_a_ranked_default_names_host() -> None:
+    assert trainer_label(trainer("gpu-1:4242:0", 3)) == "gpu-1"  # a torchrun rank's default
+    assert trainer_label(trainer("gpu-1:4242:0", None)) == "gpu-1:4242:0"  # many a host
+    assert trainer_label(trainer("rank3", 3)) == "rank3"
+    assert trainer_label(trainer("gpu-1:999:0", 3)) == "gpu-1:999:0"  # not its own pid
+    assert trainer_label(trainer("a.b:4242:0", 3, host="a.b")) == "a.b"
+    assert trainer_label(trainer("axb:4242:0", 3, host="a.b")) == "axb:4242:0"

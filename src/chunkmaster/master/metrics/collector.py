@@ -3,6 +3,7 @@ they can never drift from it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -100,12 +101,22 @@ def _source_metrics(mixture: MixtureView) -> Iterator[Metric]:
 TRAINER_LABELS = ["trainer", "rank"]
 
 
+def trainer_label(t: Trainer) -> str:
+    """The `trainer` label: the trainer's name, but a ranked trainer's host where its name is
+    the client's default (HOST:PID:N, new with every process: a torchrun rank's), so that a
+    restarted rank continues its series. A trainer without a rank keeps its name: several of
+    them may share a host."""
+    if t.rank is not None and re.fullmatch(rf"{re.escape(t.host)}:{t.pid}:\d+", t.name):
+        return t.host
+    return t.name
+
+
 def trainer_series(trainers: Sequence[Trainer]) -> dict[tuple[str, str], Trainer]:
-    """The live sessions by (name, rank), one each: where a restarted trainer's new session
+    """The live sessions by their labels, one each: where a restarted trainer's new session
     shares them with its old one (not yet expired), the one opened last."""
     series: dict[tuple[str, str], Trainer] = {}
     for t in trainers:  # in the order the sessions were opened
-        series[(t.name, "" if t.rank is None else str(t.rank))] = t
+        series[(trainer_label(t), "" if t.rank is None else str(t.rank))] = t
     return series
 
 
