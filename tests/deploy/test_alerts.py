@@ -6,11 +6,13 @@ TLS and a token (docs/security.md):
   error and none fires, and its scrapes never raise the master's refusal counter;
 - the master is scraped as Prometheus scrapes it (HTTPS, the bearer token, the text format)
   through a job's life: trainers reading, the job finished, scrapes without the token (401),
-  RPCs with a wrong token, the master gone; and a job whose trainer holds a task and stops.
+  RPCs with a wrong token, the master gone; a job whose trainer holds a task and stops; and
+  one whose trainer reads one long task slowly, reporting its progress.
   The scrapes, a minute apart, are `promtool test rules`' input series (each with the target
   labels Prometheus gives it, and `up`), and the test asserts which alerts fire when:
   ChunkmasterPassStalled never on the finished job and on the stalled one after its 15 + 5
-  minutes, ChunkmasterUnauthenticatedCalls for the RPCs and not for the refused scrapes,
+  minutes and never on the slow one, ChunkmasterUnauthenticatedCalls for the RPCs and not for
+  the refused scrapes,
   ChunkmasterNoLeader once the master is gone.
 
 promtool and prometheus come from Debian's prometheus package (scripts/ensure-promtool.sh,
@@ -388,6 +390,35 @@ def test_a_trainer_holding_a_task_without_reading_it_stalls_the_pass(
         t,
         {last: set(), last + 14: set(), last + 22: {"ChunkmasterPassStalled"}},
     )
+
+
+def test_a_slow_trainer_reading_one_long_task_does_not_stall_the_pass(
+    promtool: str, secured: Secured, tmp_path: Path
+) -> None:
+    """No task finishes for more than 15 + 5 minutes, but the trainer reports its progress:
+    not stalled."""
+    m = secured_master(secured, "--chunk-per-task", "40")  # one task of 40 records
+    url = metrics_url(m)
+    t = Target(JOB, url.split("/")[2])
+    data = numbered_records(tmp_path / "data.rio", 40)
+    out = tmp_path / "slow.out"
+    p = start_trainer(m, secured, out, "--name", "slow", "--step-time", "0.3", "--dataset", data)
+    try:
+        while p.poll() is None:
+            t.scrape(url, secured.ca)
+            time.sleep(0.5)
+        assert p.returncode == 0
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        m.kill()
+    reading = [
+        i
+        for i, step in enumerate(t.steps)
+        if progress(step, MOVES[0]) == 0 and progress(step, MOVES[1]) > 0
+    ]
+    assert len(reading) >= 22, "the task was read too fast to outlast the rule's 15 + 5 minutes"
+    promtool_test(promtool, tmp_path, t, {i: set() for i in reading})
 
 
 #: What moves while trainers read: finishes, and records reported consumed (progress).
