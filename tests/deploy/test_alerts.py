@@ -6,7 +6,8 @@ TLS and a token (docs/security.md):
   error and none fires, and its scrapes never raise the master's refusal counter;
 - the master is scraped as Prometheus scrapes it (HTTPS, the bearer token, the text format)
   through a job's life: trainers reading, the job finished, scrapes without the token (401),
-  RPCs with a wrong token, the master gone; a job whose trainer holds a task and stops; and
+  RPCs with a wrong token, the master gone; a job whose trainer holds a task and stops; one
+  whose trainer asks for tasks it never gets (its pass waits for a rank that never comes); and
   one whose trainer reads one long task slowly, reporting its progress.
   The scrapes, a minute apart, are `promtool test rules`' input series (each with the target
   labels Prometheus gives it, and `up`), and the test asserts which alerts fire when:
@@ -390,6 +391,36 @@ def test_a_trainer_holding_a_task_without_reading_it_stalls_the_pass(
         t,
         {last: set(), last + 14: set(), last + 22: {"ChunkmasterPassStalled"}},
     )
+
+
+def test_a_trainer_asking_for_tasks_it_never_gets_stalls_the_pass(
+    promtool: str, secured: Secured, tmp_path: Path
+) -> None:
+    """Rank 0 of 2 asks and asks (its long polls end every 2 s), but the pass waits for rank 1,
+    which never comes: no task is held, yet trainers wait on the pass."""
+    m = secured_master(secured, "--equal-steps", "drop", "--rank-wait", "1h")
+    url = metrics_url(m)
+    t = Target(JOB, url.split("/")[2])
+    data = numbered_records(tmp_path / "data.rio", RECORDS)
+    args = ["--world-size", "2", "--rank", "0", "--dataset", data]
+    p = start_trainer(m, secured, tmp_path / "rank0.out", *args)
+    requests = ("chunkmaster_task_requests_total", ())
+    try:
+        assert m.wait_log(r"waits for rank\(s\) 1", 60), m.log()
+        for _ in range(25):
+            t.scrape(url, secured.ca)
+            time.sleep(0.5)
+        assert p.poll() is None
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        m.kill()
+    first, last = t.steps[0], t.steps[-1]
+    assert first is not None and last is not None
+    assert last[requests] >= first[requests] + 4  # asked again and again
+    assert last[("chunkmaster_tasks", (("queue", "pending"),))] == 0
+    assert last[("chunkmaster_finishes_total", ())] == 0
+    promtool_test(promtool, tmp_path, t, {t.now: {"ChunkmasterPassStalled"}})
 
 
 def test_a_slow_trainer_reading_one_long_task_does_not_stall_the_pass(
