@@ -1,9 +1,10 @@
 """Scraping that works and alerts that are right (issue 31), against real master processes with
 TLS and a token (docs/security.md):
 
-- a real Prometheus runs deploy/prometheus/scrape-config.yaml (its target and files replaced):
-  the master is up, every rule of deploy/prometheus/chunkmaster-alerts.yaml evaluates without
-  error and none fires, and its scrapes never raise the master's refusal counter;
+- a real Prometheus runs deploy/prometheus/scrape-config.yaml (its targets and files replaced)
+  on a master and a standby's port: the master is up, the standby down, every rule of
+  deploy/prometheus/chunkmaster-alerts.yaml evaluates without error and none fires (nor is
+  pending), and its scrapes never raise the master's refusal counter;
 - the master is scraped as Prometheus scrapes it (HTTPS, the bearer token, the text format)
   through a job's life: trainers reading, the job finished, scrapes without the token (401),
   RPCs with a wrong token, the master gone; a job whose trainer holds a task and stops; one
@@ -493,7 +494,9 @@ def test_prometheus_scrapes_the_master_with_the_scrape_config(
     assert job["scheme"] == "https" and job["authorization"]["type"] == "Bearer"
     job["authorization"]["credentials_file"] = secured.token_file
     job["tls_config"]["ca_file"] = secured.ca
-    job["static_configs"] = [{"targets": [url.split("/")[2]]}]
+    # the leader, and a standby (it serves no metrics until it leads: nothing listens)
+    leader, standby = url.split("/")[2], f"127.0.0.1:{free_port()}"
+    job["static_configs"] = [{"targets": [leader, standby]}]
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     shutil.copy(RULES, tmp_path / config["rule_files"][0])
     path = tmp_path / "prometheus.yml"
@@ -523,13 +526,14 @@ def test_prometheus_scrapes_the_master_with_the_scrape_config(
                 got = prometheus_query(base, 'count_over_time(up{job="chunkmaster"}[1m])')
             except (urllib.error.URLError, ConnectionError):
                 return False
-            return bool(got) and int(got[0]["value"][1]) >= n
+            return bool(got) and min(int(r["value"][1]) for r in got) >= n
 
         wait_for(
             lambda: scraped(5), "Prometheus to scrape the master 5 times", 60, explain=log.read_text
         )
-        (up,) = prometheus_query(base, 'up{app="chunkmaster"}')
-        assert up["value"][1] == "1", up
+        up = {r["metric"]["instance"]: r["value"][1] for r in prometheus_query(base, "up")}
+        assert up == {leader: "1", standby: "0"}
+        assert prometheus_query(base, 'up{app="chunkmaster", job="chunkmaster"}') != []
         (leader,) = prometheus_query(base, "chunkmaster_leader")
         assert leader["metric"]["job"] == "chunkmaster" and leader["value"][1] == "1"
         assert prometheus_query(base, "ALERTS") == []
