@@ -277,7 +277,7 @@ def test_a_running_then_finished_job_refused_scrapes_a_wrong_token_and_no_master
         assert first is not None and first[("chunkmaster_ready", ())] == 0
         # two trainers read two passes: a scrape every half second, a minute apart in the test
         for i in range(2):
-            args = ["--passes", "2", "--name", f"w{i}", "--step-time", "0.1"]
+            args = ["--passes", "2", "--name", f"w{i}", "--step-time", "0.15"]
             trainers.append(
                 start_trainer(m, secured, tmp_path / f"w{i}.out", *args, "--dataset", data)
             )
@@ -419,7 +419,7 @@ def test_a_trainer_asking_for_tasks_it_never_gets_stalls_the_pass(
         m.kill()
     first, last = t.steps[0], t.steps[-1]
     assert first is not None and last is not None
-    assert last[requests] >= first[requests] + 4  # asked again and again
+    assert last[requests] >= first[requests] + 3  # asked again and again
     assert last[("chunkmaster_tasks", (("queue", "pending"),))] == 0
     assert last[("chunkmaster_finishes_total", ())] == 0
     promtool_test(promtool, tmp_path, t, {t.now: {"ChunkmasterPassStalled"}})
@@ -430,10 +430,10 @@ def test_a_slow_trainer_reading_one_long_task_does_not_stall_the_pass(
 ) -> None:
     """No task finishes for more than 15 + 5 minutes, but the trainer reports its progress:
     not stalled."""
-    m = secured_master(secured, "--chunk-per-task", "40")  # one task of 40 records
+    m = secured_master(secured, "--chunk-per-task", "60")  # one task of 60 records
     url = metrics_url(m)
     t = Target(JOB, url.split("/")[2])
-    data = numbered_records(tmp_path / "data.rio", 40)
+    data = numbered_records(tmp_path / "data.rio", 60)
     out = tmp_path / "slow.out"
     p = start_trainer(m, secured, out, "--name", "slow", "--step-time", "0.3", "--dataset", data)
     try:
