@@ -4,7 +4,9 @@ TLS and a token (docs/security.md):
 - a real Prometheus runs deploy/prometheus/scrape-config.yaml (its targets and files replaced)
   on a master and a standby's port: the master is up, the standby down, every rule of
   deploy/prometheus/chunkmaster-alerts.yaml evaluates without error and none fires (nor is
-  pending), and its scrapes never raise the master's refusal counter;
+  pending), and its scrapes never raise the master's refusal counter; the ServiceMonitor's
+  endpoint, made a scrape job as the operator would, scrapes a master behind two Services
+  once;
 - the master is scraped as Prometheus scrapes it (HTTPS, the bearer token, the text format)
   through a job's life: trainers reading, the job finished, scrapes without the token (401),
   RPCs with a wrong token, the master gone; a job whose trainer holds a task and stops; one
@@ -480,13 +482,49 @@ def prometheus_query(base: str, query: str) -> list[dict[str, Any]]:
     return list(answer["data"]["result"])
 
 
-def test_prometheus_scrapes_the_master_with_the_scrape_config(
-    promtool: str, secured: Secured, tmp_path: Path
+def operator_job(endpoint: dict[str, Any], token_file: str, ca: str, target: str) -> dict[str, Any]:
+    """The scrape job the Prometheus Operator makes of the ServiceMonitor's endpoint, as far
+    as a test without Kubernetes can: its scheme, path, token (the Secret's key as a file),
+    CA and server name, and its relabelings, for one pod found through two Services (the
+    etcd kit's headless one beside the clients' one)."""
+    keys = {"targetLabel": "target_label", "sourceLabels": "source_labels"}
+    return {
+        "job_name": "chunkmaster-operator",
+        "scheme": endpoint["scheme"],
+        "metrics_path": endpoint["path"],
+        "authorization": {
+            "type": endpoint["authorization"]["type"],
+            "credentials_file": token_file,
+        },
+        "tls_config": {"ca_file": ca, "server_name": endpoint["tlsConfig"]["serverName"]},
+        "static_configs": [
+            {"targets": [target], "labels": {"service": service}}
+            for service in ("chunkmaster", "chunkmaster-masters")
+        ],
+        "relabel_configs": [
+            {keys.get(k, k): v for k, v in r.items()} for r in endpoint["relabelings"]
+        ],
+    }
+
+
+def test_prometheus_scrapes_the_master_with_the_scrape_config_and_the_servicemonitors_terms(
+    promtool: str, tmp_path: Path
 ) -> None:
     """The shipped scrape config, run by a real Prometheus against a master with TLS and a
-    token: only its target and its two files replaced."""
+    token: only its targets and its two files replaced. Beside it, the ServiceMonitor's
+    endpoint as the operator would make it a scrape job (`operator_job`)."""
     prometheus = shutil.which("prometheus")
     assert prometheus is not None  # the package that ships promtool ships it
+    monitor = yaml.safe_load(SERVICE_MONITOR.read_text())
+    (endpoint,) = monitor["spec"]["endpoints"]
+    # the master's certificate holds the ServiceMonitor's server name as well
+    ca, cert, key = server_pki(
+        tmp_path, "localhost", endpoint["tlsConfig"]["serverName"], ips=("127.0.0.1",)
+    )
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    secured = Secured(ca, cert, key, str(token))
     m = secured_master(secured)
     url = metrics_url(m)
     config = yaml.safe_load(SCRAPE_CONFIG.read_text())
@@ -497,6 +535,7 @@ def test_prometheus_scrapes_the_master_with_the_scrape_config(
     # the leader, and a standby (it serves no metrics until it leads: nothing listens)
     leader, standby = url.split("/")[2], f"127.0.0.1:{free_port()}"
     job["static_configs"] = [{"targets": [leader, standby]}]
+    config["scrape_configs"].append(operator_job(endpoint, secured.token_file, secured.ca, leader))
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     shutil.copy(RULES, tmp_path / config["rule_files"][0])
     path = tmp_path / "prometheus.yml"
@@ -531,11 +570,21 @@ def test_prometheus_scrapes_the_master_with_the_scrape_config(
         wait_for(
             lambda: scraped(5), "Prometheus to scrape the master 5 times", 60, explain=log.read_text
         )
-        up = {r["metric"]["instance"]: r["value"][1] for r in prometheus_query(base, "up")}
+        up = {
+            r["metric"]["instance"]: r["value"][1]
+            for r in prometheus_query(base, 'up{job="chunkmaster"}')
+        }
         assert up == {leader: "1", standby: "0"}
         assert prometheus_query(base, 'up{app="chunkmaster", job="chunkmaster"}') != []
-        (leader,) = prometheus_query(base, "chunkmaster_leader")
-        assert leader["metric"]["job"] == "chunkmaster" and leader["value"][1] == "1"
+        (serving,) = prometheus_query(base, 'chunkmaster_leader{job="chunkmaster"}')
+        assert serving["value"][1] == "1"
+        # the ServiceMonitor's terms: the pod behind two Services is one target, with the
+        # alerts' label and without the Service's name, and it is up (token, CA, server name)
+        with urllib.request.urlopen(f"{base}/api/v1/targets", timeout=10) as r:
+            targets = json.load(r)["data"]["activeTargets"]
+        (operator,) = [t for t in targets if t["labels"]["job"] == "chunkmaster-operator"]
+        assert operator["labels"]["app"] == "chunkmaster" and "service" not in operator["labels"]
+        assert operator["health"] == "up", operator
         assert prometheus_query(base, "ALERTS") == []
 
         def evaluated() -> bool:
@@ -560,7 +609,7 @@ def test_prometheus_scrapes_the_master_with_the_scrape_config(
 
 def test_the_servicemonitor_says_what_the_scrape_config_says() -> None:
     """What a real Prometheus runs above, in the operator's words: https, the token from the
-    Secret the masters mount, the CA, the label the alerts need."""
+    Secret the masters mount, the CA from theirs, the label the alerts need."""
     monitor = yaml.safe_load(SERVICE_MONITOR.read_text())
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["kind"] == "ServiceMonitor"
