@@ -17,6 +17,7 @@ test: $(STAMP)
 	sh scripts/ensure-etcd.sh
 	sh scripts/ensure-kubectl.sh
 	sh scripts/ensure-chromium.sh
+	sh scripts/ensure-promtool.sh
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
 	$(PY) -m mypy

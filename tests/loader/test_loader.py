@@ -307,7 +307,8 @@ def test_each_trainer_reports_how_long_its_training_loop_waits_for_data(tmp_path
             for metric in StateCollector(m.service).collect()
             for s in metric.samples
         }
-        labels = (("session", t["session"]), ("trainer", "starving"))
+        rank = "" if t["rank"] is None else str(t["rank"])  # by name and rank, not session
+        labels = (("rank", rank), ("trainer", "starving"))
         assert metrics[("chunkmaster_trainer_data_wait_share", labels)] == wait["share"]
         p99 = ("chunkmaster_trainer_data_wait_seconds", (("quantile", "0.99"), *labels))
         assert metrics[p99] == wait["p99_ms"] / 1000

@@ -27,6 +27,7 @@ from chunkmaster.master.config import MasterConfig
 from chunkmaster.master.leadership import Alone, Leadership
 from chunkmaster.master.metrics import (
     MAX_HTTP_CLIENTS,
+    LeadershipChanges,
     MasterMetrics,
     MetricsServer,
     RpcMetrics,
@@ -159,13 +160,19 @@ async def run_master(config: MasterConfig, install_signals: Callable[[asyncio.Ev
         max_connections,
         open_files,
     )
-    while await _serve(config, stop, credentials, host, max_connections):
+    changes = LeadershipChanges()  # the metric's count over this process's terms
+    while await _serve(config, stop, credentials, host, max_connections, changes):
         log.warning("campaigning for the master lock again, as a standby")
     return 0
 
 
 async def _serve(
-    config: MasterConfig, stop: asyncio.Event, credentials: Any, host: str, max_connections: int
+    config: MasterConfig,
+    stop: asyncio.Event,
+    credentials: Any,
+    host: str,
+    max_connections: int,
+    changes: LeadershipChanges,
 ) -> bool:
     """Lead (on etcd: once elected) and serve until stopped; True when the lock was lost."""
     store, leadership = build_store(config)
@@ -175,7 +182,7 @@ async def _serve(
         return False
     service = await _started_service(store, config)
     settle_collector()
-    metrics, http = await _metrics(service, config, host, leadership.elected)
+    metrics, http = await _metrics(service, config, host, leadership.elected, changes)
     server = MasterServer(
         service,
         host,
@@ -266,7 +273,7 @@ async def _started_service(store: Store, config: MasterConfig) -> Service:
 
 
 async def _metrics(
-    service: Service, config: MasterConfig, host: str, elected: bool
+    service: Service, config: MasterConfig, host: str, elected: bool, changes: LeadershipChanges
 ) -> tuple[MasterMetrics | None, MetricsServer | None]:
     """The metrics and dashboard server, if --metrics-port asks for one: the same rules as
     the RPC port (its token, its TLS)."""
@@ -276,5 +283,11 @@ async def _metrics(
     if config.tls_cert is not None and config.tls_key is not None:
         tls = server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
     return await start_metrics(
-        service, host, config.metrics_port, elected=elected, token=config.token, ssl_context=tls
+        service,
+        host,
+        config.metrics_port,
+        elected=elected,
+        token=config.token,
+        ssl_context=tls,
+        changes=changes,
     )

@@ -71,6 +71,9 @@ class Service:
         self._timeouts = TaskTimeouts(self.ledger, s.timeout_dur, clock)
         #: sessions and their leases: open, touch, data waits, end
         self.sessions = Sessions(self.ledger, s.trainer_ttl, self._warnings, s.equal_steps)
+        #: requests for tasks (GetTask, a session's NextTask asking for one), answered or not,
+        #: since this service started: the job's demand, a metric (docs/observability.md)
+        self.task_requests = 0
         self._dispatch = Dispatcher(
             self.ledger,
             self._timeouts,
@@ -252,6 +255,7 @@ class Service:
         """Up to `count` tasks of `pass_id`: the first as `get_task` gives it, the others only
         if free at once, in one durable write (master/dispatch.py)."""
         self._check_started()
+        self.task_requests += 1
         return await self._dispatch.get_tasks(
             pass_id,
             count,

@@ -12,7 +12,7 @@ import logging
 import ssl
 
 from chunkmaster.master.metrics.collector import StateCollector
-from chunkmaster.master.metrics.counters import MasterMetrics
+from chunkmaster.master.metrics.counters import LeadershipChanges, MasterMetrics
 from chunkmaster.master.metrics.http import MAX_HTTP_CLIENTS, MetricsServer
 from chunkmaster.master.metrics.interceptor import RpcMetrics
 from chunkmaster.master.service import Service
@@ -21,6 +21,7 @@ log = logging.getLogger("chunkmaster.metrics")
 
 __all__ = [
     "MAX_HTTP_CLIENTS",
+    "LeadershipChanges",
     "MasterMetrics",
     "MetricsServer",
     "RpcMetrics",
@@ -37,10 +38,12 @@ async def start_metrics(
     elected: bool,
     token: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    changes: LeadershipChanges | None = None,
 ) -> tuple[MasterMetrics, MetricsServer]:
     """The master's metrics, served on `host:port` (0 picks a free port). `elected`: this
-    master won an election to serve (etcd), which counts as a leadership change."""
-    metrics = MasterMetrics(service)
+    master won an election to serve (etcd), which counts as a leadership change; `changes`:
+    the process's count of them over its terms so far."""
+    metrics = MasterMetrics(service, changes)
     metrics.leading(True, change=elected)
     server = MetricsServer(metrics, token=token, ssl_context=ssl_context)
     await server.start(host, port)

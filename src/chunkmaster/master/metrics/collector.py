@@ -3,9 +3,10 @@ they can never drift from it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from chunkmaster.master.service import Service
@@ -36,6 +37,12 @@ class StateCollector(Collector):
             st.tasks_with_failures,
         )
         yield _gauge("chunkmaster_trainers", "Trainers with a live session.", st.sessions)
+        yield CounterMetricFamily(
+            "chunkmaster_task_requests",
+            "Requests for a task (GetTask, or a session's NextTask asking for one), answered "
+            "or not: the trainers' demand.",
+            value=self.service.task_requests,
+        )
         yield from _trainer_metrics(st.trainers)
         yield from _pass_metrics(st.ledger)
         yield _gauge(
@@ -88,31 +95,56 @@ def _source_metrics(mixture: MixtureView) -> Iterator[Metric]:
     yield epoch
 
 
+#: The labels of a trainer's series: its name and its rank ("" when it declared none), as the
+#: trainer declares them, never its session: a rank restarted under the same name continues
+#: its series, so they stay as many as the trainers (docs/observability.md).
+TRAINER_LABELS = ["trainer", "rank"]
+
+
+def trainer_label(t: Trainer) -> str:
+    """The `trainer` label: the trainer's name, but a ranked trainer's host where its name is
+    the client's default (HOST:PID:N, new with every process: a torchrun rank's), so that a
+    restarted rank continues its series. A trainer without a rank keeps its name: several of
+    them may share a host."""
+    if t.rank is not None and re.fullmatch(rf"{re.escape(t.host)}:{t.pid}:\d+", t.name):
+        return t.host
+    return t.name
+
+
+def trainer_series(trainers: Sequence[Trainer]) -> dict[tuple[str, str], Trainer]:
+    """The live sessions by their labels, one each: where a restarted trainer's new session
+    shares them with its old one (not yet expired), the one opened last."""
+    series: dict[tuple[str, str], Trainer] = {}
+    for t in trainers:  # in the order the sessions were opened
+        series[(trainer_label(t), "" if t.rank is None else str(t.rank))] = t
+    return series
+
+
 def _trainer_metrics(trainers: Sequence[Trainer]) -> Iterator[Metric]:
     rate = GaugeMetricFamily(
         "chunkmaster_trainer_records_per_second",
         "Each trainer's recent reading rate (records/s), from its progress reports.",
-        labels=["trainer", "session"],
+        labels=TRAINER_LABELS,
     )
     consumed = GaugeMetricFamily(
         "chunkmaster_trainer_records_consumed",
-        "Records each trainer reported consumed, all passes.",
-        labels=["trainer", "session"],
+        "Records each trainer's session reported consumed, all passes.",
+        labels=TRAINER_LABELS,
     )
     wait = GaugeMetricFamily(
         "chunkmaster_trainer_data_wait_seconds",
         "How long each trainer's training loop waited for a batch over its last minute "
         "(p50, p99), as its loader measured it.",
-        labels=["trainer", "session", "quantile"],
+        labels=[*TRAINER_LABELS, "quantile"],
     )
     share = GaugeMetricFamily(
         "chunkmaster_trainer_data_wait_share",
         "The share of each trainer's wall time its training loop spent waiting for data "
         "over its last minute (0 to 1): a rank that starves shows here.",
-        labels=["trainer", "session"],
+        labels=TRAINER_LABELS,
     )
-    for t in trainers:
-        labels = [t.name, t.session]
+    for (name, rank), t in trainer_series(trainers).items():
+        labels = [name, rank]
         if t.records_per_second is not None:
             rate.add_metric(labels, t.records_per_second)
         consumed.add_metric(labels, t.records_consumed)

@@ -28,11 +28,21 @@ LATENCY_BUCKETS = (
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
+class LeadershipChanges:
+    """Elections this process won or lost, over all its terms. A term's registry is new (a
+    standby serves no metrics), so its counter starts from this count: what Prometheus
+    scrapes grows from one term to the next instead of being 1 at every term."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class MasterMetrics(LedgerSubscriber):
     """The master's registry: state figures read at scrape time plus event counters."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, changes: LeadershipChanges | None = None) -> None:
         self.service = service
+        self._changes = LeadershipChanges() if changes is None else changes
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         r.register(StateCollector(service))
@@ -84,6 +94,7 @@ class MasterMetrics(LedgerSubscriber):
             "Times this process won or lost the job's leadership (etcd).",
             registry=r,
         )
+        self.leadership_changes.inc(self._changes.count)
         for reason in (TIMEOUT_REASON, READ_FAILURE):
             self.failures.labels(reason)
         # task -> (epoch, monotonic time) of its latest dispatch; one entry per task at most,
@@ -114,6 +125,7 @@ class MasterMetrics(LedgerSubscriber):
         """Note whether this master leads; `change`: it won or lost an election."""
         self.leader.set(1 if leads else 0)
         if change:
+            self._changes.count += 1
             self.leadership_changes.inc()
 
     def exposition(self) -> bytes:
