@@ -83,7 +83,8 @@ CONTAINER_MAGIC = b"CMB1"
 #:
 #: Optional keys that need no version: a mixture's per-source counts of each pass, read as
 #: none; a dataset's `chunk_size`, read as None (its data checkpoints then read as cut at
-#: 4 MiB).
+#: 4 MiB); a ledger row's last two counts (what a restore found committed and rolled back:
+#: figures for the status, which hand out nothing), read as 0.
 SNAPSHOT_VERSION = 6
 SNAPSHOT_VERSION_SHUFFLED = SNAPSHOT_VERSION
 SNAPSHOT_VERSION_MIXTURE = 7
@@ -599,15 +600,19 @@ def _counts_row(c: RecordCounts) -> list[Any]:
         c.quarantined,
         c.dropped,
         c.padded,
+        c.restored,
+        c.rolled_back,
     ]
 
 
 def _counts_from(row: list[Any], into: _C) -> _C:
-    """A ledger row's counts (quarantined, dropped and padded are absent before version 3)."""
+    """A ledger row's counts (quarantined, dropped and padded are absent before version 3,
+    restored and rolled_back in snapshots older than them)."""
     d, c, k, r, *more = row
     into.dispatched, into.consumed, into.committed = int(d), int(c), int(k)
     into.redispatched = {str(w): int(n) for w, n in r.items()}
-    for name, x in zip(("quarantined", "dropped", "padded"), more, strict=False):
+    names = ("quarantined", "dropped", "padded", "restored", "rolled_back")
+    for name, x in zip(names, more, strict=False):
         setattr(into, name, int(x))
     return into
 

@@ -8,7 +8,7 @@ from chunkmaster.core import steps
 from chunkmaster.core.events import Restore
 from chunkmaster.core.master_state import InvalidEvent, MasterState
 from chunkmaster.core.mixture_events import restore_plans
-from chunkmaster.core.model import FailedPolicy
+from chunkmaster.core.model import FailedPolicy, PassLedger, RecordCounts
 from chunkmaster.core.passes import maybe_roll_over, start_pass
 
 
@@ -73,6 +73,7 @@ def restore(state: MasterState, ev: Restore) -> bool:
     state.pass_done = {}
     state.saver = None
     state.stopped = None
+    rolled = {p: led for p, led in state.ledger.items() if p >= ev.floor}
     state.ledger = {p: led for p, led in state.ledger.items() if p < ev.floor}
     steps.restart(state)
     state.cur_pass = state.commit_floor = ev.floor
@@ -91,6 +92,7 @@ def restore(state: MasterState, ev: Restore) -> bool:
         for led in state.ledgers(task_id, pass_id):
             led.committed += records
     _restore_ranges(state, ev.ranges)
+    _count_rollback(state, ev.floor, rolled)
     state.todo = state.pass_queue(
         None if not kept else (t for t in range(state.num_tasks) if t not in kept)
     )
@@ -110,3 +112,34 @@ def _restore_ranges(state: MasterState, ranges: tuple[tuple[int, int, int, int],
         records = steps.restored_ranges(state, pass_id, task_id, spans)
         for led in state.ledgers(task_id, pass_id):
             led.committed += records
+
+
+def _count_rollback(state: MasterState, floor: int, before: dict[int, PassLedger]) -> None:
+    """What the restore cost, pass by pass from the floor on (`before`: their ledgers before
+    it, the restored commits now counted): each pass's records the trainers had reached beyond
+    the checkpoint's commits are delivered again (`rolled_back`, added to those of earlier
+    restores), and the checkpoint's commits are where the pass starts again (`restored`)."""
+    for p, was in before.items():
+        again = _reached_beyond(was, state.ledger.get(p))
+        if not (again or was.rolled_back):
+            continue
+        now = state.pass_ledger(p)
+        now.rolled_back = was.rolled_back + again
+        for s, counts in was.sources.items():
+            more = _reached_beyond(counts, now.sources.get(s))
+            if more or counts.rolled_back:
+                mine = now.sources.setdefault(s, RecordCounts())
+                mine.rolled_back = counts.rolled_back + more
+    for p, led in state.ledger.items():
+        if p >= floor:
+            led.restored = led.committed
+            for counts in led.sources.values():
+                counts.restored = counts.committed
+
+
+def _reached_beyond(was: RecordCounts, now: RecordCounts | None) -> int:
+    """The records of a pass (or of a source in it) the trainers had reached, as `was`
+    counted them (consumed beyond where the pass started: the previous restore's commits),
+    that `now`, the checkpoint's commits, does not hold."""
+    reached = max(was.consumed + was.restored, was.committed)
+    return max(0, reached - (0 if now is None else now.committed))
