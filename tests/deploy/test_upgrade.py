@@ -2,7 +2,7 @@
 
 The slow test (`cluster`, in `make test-cluster`) installs an earlier commit of this
 repository, OLD_RELEASE, in a virtualenv of its own (`git archive` of the clone's history, then
-`pip install`). Its master runs on an embedded store; its trainers (its `chunkmaster.Client`,
+`pip install`). Its master runs on an embedded store, or on a real etcd; its trainers (its `chunkmaster.Client`,
 `upgrade_trainer.py` run by its python) read a pass and part of the next, committing, past the
 master's first snapshot (written after 10,000 journal entries: the dataset has 6,000 one-chunk
 tasks); its `chunkmaster checkpoint save` saves a data checkpoint in the middle; the master is
@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 from helpers.datasets import write_records
-from helpers.deploy import REPO
+from helpers.deploy import REPO, ensure
+from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 
 from chunkmaster.core import checkpoint
@@ -135,18 +136,30 @@ def exactly_once(got: list[str], expected: set[str]) -> None:
     )
 
 
+@pytest.fixture(params=["sqlite", "etcd"])
+def state_args(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[str]]:
+    """Where both releases keep the job's state: an embedded store, or a real etcd."""
+    if request.param == "sqlite":
+        store = tmp_path / "store" / "state.db"
+        store.parent.mkdir(mode=0o700)
+        yield ["--store", str(store)]
+        return
+    ensure("ensure-etcd.sh")
+    with EtcdServer() as etcd:
+        yield ["--endpoints", etcd.endpoint, "--job", "upgraded", "--ttl", "3"]
+
+
 @pytest.mark.cluster
 def test_a_store_and_a_data_checkpoint_of_an_earlier_release_go_on_where_they_were(
-    old_python: str, tmp_path: Path
+    old_python: str, state_args: list[str], tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
     data.mkdir()
     dataset = str(
         write_records(data / "train-0.rio", [r.encode() for r in RECORDS], max_chunk_size=20)
     )
-    store = tmp_path / "store" / "state.db"
-    store.parent.mkdir(mode=0o700)
-    args = ["--store", str(store), "--chunk-per-task", "1"]
+    store = Path(state_args[1]) if state_args[0] == "--store" else None
+    args = [*state_args, "--host", "127.0.0.1", "--chunk-per-task", "1"]
 
     # The old release: a pass and a half, a data checkpoint in the middle, a SIGKILL.
     old = MasterProcess(args, python=old_python, env=old_env()).start(60)
@@ -172,7 +185,8 @@ def test_a_store_and_a_data_checkpoint_of_an_earlier_release_go_on_where_they_we
         old.kill()
     blob = (tmp_path / "old.ckpt").read_bytes()
     assert int.from_bytes(blob[8:12], "little") == 1  # the old checkpoint format
-    assert snapshot_version(store) == 5  # the old snapshot format (this one writes 6)
+    if store is not None:
+        assert snapshot_version(store) == 5  # the old snapshot format (this one writes 6)
     assert len(set(before) | set(after)) == 2501
 
     # This version on the old store: the pass goes on from the last commits, each record once.
@@ -190,22 +204,24 @@ def test_a_store_and_a_data_checkpoint_of_an_earlier_release_go_on_where_they_we
         assert new.wait_log(r"compacted the journal into a \d+-byte snapshot")
     finally:
         new.kill()
-    assert snapshot_version(store) == SNAPSHOT_VERSION  # this version's
+    if store is not None:
+        assert snapshot_version(store) == SNAPSHOT_VERSION  # this version's
 
     # The old release on the store this version wrote: refused (a traceback, its last line
     # naming the snapshot's version only: docs/deploy.md quotes it).
     refused = cli(old_python, "master", *args, "--port", "0", env=old_env())
-    assert refused.returncode != 0
+    assert refused.returncode != 0, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines()[-1] == (
         f"chunkmaster.core.codec.CodecError: snapshot version {SNAPSHOT_VERSION} is not supported"
     )
 
-    # This version restores the old data checkpoint on an empty store the same way.
+    # This version restores the old data checkpoint on an empty store the same way (the
+    # checkpoint's job: on etcd, the job's name).
     fresh = tmp_path / "fresh" / "state.db"
     fresh.parent.mkdir(mode=0o700)
-    restored = MasterProcess(
-        ["--store", str(fresh), "--chunk-per-task", "1", "--restore", str(tmp_path / "old.ckpt")]
-    ).start(60)
+    job = state_args[state_args.index("--job") :][:2] if "--job" in state_args else []
+    restore = ["--chunk-per-task", "1", "--restore", str(tmp_path / "old.ckpt")]
+    restored = MasterProcess(["--store", str(fresh), *job, *restore]).start(60)
     try:
         assert restored.addr is not None
         assert status(restored.addr)["cur_pass"] == 1
