@@ -2,14 +2,14 @@
 
 The slow test (`cluster`, in `make test-cluster`) installs an earlier commit of this
 repository, OLD_RELEASE, in a virtualenv of its own (`git archive` of the clone's history, then
-`pip install`). Its master runs on an embedded store, or on a real etcd; its trainers (its `chunkmaster.Client`,
-`upgrade_trainer.py` run by its python) read a pass and part of the next, committing, past the
-master's first snapshot (written after 10,000 journal entries: the dataset has 6,000 one-chunk
-tasks); its `chunkmaster checkpoint save` saves a data checkpoint in the middle; the master is
-SIGKILLed. Then this version opens the store and the job goes on exactly where it was, and it
-restores the old checkpoint on an empty store the same way. At the end the old release is given
-the store this version wrote (and snapshotted): it refuses it, though not in one line of ours
-(its traceback names the snapshot's version only).
+`pip install`). Its master runs on an embedded store, or on a real etcd; its trainers (its
+`chunkmaster.Client`, `upgrade_trainer.py` run by its python) read a pass and part of the
+next, committing, past the master's first snapshot (written after 10,000 journal entries: the
+dataset has 6,000 one-chunk tasks); its `chunkmaster checkpoint save` saves a data checkpoint
+in the middle; the master is SIGKILLed. Then this version opens the same state and the job
+goes on exactly where it was, and it restores the old checkpoint on an empty store the same
+way. At the end the old release is given the state this version wrote (and snapshotted): it
+refuses it, though not in one line of ours (its traceback names the snapshot's version only).
 
 The quick test checks what is in this version's power: a store, a snapshot, a journal entry or
 a data checkpoint of a version newer than it reads is refused in one line naming the versions.
