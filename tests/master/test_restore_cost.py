@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers.datasets import chunk_dataset, numbered_records
 from helpers.master_process import MasterProcess
 
@@ -25,6 +27,7 @@ from chunkmaster.core.events import Commit, Dispatch, Finish, Progress, Restore,
 from chunkmaster.core.master_state import MasterState
 from chunkmaster.core.model import Position
 from chunkmaster.core.state import apply
+from chunkmaster.master.readiness import read_ready_file
 
 
 def job(tasks: int = 4, records: int = 10) -> MasterState:
@@ -107,6 +110,33 @@ def status(addr: str, *flags: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def dashboard(m: MasterProcess, profile: Path) -> str:
+    """The master's dashboard as headless chromium renders it (its DOM once its first fetches
+    ran; `make test` installs chromium: scripts/ensure-chromium.sh)."""
+    info = read_ready_file(m.ready_file)
+    assert info is not None
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail("chromium is not installed: run scripts/ensure-chromium.sh (make test does)")
+    out = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            f"http://{info['metrics_addr']}/",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
 def take(addr: str, data: str, n: int) -> list[bytes]:
     """`n` records of pass 0 read and committed by a trainer of its own, which then leaves."""
     got: list[bytes] = []
@@ -122,7 +152,9 @@ def take(addr: str, data: str, n: int) -> list[bytes]:
 
 def test_the_status_shows_what_a_restore_onto_the_running_job_rolled_back(tmp_path: Path) -> None:
     data = numbered_records(tmp_path / "d.rio", 200, max_chunk_size=40)  # chunks of 5 records
-    m = MasterProcess(["--store", str(tmp_path / "s.db"), "--chunk-per-task", "2"]).start()
+    m = MasterProcess(
+        ["--store", str(tmp_path / "s.db"), "--chunk-per-task", "2", "--metrics-port", "0"]
+    ).start()
     try:
         assert m.addr is not None
         first = take(m.addr, data, 37)  # ends mid-task
@@ -146,6 +178,7 @@ def test_the_status_shows_what_a_restore_onto_the_running_job_rolled_back(tmp_pa
             "records  pass 0: 0 handed out, 0 consumed, 37 committed; handed out again: none; "
             "rolled back by a restore: 52 (delivered again; the checkpoint held 37 committed)"
         ) in text
+        assert "rolled back by a restore: 52" in dashboard(m, tmp_path / "profile")
         rest = take(m.addr, data, 200 - 37)
         assert sorted(first + rest) == [b"%06d" % i for i in range(200)]
         assert set(more) <= set(rest)  # the 52 rolled back are delivered again, once
