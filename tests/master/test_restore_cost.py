@@ -23,8 +23,10 @@ from helpers.master_process import MasterProcess
 import chunkmaster
 from chunkmaster.core.codec import decode_snapshot, encode_snapshot
 from chunkmaster.core.commits import committed_position
+from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import Commit, Dispatch, Finish, Progress, Restore, SetDataset
 from chunkmaster.core.master_state import MasterState
+from chunkmaster.core.mixture_events import mixture_position
 from chunkmaster.core.model import Position
 from chunkmaster.core.state import apply
 from chunkmaster.master.readiness import read_ready_file
@@ -91,6 +93,34 @@ def test_records_reached_but_not_committed_count_too_and_later_passes_are_counte
     assert st.cur_pass == 0
     assert (st.ledger[0].restored, st.ledger[0].rolled_back) == (10, 10)
     assert (st.ledger[1].restored, st.ledger[1].rolled_back) == (0, 3)
+
+
+def test_a_mixture_counts_each_source_s_part_of_the_rollback() -> None:
+    halves = []
+    for name in "ab":
+        index = [(list(range(0, 400, 100)), [10, 10, 10, 10])]  # 4 tasks of 10 records
+        halves.append((name, Dataset.build([f"/{name}/*"], [f"/{name}/0"], index, 1), 1.0))
+    st = MasterState()
+    apply(st, SetDataset(Dataset.mix(halves)))
+    for upto in (10, 10, 5):
+        read(st, upto)
+    floor, commits = committed_position(st)
+    saved = Restore(floor, commits, "ckpt", "restart-a", mixture_position(st))
+    apply(st, Progress((Position(2, 1, 0, 10),)))  # the third unit read on, not committed
+    for _ in range(4):  # four more units, of both sources
+        read(st, 10)
+    led = st.ledger[0]
+    reached = {s: c.consumed for s, c in led.sources.items()}
+    assert apply(st, saved) is True
+    led = st.ledger[0]
+    assert (led.restored, led.rolled_back) == (25, 5 + 40)
+    committed = {s: c.committed for s, c in led.sources.items()}
+    assert {s: c.rolled_back for s, c in led.sources.items()} == {
+        s: reached[s] - committed.get(s, 0) for s in reached
+    }
+    assert len(reached) == 2 and all(c.rolled_back for c in led.sources.values())
+    assert sum(c.rolled_back for c in led.sources.values()) == led.rolled_back
+    assert sum(c.restored for c in led.sources.values()) == led.restored
 
 
 def test_a_job_started_from_a_checkpoint_rolled_nothing_back() -> None:
