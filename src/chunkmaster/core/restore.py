@@ -1,5 +1,7 @@
 """A restore from a data checkpoint: every session ends, every queue is made again from the
-checkpoint's position; a restart's trainers asking for the same restore restore it once.
+checkpoint's position; a restart's trainers asking for the same restore restore it once. The
+record ledger keeps what it cost: each pass's records reached beyond the checkpoint, which the
+pass delivers again (`RecordCounts.rolled_back`).
 """
 
 from __future__ import annotations
