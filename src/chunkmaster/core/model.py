@@ -103,9 +103,10 @@ class RecordCounts:
     #: The records the last restore of a data checkpoint found committed in the pass (the
     #: checkpoint's commits: the pass went on from there, and `consumed` counts beyond them).
     restored: int = 0
-    #: Records delivered again because of restores: at each restore, those the trainers had
-    #: reached in the pass (consumed, or committed by the restore before) beyond the
-    #: checkpoint's commits, which the pass hands out again (core/restore.py).
+    #: Records delivered again because of restores that went back to this pass: at each, those
+    #: the trainers had reached (consumed, or committed by the restore before) beyond the
+    #: checkpoint's commits in this pass and the later ones, which are handed out again
+    #: (core/restore.py).
     rolled_back: int = 0
 
 

@@ -117,21 +117,25 @@ def _restore_ranges(state: MasterState, ranges: tuple[tuple[int, int, int, int],
 
 
 def _count_rollback(state: MasterState, floor: int, before: dict[int, PassLedger]) -> None:
-    """What the restore cost, pass by pass from the floor on (`before`: their ledgers before
-    it, the restored commits now counted): each pass's records the trainers had reached beyond
-    the checkpoint's commits are delivered again (`rolled_back`, added to those of earlier
-    restores), and the checkpoint's commits are where the pass starts again (`restored`)."""
-    for p, was in before.items():
-        again = _reached_beyond(was, state.ledger.get(p))
-        if not (again or was.rolled_back):
-            continue
-        now = state.pass_ledger(p)
-        now.rolled_back = was.rolled_back + again
-        for s, counts in was.sources.items():
-            more = _reached_beyond(counts, now.sources.get(s))
-            if more or counts.rolled_back:
-                mine = now.sources.setdefault(s, RecordCounts())
-                mine.rolled_back = counts.rolled_back + more
+    """What the restore cost (`before`: the ledgers of the passes from the floor on before it;
+    the restored commits are counted now): the records the trainers had reached in those
+    passes beyond the checkpoint's commits are delivered again. They count in the pass the job
+    goes back to, the floor's, with what earlier restores rolled back in those passes
+    (`rolled_back`; a later pass has no ledger until it starts again), and the checkpoint's
+    commits are where each pass starts again (`restored`)."""
+    total = sum(
+        _reached_beyond(was, state.ledger.get(p)) + was.rolled_back for p, was in before.items()
+    )
+    if total:
+        led = state.pass_ledger(floor)
+        led.rolled_back = total
+        for p, was in before.items():
+            now = state.ledger.get(p)
+            for s, counts in was.sources.items():
+                more = _reached_beyond(counts, None if now is None else now.sources.get(s))
+                if more + counts.rolled_back:
+                    mine = led.sources.setdefault(s, RecordCounts())
+                    mine.rolled_back += more + counts.rolled_back
     for p, led in state.ledger.items():
         if p >= floor:
             led.restored = led.committed

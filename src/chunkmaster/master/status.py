@@ -217,8 +217,9 @@ class PassRecords:
     dropped: int
     padded: int
     #: What the last restore of a data checkpoint found committed in the pass (where the pass
-    #: went on from; `consumed` counts beyond it), and the records restores delivered again:
-    #: those the trainers had reached beyond the checkpoint (core/restore.py).
+    #: went on from; `consumed` counts beyond it), and the records restores that went back to
+    #: the pass delivered again: those the trainers had reached beyond the checkpoint, in this
+    #: pass and later ones (core/restore.py).
     restored: int
     rolled_back: int
     #: A mixture's counts of each source in the pass, by name (every source, in the
