@@ -4,7 +4,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench peers fuzz soak soak-hostile soak-loader clean proto image test-cluster
+.PHONY: demo test test-fast lint bench peers fuzz soak soak-hostile soak-loader clean proto image test-cluster dist
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	sh scripts/bootstrap.sh $(VENV)
@@ -15,6 +15,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	sh scripts/ensure-etcd.sh
+	sh scripts/ensure-kubectl.sh
 	sh scripts/ensure-chromium.sh
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
@@ -71,17 +72,26 @@ proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src --grpc_python_out=src src/chunkmaster/rpc/master.proto
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist src/chunkmaster.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-# The container image chunkmaster:dev (Containerfile; scripts/build-image.sh says how; where
-# podman's defaults fail, as on CI's machines: CONTAINERS_CONF=tests/deploy/podman/containers.conf).
+# The sdist and the wheel in dist/, checked by `twine check` (scripts/dist.sh; docs/install.md).
+dist: $(STAMP)
+	PY=$(PY) sh scripts/dist.sh dist
+
+# The container image IMAGE:TAG, chunkmaster:dev by default; `make image
+# IMAGE=registry.example.com/chunkmaster TAG=0.1.0` tags what the Kubernetes overlays name (their
+# `images:` entry), with OCI labels for the version and the git revision (Containerfile;
+# scripts/build-image.sh says how; where podman's defaults fail, as on CI's machines:
+# CONTAINERS_CONF=tests/deploy/podman/containers.conf).
+IMAGE ?= chunkmaster
+TAG   ?= dev
 image: $(STAMP)
 	sh scripts/ensure-podman.sh
-	PY=$(PY) sh scripts/build-image.sh
+	PY=$(PY) IMAGE=$(IMAGE) TAG=$(TAG) sh scripts/build-image.sh
 
 # The deployment tests that need more than Python: the image built and run in a podman pod,
 # the sbatch script under a real Slurm, the DDP example against a TLS master (each installs
-# what it needs: scripts/ensure-*.sh).
+# what it needs: scripts/ensure-*.sh), the wheel installed in a fresh virtualenv.
 test-cluster: $(STAMP)
 	sh scripts/ensure-podman.sh
 	sh scripts/ensure-slurm.sh

@@ -39,6 +39,8 @@ _MASTER = {
     "SqliteStore": "chunkmaster.store.sqlite",
 }
 
+#: The release: the one place it is written. pyproject.toml reads it (a dynamic version, read
+#: from this file without importing it), so the wheel, `chunkmaster --version` and this agree.
 __version__ = "0.1.0"
 
 __all__ = [

@@ -14,6 +14,12 @@ the certificate carries when it is not the address's host (`--server-name`).
 `--standby-ok`: nothing listening at the address counts as healthy. A master on etcd listens
 only once it leads, so a standby waiting for the lock has no port open; this makes the probe a
 liveness check for it (a leader that stopped answering still fails).
+
+`--leader`: healthy only while the master at the address leads, its address published (the
+health service's `chunkmaster.v1.Leader`); a standby, with nothing listening, is not, whatever
+`--standby-ok` says. As a readiness probe it makes the leader the only ready master, so a
+Kubernetes Service over the masters reaches the leader alone, and the standbys stay live under
+the liveness probe's `--standby-ok` (deploy/kubernetes/, docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -30,9 +36,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from chunkmaster.client.connection import ChannelSecurity
 
-__all__ = ["check", "default_addr", "main"]
+__all__ = ["LEADER_SERVICE", "check", "default_addr", "main"]
 
 HEALTHY, UNHEALTHY, USAGE = 0, 1, 2
+
+#: The health service's name for "this master leads": SERVING from the moment a master leads
+#: and has published its address (on etcd) until it stops serving; unknown before. Asked for
+#: by `--leader`, the readiness probe that makes the leader the only ready master, so that a
+#: Kubernetes Service over the masters reaches the leader alone (deploy/kubernetes/).
+LEADER_SERVICE = "chunkmaster.v1.Leader"
 
 
 def default_addr(environ: Mapping[str, str]) -> str:
@@ -67,9 +79,15 @@ def check(
     service: str = "",
     timeout: float = 5.0,
     standby_ok: bool = False,
+    leader: bool = False,
 ) -> tuple[int, str]:
-    """The exit code and the line to print for one health check of the master at `addr`."""
-    if standby_ok and not _listening(addr, timeout):
+    """The exit code and the line to print for one health check of the master at `addr`;
+    with `leader`, of whether it leads (`service` is then the leader's)."""
+    if leader:
+        service = LEADER_SERVICE
+        if not _listening(addr, timeout):
+            return UNHEALTHY, f"{addr}: nothing listening: not the leader (a standby?)"
+    elif standby_ok and not _listening(addr, timeout):
         return HEALTHY, f"{addr}: nothing listening (a standby waiting to lead)"
     options: list[tuple[str, object]] = []
     if server_name:
@@ -82,10 +100,16 @@ def check(
         code = exc.code() if isinstance(exc, grpc.Call) else None
         detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
         name = code.name if code is not None else "error"
+        if leader and code == grpc.StatusCode.NOT_FOUND:
+            return UNHEALTHY, f"{addr}: not the leader yet (its address is not published)"
         return UNHEALTHY, f"{addr}: {name}: {detail}"
     finally:
         channel.close()
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    if leader and status == "SERVING":
+        return HEALTHY, f"{addr}: leading"
+    if leader:
+        return UNHEALTHY, f"{addr}: {status}: not leading"
     return (HEALTHY if status == "SERVING" else UNHEALTHY), f"{addr}: {status}"
 
 
@@ -127,6 +151,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         default=_flag(env, "CHUNKMASTER_HEALTH_STANDBY_OK"),
         help="nothing listening counts as healthy: an etcd standby (CHUNKMASTER_HEALTH_STANDBY_OK)",
     )
+    p.add_argument(
+        "--leader",
+        action="store_true",
+        help="healthy only while the master leads (a readiness probe that makes the leader the "
+        "only ready master); a standby is not, whatever --standby-ok says",
+    )
     args = p.parse_args(argv)
     addr = args.addr or default_addr(env)
     if env.get("CHUNKMASTER_TLS_CERT") and args.tls_ca is None and args.tls_cert is None:
@@ -148,6 +178,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         service=args.service,
         timeout=args.timeout,
         standby_ok=args.standby_ok,
+        leader=args.leader,
     )
     print(line, file=sys.stdout if code == HEALTHY else sys.stderr)
     return code

@@ -1,4 +1,4 @@
-"""examples/train_ddp.py as training/ddp-job.yaml runs it: against a master that wants a token
+"""examples/train_ddp.py as overlays/torchrun runs it: against a master that wants a token
 and speaks TLS, the token from a file and the CA given by flags (--token-file, --tls-ca). Two
 ranks under a real torchrun (CPU, gloo), one pass: every record trained on once, but for those
 equal steps dropped."""

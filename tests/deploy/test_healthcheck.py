@@ -56,6 +56,23 @@ def test_a_serving_master_is_healthy_without_the_token_and_a_stopped_one_is_not(
     assert down.stderr.startswith(f"127.0.0.1:{port}: UNAVAILABLE"), down.stderr
 
 
+def test_a_master_on_the_embedded_store_leads_for_the_leader_probe(master_process: Any) -> None:
+    """overlays/embedded's readiness probe (`--leader`): its one master leads once it serves;
+    nothing listening is not ready, --standby-ok or not (tests/deploy/test_leader_service.py
+    has the masters on etcd)."""
+    m = master_process()
+    port = m.addr.rsplit(":", 1)[1]
+    ok = probe("--leader", CHUNKMASTER_PORT=port)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == f"127.0.0.1:{port}: leading"
+    m.terminate()
+    down = probe(
+        "--leader", "--timeout", "2", CHUNKMASTER_PORT=port, CHUNKMASTER_HEALTH_STANDBY_OK="1"
+    )
+    assert down.returncode == 1
+    assert "nothing listening: not the leader" in down.stderr, down.stderr
+
+
 def test_tls_needs_the_ca_and_the_certificates_name(master_process: Any, tmp_path: Path) -> None:
     ca, cert, key = server_pki(tmp_path, SERVER_NAME)
     token = tmp_path / "token"
@@ -81,7 +98,7 @@ def test_tls_needs_the_ca_and_the_certificates_name(master_process: Any, tmp_pat
 def test_an_etcd_standby_is_alive_with_standby_ok_and_serving_once_it_leads(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    """As etcd/masters.yaml runs them: the probe's address from CHUNKMASTER_HOST, a DNS name
+    """As overlays/etcd runs them: the probe's address from CHUNKMASTER_HOST, a DNS name
     (here localhost), which the master listens on and publishes once it leads."""
     common = ["--endpoints", etcd_server.endpoint, "--ttl", "2"]
     leader = MasterProcess([*common, "--host", "127.0.0.1"], log_path=tmp_path / "a.log").start()

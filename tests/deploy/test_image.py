@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
 
 @pytest.fixture(scope="module")
 def image(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """chunkmaster:dev built by `scripts/build-image.sh` on a base made with mmdebstrap."""
+    """localhost/chunkmaster:dev built by `scripts/build-image.sh` on a base made with
+    mmdebstrap."""
     tar = tmp_path_factory.mktemp("base") / "base.tar"
     made = subprocess.run(
         ["sh", str(REPO / "scripts/make-base-image.sh"), str(tar)],
@@ -86,7 +88,8 @@ def image(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> str:
     assert made.returncode == 0, f"mmdebstrap failed:\n{made.stderr[-3000:]}"
     podman.run("import", "--quiet", str(tar), BASE)
     tar.unlink()
-    env = dict(podman.env, BASE=BASE, TAG=IMAGE, PY=sys.executable)
+    name, tag = IMAGE.rsplit(":", 1)  # as `make image IMAGE=... TAG=...` passes them
+    env = dict(podman.env, BASE=BASE, IMAGE=name, TAG=tag, PY=sys.executable)
     built = subprocess.run(
         ["sh", str(REPO / "scripts/build-image.sh")],
         capture_output=True,
@@ -206,3 +209,18 @@ def test_master_and_two_trainers_in_one_pod_read_every_record_once(
         IMAGE, "status", "--addr", "127.0.0.1:8080", "--token-file", TOKEN_TARGET, "--json",
     )  # fmt: skip
     assert json.loads(status.stdout)["cur_pass"] == PASSES
+
+
+def test_the_image_carries_its_version_and_revision(podman: Podman, image: str) -> None:
+    """OCI labels: the package's version (pyproject's, through the wheel) and the commit."""
+    labels = json.loads(podman.run("image", "inspect", image).stdout)[0]["Labels"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    if "version" in project:
+        assert labels["org.opencontainers.image.version"] == project["version"]
+    else:
+        assert labels["org.opencontainers.image.version"]
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    revision = head.stdout.strip() if head.returncode == 0 else "unknown"
+    assert labels["org.opencontainers.image.revision"] == revision

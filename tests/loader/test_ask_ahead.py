@@ -77,7 +77,31 @@ def test_a_worker_asks_for_its_next_task_before_the_last_batches_of_its_task(
     assert marks[12] == (((0, 0, 1), 100), ((0, 1, 1), 4))
     assert end.log[:3] == ["open", "ask", "receive"]
     assert end.log.count("ask") == end.log.count("receive") == len(tasks) + 1
-    # Batch 11 (records 88..95) is cut from task 0's last chunk (90..99): the request for
-    # task 1 went before that chunk was read; batch 10 (80..87) was read before it.
-    assert asked[10] == 1
-    assert asked[11] == 2
+    # Batch 10 (records 80..87) holds record 84, the first of task 0's last 16: the request
+    # for task 1 went before it was cut; batch 9 (72..79) was sent before.
+    assert asked[9] == 1
+    assert asked[10] == 2
+
+
+def test_a_task_of_one_chunk_asks_for_the_next_before_its_last_batches(tmp_path: Path) -> None:
+    """Where one chunk holds the whole task (the writer's default chunks of large records),
+    the request still goes with two batches of it to go, not once it is all read."""
+    records = [i.to_bytes(8, "big") * 4 for i in range(300)]  # 100 a chunk
+    path = write_records(
+        tmp_path / "a.rio", records, max_chunk_size=3200, compressor=Compressor.NONE
+    )
+    tasks = _tasks(path, 1)  # 3 tasks of one chunk of 100 records
+    readers = Readers(transform=None, batch_size=8, collate=list, columns=None, reading=Reading())
+    end = ScriptedEnd(tasks)
+    got: list[bytes] = []
+    asked = []
+    for item in readers._read(end, OpenFiles()):
+        assert isinstance(item, Batch | Loose)
+        got += item.data if isinstance(item, Batch) else item.samples
+        asked.append(end.log.count("ask"))
+    assert got == records
+    assert end.log.count("ask") == end.log.count("receive") == len(tasks) + 1
+    # Batch 10 (records 80..87) holds record 84, the first of the last 16 of task 0: asked
+    # for task 1 before it was cut; batch 9 (72..79) was sent before.
+    assert asked[9] == 1
+    assert asked[10] == 2

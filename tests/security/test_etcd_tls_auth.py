@@ -1,17 +1,23 @@
 """The master on an etcd that demands TLS and a user: --etcd-ca/--etcd-cert/--etcd-key,
 --etcd-user with CHUNKMASTER_ETCD_PASSWORD, against a real etcd started with client TLS
-(certificates made by the tests) and authentication enabled through its own API."""
+(certificates made by the tests) and authentication enabled through its own API. The
+operator's commands and `read` find the master through the same etcd with the same flags (or
+variables); without them they fail in one line."""
 
 from __future__ import annotations
 
 import json
+import os
 import ssl
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import Pki
+from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
 from helpers.status_view import status_view
@@ -95,5 +101,73 @@ def test_a_master_on_an_etcd_with_tls_and_a_password(
             assert "wrong-pass-42" not in bad.log()
         finally:
             bad.kill()
+    finally:
+        etcd.stop()
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chunkmaster", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+def test_operator_commands_and_read_find_the_master_through_an_etcd_with_tls_and_a_user(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    etcd = TlsEtcd(pki)
+    try:
+        etcd.enable_auth()
+        creds = ["--etcd-ca", pki.ca, "--etcd-cert", pki.client_cert]
+        creds += ["--etcd-key", pki.client_key, "--etcd-user", "root"]
+        where = ["--endpoints", etcd.endpoint, "--job", "tls"]
+        monkeypatch.setenv("CHUNKMASTER_ETCD_PASSWORD", PASSWORD)
+        m = MasterProcess([*where, "--host", "127.0.0.1", "--ttl", "2", *creds]).start()
+        env = dict(os.environ)
+        try:
+            data = numbered_records(tmp_path / "a.rio", 30)
+            read = cli(
+                "read", *where, *creds, "--dataset", str(data), "--passes", "1", "--json", env=env
+            )
+            assert read.returncode == 0, read.stderr
+            assert json.loads(read.stdout.splitlines()[0])["records"] == 30
+            st = cli("status", *where, *creds, "--json", env=env)
+            assert st.returncode == 0, st.stderr
+            assert json.loads(st.stdout)["num_tasks"] > 0
+            saved = tmp_path / "c.ckpt"
+            cp = cli("checkpoint", "save", *where, *creds, str(saved), env=env)
+            assert cp.returncode == 0, cp.stderr
+            assert saved.exists()
+            # The same credentials from the master's variables.
+            variables = dict(
+                env,
+                CHUNKMASTER_ETCD_CA=pki.ca,
+                CHUNKMASTER_ETCD_CERT=pki.client_cert,
+                CHUNKMASTER_ETCD_KEY=pki.client_key,
+                CHUNKMASTER_ETCD_USER="root",
+            )
+            assert cli("status", *where, env=variables).returncode == 0
+            # Without the password, or with an etcd flag but no etcd: one line, exit 2.
+            no_password = {k: v for k, v in variables.items() if k != "CHUNKMASTER_ETCD_PASSWORD"}
+            bad = cli("status", *where, env=no_password)
+            assert bad.returncode == 2
+            assert "CHUNKMASTER_ETCD_PASSWORD" in bad.stderr and len(bad.stderr.splitlines()) == 1
+            assert m.addr is not None
+            stray = cli("status", "--addr", m.addr, "--etcd-ca", pki.ca, env=env)
+            assert stray.returncode == 2
+            assert "--etcd-ca is for etcd: give --endpoints" in stray.stderr
+            # Without the credentials the command cannot read etcd: it says why, within its
+            # timeout (gRPC's own log lines of the failed handshakes may come before).
+            blind = cli("status", *where, "--timeout", "3", env=env)
+            assert blind.returncode == 1
+            last = blind.stderr.strip().splitlines()[-1]
+            assert "cannot read /chunkmaster/tls/master/addr from etcd" in last, last
+            assert "CERTIFICATE_VERIFY_FAILED" in last and "--etcd-ca" in last, last
+        finally:
+            m.kill()
     finally:
         etcd.stop()

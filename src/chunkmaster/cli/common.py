@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,6 +21,7 @@ __all__ = [
     "ask_master",
     "channel_security",
     "duration_text",
+    "etcd_credentials",
     "parse_duration",
     "security_kwargs",
 ]
@@ -64,6 +66,58 @@ def add_master_location(
     else:
         where.add_argument("--endpoints", nargs="+", metavar="URL", help=f"etcd endpoints: {found}")
     p.add_argument("--job", help="etcd key namespace of the job (with --endpoints)")
+    for flag, dest, env, text in ETCD_FLAGS:
+        p.add_argument(
+            flag,
+            dest=dest,
+            metavar="FILE" if "user" not in dest else "NAME",
+            help=f"{text} (with --endpoints; default: ${env})",
+        )
+
+
+#: The etcd credentials an operator command or a trainer shows etcd: the master's flags and
+#: variables (`chunkmaster master --help`), the password only from the environment.
+ETCD_FLAGS = (
+    ("--etcd-ca", "etcd_ca", "CHUNKMASTER_ETCD_CA", "CA certificate file to verify etcd's TLS"),
+    ("--etcd-cert", "etcd_cert", "CHUNKMASTER_ETCD_CERT", "client certificate file for etcd"),
+    ("--etcd-key", "etcd_key", "CHUNKMASTER_ETCD_KEY", "the key of --etcd-cert"),
+    (
+        "--etcd-user",
+        "etcd_user",
+        "CHUNKMASTER_ETCD_USER",
+        "etcd user name; the password comes from $CHUNKMASTER_ETCD_PASSWORD",
+    ),
+)
+
+
+def etcd_credentials(args: argparse.Namespace) -> dict[str, str]:
+    """`EtcdOptions.parse`'s credentials from the etcd flags, else their variables; a flag
+    given without --endpoints, or a user without its password, is a CliError (a variable is
+    the environment's, read only where etcd is asked)."""
+    given = [flag for flag, dest, _, _ in ETCD_FLAGS if getattr(args, dest) is not None]
+    if given and not args.endpoints:
+        raise CliError(f"{given[0]} is for etcd: give --endpoints too (or leave it out)", 2)
+    found = {dest: getattr(args, dest) or os.environ.get(env) for _, dest, env, _ in ETCD_FLAGS}
+    out = {
+        key: value
+        for key, value in (
+            ("ca_cert", found["etcd_ca"]),
+            ("cert_cert", found["etcd_cert"]),
+            ("cert_key", found["etcd_key"]),
+            ("user", found["etcd_user"]),
+        )
+        if value
+    }
+    if "user" in out:
+        password = os.environ.get("CHUNKMASTER_ETCD_PASSWORD")
+        if not password:
+            raise CliError(
+                f"--etcd-user {out['user']}: its password comes from CHUNKMASTER_ETCD_PASSWORD, "
+                "which is not set",
+                2,
+            )
+        out["password"] = password
+    return out
 
 
 def add_security_flags(p: argparse.ArgumentParser) -> None:
@@ -130,18 +184,21 @@ def ask_master(args: argparse.Namespace, call: Callable[[MasterConnection], T]) 
     if args.job and not args.endpoints:
         raise CliError("--job names a job in etcd: give --endpoints too", 2)
     if not args.endpoints:
+        etcd_credentials(args)  # an etcd flag with --addr is refused
         return _ask(args, args.addr, call)
     from chunkmaster.etcd.discovery import MasterLocator
     from chunkmaster.etcd.options import EtcdOptions
 
     try:
-        etcd = EtcdOptions.parse([u for e in args.endpoints for u in e.split(",")])
+        etcd = EtcdOptions.parse(
+            [u for e in args.endpoints for u in e.split(",")], **etcd_credentials(args)
+        )
     except ValueError as exc:
         raise CliError(f"--endpoints: {exc}", 2) from None
     with MasterLocator(etcd, job=args.job, timeout=args.timeout) as locator:
         addr = locator.wait_for_address(args.timeout)
         if addr is None:
-            raise CliError(_no_leader(locator.key.decode(), args))
+            raise CliError(_no_leader(locator.key.decode(), args, etcd_error=locator.error))
         try:
             return _ask(args, addr, call, raw=True)
         except TransportError:
@@ -151,8 +208,19 @@ def ask_master(args: argparse.Namespace, call: Callable[[MasterConnection], T]) 
             return _ask(args, again, call)
 
 
-def _no_leader(key: str, args: argparse.Namespace, unreachable: str | None = None) -> str:
+def _no_leader(
+    key: str,
+    args: argparse.Namespace,
+    unreachable: str | None = None,
+    *,
+    etcd_error: str | None = None,
+) -> str:
     where = f"etcd ({' '.join(args.endpoints)})"
+    if etcd_error is not None:
+        return (
+            f"cannot read {key} from {where} within {args.timeout:g}s ({etcd_error}): an etcd "
+            "with TLS or users needs --etcd-ca, --etcd-cert/--etcd-key, --etcd-user"
+        )
     if unreachable is not None:
         return (
             f"the master at {unreachable}, whose address {key} in {where} holds, cannot be "

@@ -35,6 +35,7 @@ from chunkmaster.cli.common import (
     CliError,
     add_master_location,
     add_security_flags,
+    etcd_credentials,
     security_kwargs,
 )
 from chunkmaster.core.sizes import parse_size
@@ -408,6 +409,7 @@ def _make_client(args: argparse.Namespace, done: list[Task]) -> Client:
             on_task_done=done.append,
             connection=Connection(
                 etcd_job=args.job,
+                etcd_options=etcd_credentials(args) or None,
                 retry_timeout=args.retry_timeout,
                 startup_timeout=args.startup_timeout or None,
                 **security_kwargs(args),

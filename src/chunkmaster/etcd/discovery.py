@@ -62,6 +62,8 @@ class MasterLocator(Closing):
         self._closed = False
         self._stop = threading.Event()
         self._call: Any = None  # the live watch call, so close() can cancel it
+        self._error: str | None = None  # why etcd could not be read, until it is read
+        self._read = False  # whether the key was read once
         self._waits = WaitLog(log, "master address watch")
         self._thread = threading.Thread(target=self._run, name="master-locator", daemon=True)
         self._thread.start()
@@ -72,6 +74,13 @@ class MasterLocator(Closing):
         """The latest known address, or None when there is none (deleted or never written)."""
         with self._cond:
             return self._addr
+
+    @property
+    def error(self) -> str | None:
+        """Why the key could not be read from etcd (an endpoint down, TLS or authentication
+        refused), until it is read; None once it is. Tells "no master" from "no etcd"."""
+        with self._cond:
+            return self._error
 
     @property
     def generation(self) -> int:
@@ -146,6 +155,9 @@ class MasterLocator(Closing):
                 established = self._follow(channel)
             except (grpc.RpcError, _WatchEnded) as exc:
                 text = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+                with self._cond:
+                    if not self._read:
+                        self._error = f"{self._options.endpoints[self._index].target}: {text}"
                 why = f"broke ({text}); reconnecting"
                 self._waits.wait("broken", why, first=logging.DEBUG)
             finally:
@@ -172,6 +184,8 @@ class MasterLocator(Closing):
         resp = kv.Range(
             aetcd_rpc.RangeRequest(key=self.key), timeout=self._timeout, metadata=metadata
         )
+        with self._cond:
+            self._error, self._read = None, True
         if resp.kvs:
             self._apply(bytes(resp.kvs[0].value), int(resp.kvs[0].mod_revision))
         else:

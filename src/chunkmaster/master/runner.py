@@ -187,6 +187,7 @@ async def _serve(
     )
     await server.start()
     await leadership.publish_addr(f"{host}:{server.port}")
+    await server.set_leading()  # `chunkmaster-health --leader`: ready from here on
     log.info("serving on %s", server.address)
     if config.ready_file is not None:
         metrics_addr = None if http is None else http.address

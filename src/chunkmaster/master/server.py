@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from chunkmaster.core.checkpoint import CheckpointError
 from chunkmaster.core.errors import CheckpointRefusedError, InvalidArgumentError, MasterError
 from chunkmaster.core.model import TaskMeta
+from chunkmaster.healthcheck import LEADER_SERVICE
 from chunkmaster.master.auth import TokenInterceptor, peer_identity
 from chunkmaster.master.daemon_threads import in_daemon_thread
 from chunkmaster.master.job_dataset import SourceSpec
@@ -267,12 +268,21 @@ class MasterServer:
         await self.set_serving(True)
 
     async def set_serving(self, serving: bool) -> None:
+        names = ("", SERVICE_NAME) if serving else ("", SERVICE_NAME, LEADER_SERVICE)
+        await self._set(names, serving)
+
+    async def set_leading(self) -> None:
+        """Say in the health service that this master leads, its address published
+        (`healthcheck.LEADER_SERVICE`: NOT_SERVING again once it stops serving)."""
+        await self._set((LEADER_SERVICE,), True)
+
+    async def _set(self, names: Sequence[str], serving: bool) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
-        for name in ("", SERVICE_NAME):
+        for name in names:
             result = self.health.set(name, status)
             if result is not None:
                 await result

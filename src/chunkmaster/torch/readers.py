@@ -13,6 +13,7 @@ the one it reads (`ASK_AHEAD`), so that it does not wait for the answer.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -81,18 +82,27 @@ class Readers(IterableDataset[Item]):
         )
         batcher = Batcher(self.batch_size, self.collate)
         lead = ASK_AHEAD * (self.batch_size or 1)
+        transform = self.transform
         end.open()
         end.ask()
         while (task := end.receive()) is not None:
             key = key_of(task)
             at = task.start
+            ask_at = task.num_records - lead  # the position whose reading asks for the next
             asked = False
             try:
                 for first, records, count in reader.runs(task):
-                    if not asked and task.num_records - first <= lead:
-                        end.ask()  # the next task comes while this one's end is read
+                    if not asked and first + count > ask_at:
+                        # The next task comes while this one's end is read, also where one
+                        # run (a chunk) holds the whole task.
+                        run = iter(records)
+                        before = max(0, ask_at - first)
+                        yield from batcher.add(key, first, islice(run, before), transform)
+                        end.ask()
                         asked = True
-                    yield from batcher.add(key, first, records, self.transform)
+                        yield from batcher.add(key, first + before, run, transform)
+                    else:
+                        yield from batcher.add(key, first, records, transform)
                     at = first + count
             except TaskReadError as exc:
                 rest = batcher.rest()
