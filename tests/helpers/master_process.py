@@ -28,7 +28,9 @@ _names = itertools.count()
 class MasterProcess:
     """Runs `python -m chunkmaster master ARGS --port PORT` and learns its address from the
     master's ready file (`--ready-file`). `preexec_fn` runs in the child before the master
-    starts (e.g. to lower its open-file limit)."""
+    starts (e.g. to lower its open-file limit). `python` (default: this one, with this
+    environment) and `env` run another installation of chunkmaster (an earlier release's
+    virtualenv)."""
 
     def __init__(
         self,
@@ -37,8 +39,12 @@ class MasterProcess:
         port: int = 0,
         log_path: Path | None = None,
         preexec_fn: Callable[[], None] | None = None,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.args = list(args)
+        self.python = python
+        self.env = env
         self.port = port
         self.log_path = log_path
         self.preexec_fn = preexec_fn
@@ -52,9 +58,9 @@ class MasterProcess:
         """Start; with wait=False return at once (a standby serves only once it leads)."""
         self._addr = None
         remove_ready_file(self.ready_file)
-        cmd = [sys.executable, "-m", "chunkmaster", "master", *self.args, "--port", str(self.port)]
+        cmd = [self.python, "-m", "chunkmaster", "master", *self.args, "--port", str(self.port)]
         cmd += ["--ready-file", str(self.ready_file)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             cmd,
             stdout=subprocess.DEVNULL,

@@ -11,11 +11,14 @@ from helpers.mixtures import check_ledger_sums
 from hypothesis import given, settings
 
 from chunkmaster.core.codec import (
+    READABLE_VERSIONS,
     CodecError,
     decode_event,
     decode_snapshot,
     encode_event,
     encode_snapshot,
+    pack,
+    unpack,
 )
 from chunkmaster.core.dataset import Dataset
 from chunkmaster.core.events import (
@@ -557,3 +560,25 @@ def test_an_added_source_has_a_tag_and_its_snapshot_a_version_older_builds_refus
     assert dump(loaded) == dump(state)
     assert state.mix is not None and loaded.mix is not None
     assert list(loaded.mix.plan(0)) == list(state.mix.plan(0))
+
+
+def test_a_newer_snapshot_is_refused_naming_its_version_and_those_read() -> None:
+    """A snapshot a newer build wrote is refused in one line that names its version and the
+    versions this build reads (docs/deploy.md, Upgrades)."""
+    header, blobs = unpack(encode_snapshot(MasterState()))
+    newer = max(READABLE_VERSIONS) + 1
+    with pytest.raises(CodecError) as err:
+        decode_snapshot(pack(dict(header, version=newer), blobs))
+    text = str(err.value)
+    assert "\n" not in text
+    assert f"snapshot version {newer} was written by a newer chunkmaster" in text
+    assert f"reads snapshot versions 2 to {max(READABLE_VERSIONS)}" in text
+    with pytest.raises(CodecError, match=r"snapshot version 1 is not supported \(this"):
+        decode_snapshot(pack(dict(header, version=1), blobs))
+
+
+def test_an_entry_of_an_unknown_kind_is_refused_as_a_newer_chunkmaster_s() -> None:
+    with pytest.raises(CodecError) as err:
+        decode_event(b"\x01" + bytes(range(40)))  # a binary body: refused by its tag alone
+    assert "of a kind this chunkmaster does not know (tag b'\\x01'" in str(err.value)
+    assert "written by a newer chunkmaster" in str(err.value)

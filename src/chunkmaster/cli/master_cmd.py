@@ -22,6 +22,7 @@ from typing import Any
 
 from chunkmaster.cli.common import CliError
 from chunkmaster.core.checkpoint import CheckpointError
+from chunkmaster.core.codec import CodecError
 from chunkmaster.core.errors import MasterError
 from chunkmaster.core.mixture import MixtureError
 from chunkmaster.core.shuffle import MAX_WINDOW, ShuffleSeedError, ShuffleWindowError
@@ -521,6 +522,8 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(run_master(config, _install_stop_signals))
     except StoreError as exc:  # a damaged or shared store: the message says what to do
         raise CliError(str(exc)) from None
+    except CodecError as exc:  # a snapshot or entry of a newer version: the text names both
+        raise CliError(f"cannot read the job's state in {_state_place(config)}: {exc}") from None
     except ShuffleWindowError as exc:  # the store's job has another shuffle window
         raise CliError(f"--shuffle-window: {exc}", USAGE_EXIT) from None
     except ShuffleSeedError as exc:  # the store's job has another seed
@@ -529,6 +532,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--failed-policy: {exc}", USAGE_EXIT) from None
     except (CheckpointError, MasterError) as exc:  # --restore refused: the text says why
         raise CliError(f"--restore {config.restore}: {exc}") from None
+
+
+def _state_place(config: MasterConfig) -> str:
+    """Where the master keeps the job's state, for a message."""
+    if config.etcd is not None:
+        return f"etcd (job {config.job or 'default'!r})"
+    from chunkmaster.master.runner import default_store_path
+
+    return f"the store {config.store or default_store_path(config.job or 'default')}"
 
 
 #: Every CHUNKMASTER_* variable chunkmaster reads (the master's settings, and the token that

@@ -69,6 +69,7 @@ def render(st: dict[str, Any]) -> str:
             f"consumed, {led['committed']} committed; handed out again: {again or 'none'}{lost}"
             + (f"; dropped {led['dropped']}" if led.get("dropped") else "")
             + (f"; padded {led['padded']}" if led.get("padded") else "")
+            + _rollback_text(led)
         )
         if led.get("sources"):  # a mixture: what each source delivered in the pass
             lines.append(
@@ -95,6 +96,17 @@ def render(st: dict[str, Any]) -> str:
     # Names, reasons, patterns and paths come from trainers and file systems: shown escaped,
     # one line each, unable to drive the terminal.
     return "\n".join(printable(line) for line in lines)
+
+
+def _rollback_text(led: dict[str, Any]) -> str:
+    """What restores of a data checkpoint cost the pass: the records they delivered again,
+    and the commits the last one went on from ("" for a pass no restore touched)."""
+    if not led.get("rolled_back") and not led.get("restored"):
+        return ""
+    return (
+        f"; rolled back by a restore: {led.get('rolled_back', 0)} (delivered again; the "
+        f"checkpoint held {led.get('restored', 0)} committed)"
+    )
 
 
 def _dataset_line(st: dict[str, Any]) -> str:

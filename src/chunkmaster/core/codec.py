@@ -83,7 +83,8 @@ CONTAINER_MAGIC = b"CMB1"
 #:
 #: Optional keys that need no version: a mixture's per-source counts of each pass, read as
 #: none; a dataset's `chunk_size`, read as None (its data checkpoints then read as cut at
-#: 4 MiB).
+#: 4 MiB); a ledger row's last two counts (what a restore found committed and rolled back:
+#: figures for the status, which hand out nothing), read as 0.
 SNAPSHOT_VERSION = 6
 SNAPSHOT_VERSION_SHUFFLED = SNAPSHOT_VERSION
 SNAPSHOT_VERSION_MIXTURE = 7
@@ -401,18 +402,26 @@ _DECODERS: dict[bytes, Callable[[Any], Event]] = {
 }
 
 
+#: The tags of the journal entries that carry a dataset (`_dataset_entry`).
+_DATASET_TAGS = (b"T", b"H", b"M", b"V", b"N")
+
+
 def decode_event(data: bytes) -> Event:
     tag, body = data[:1], data[1:]
+    decode = _DECODERS.get(tag)
+    if decode is None and tag not in _DATASET_TAGS:
+        known = "".join(sorted(t.decode() for t in (*_DECODERS, *_DATASET_TAGS)))
+        raise CodecError(
+            f"a journal entry of a kind this chunkmaster does not know (tag {tag!r}; it reads "
+            f"the tags {known}): it was written by a newer chunkmaster, or is damaged; run "
+            "the version that wrote it"
+        )
     try:
-        if tag in (b"T", b"H", b"M", b"V", b"N"):
+        if decode is None:
             return _dataset_entry(tag, body)
-        v = json.loads(body)
-        decode = _DECODERS.get(tag)
-        if decode is not None:
-            return decode(v)
+        return decode(json.loads(body))
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt journal entry (tag {tag!r}): {exc}") from exc
-    raise CodecError(f"unknown journal entry tag {tag!r}")
 
 
 def _dataset_entry(tag: bytes, body: bytes) -> Event:
@@ -591,15 +600,19 @@ def _counts_row(c: RecordCounts) -> list[Any]:
         c.quarantined,
         c.dropped,
         c.padded,
+        c.restored,
+        c.rolled_back,
     ]
 
 
 def _counts_from(row: list[Any], into: _C) -> _C:
-    """A ledger row's counts (quarantined, dropped and padded are absent before version 3)."""
+    """A ledger row's counts (quarantined, dropped and padded are absent before version 3,
+    restored and rolled_back in snapshots older than them)."""
     d, c, k, r, *more = row
     into.dispatched, into.consumed, into.committed = int(d), int(c), int(k)
     into.redispatched = {str(w): int(n) for w, n in r.items()}
-    for name, x in zip(("quarantined", "dropped", "padded"), more, strict=False):
+    names = ("quarantined", "dropped", "padded", "restored", "rolled_back")
+    for name, x in zip(names, more, strict=False):
         setattr(into, name, int(x))
     return into
 
@@ -609,7 +622,7 @@ def decode_snapshot(data: bytes) -> MasterState:
         header, blobs = unpack(data)
         st = MasterState()
         if header.get("version") not in READABLE_VERSIONS:
-            raise CodecError(f"snapshot version {header.get('version')} is not supported")
+            raise CodecError(_version_refusal(header.get("version")))
         if header["dataset"] is not None:
             st.dataset = _dataset_from(header["dataset"], blobs)
         _check_version(header, st.dataset)
@@ -635,6 +648,19 @@ def decode_snapshot(data: bytes) -> MasterState:
         raise
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise CodecError(f"corrupt snapshot: {exc}") from exc
+
+
+def _version_refusal(version: Any) -> str:
+    """Why a snapshot of `version` is not read, naming the versions this build reads."""
+    reads = f"this chunkmaster reads snapshot versions {min(READABLE_VERSIONS)} to " + str(
+        max(READABLE_VERSIONS)
+    )
+    if type(version) is int and version > max(READABLE_VERSIONS):
+        return (
+            f"snapshot version {version} was written by a newer chunkmaster ({reads}): run "
+            "that newer version, or a later one"
+        )
+    return f"snapshot version {version!r} is not supported ({reads})"
 
 
 def _check_version(header: dict[str, Any], ds: Dataset | None) -> None:

@@ -100,6 +100,14 @@ class RecordCounts:
     quarantined: int = 0  # records not delivered: their task went over failure_max
     dropped: int = 0  # equal steps: records not handed out in the pass
     padded: int = 0  # equal steps: records handed out again to even the trainers up
+    #: The records the last restore of a data checkpoint found committed in the pass (the
+    #: checkpoint's commits: the pass went on from there, and `consumed` counts beyond them).
+    restored: int = 0
+    #: Records delivered again because of restores that went back to this pass: at each, those
+    #: the trainers had reached (consumed, or committed by the restore before) beyond the
+    #: checkpoint's commits in this pass and the later ones, which are handed out again
+    #: (core/restore.py).
+    rolled_back: int = 0
 
 
 @dataclass(slots=True)

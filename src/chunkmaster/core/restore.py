@@ -1,5 +1,7 @@
 """A restore from a data checkpoint: every session ends, every queue is made again from the
-checkpoint's position; a restart's trainers asking for the same restore restore it once.
+checkpoint's position; a restart's trainers asking for the same restore restore it once. The
+record ledger keeps what it cost: each pass's records reached beyond the checkpoint, which the
+pass delivers again (`RecordCounts.rolled_back`).
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from chunkmaster.core import steps
 from chunkmaster.core.events import Restore
 from chunkmaster.core.master_state import InvalidEvent, MasterState
 from chunkmaster.core.mixture_events import restore_plans
-from chunkmaster.core.model import FailedPolicy
+from chunkmaster.core.model import FailedPolicy, PassLedger, RecordCounts
 from chunkmaster.core.passes import maybe_roll_over, start_pass
 
 
@@ -73,6 +75,7 @@ def restore(state: MasterState, ev: Restore) -> bool:
     state.pass_done = {}
     state.saver = None
     state.stopped = None
+    rolled = {p: led for p, led in state.ledger.items() if p >= ev.floor}
     state.ledger = {p: led for p, led in state.ledger.items() if p < ev.floor}
     steps.restart(state)
     state.cur_pass = state.commit_floor = ev.floor
@@ -91,6 +94,7 @@ def restore(state: MasterState, ev: Restore) -> bool:
         for led in state.ledgers(task_id, pass_id):
             led.committed += records
     _restore_ranges(state, ev.ranges)
+    _count_rollback(state, ev.floor, rolled)
     state.todo = state.pass_queue(
         None if not kept else (t for t in range(state.num_tasks) if t not in kept)
     )
@@ -110,3 +114,38 @@ def _restore_ranges(state: MasterState, ranges: tuple[tuple[int, int, int, int],
         records = steps.restored_ranges(state, pass_id, task_id, spans)
         for led in state.ledgers(task_id, pass_id):
             led.committed += records
+
+
+def _count_rollback(state: MasterState, floor: int, before: dict[int, PassLedger]) -> None:
+    """What the restore cost (`before`: the ledgers of the passes from the floor on before it;
+    the restored commits are counted now): the records the trainers had reached in those
+    passes beyond the checkpoint's commits are delivered again. They count in the pass the job
+    goes back to, the floor's, with what earlier restores rolled back in those passes
+    (`rolled_back`; a later pass has no ledger until it starts again), and the checkpoint's
+    commits are where each pass starts again (`restored`)."""
+    total = sum(
+        _reached_beyond(was, state.ledger.get(p)) + was.rolled_back for p, was in before.items()
+    )
+    if total:
+        led = state.pass_ledger(floor)
+        led.rolled_back = total
+        for p, was in before.items():
+            now = state.ledger.get(p)
+            for s, counts in was.sources.items():
+                more = _reached_beyond(counts, None if now is None else now.sources.get(s))
+                if more + counts.rolled_back:
+                    mine = led.sources.setdefault(s, RecordCounts())
+                    mine.rolled_back += more + counts.rolled_back
+    for p, led in state.ledger.items():
+        if p >= floor:
+            led.restored = led.committed
+            for counts in led.sources.values():
+                counts.restored = counts.committed
+
+
+def _reached_beyond(was: RecordCounts, now: RecordCounts | None) -> int:
+    """The records of a pass (or of a source in it) the trainers had reached, as `was`
+    counted them (consumed beyond where the pass started: the previous restore's commits),
+    that `now`, the checkpoint's commits, does not hold."""
+    reached = max(was.consumed + was.restored, was.committed)
+    return max(0, reached - (0 if now is None else now.committed))

@@ -202,6 +202,8 @@ class SourceRecords:
     quarantined: int
     dropped: int
     padded: int
+    restored: int
+    rolled_back: int
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,12 @@ class PassRecords:
     quarantined: int
     dropped: int
     padded: int
+    #: What the last restore of a data checkpoint found committed in the pass (where the pass
+    #: went on from; `consumed` counts beyond it), and the records restores that went back to
+    #: the pass delivered again: those the trainers had reached beyond the checkpoint, in this
+    #: pass and later ones (core/restore.py).
+    restored: int
+    rolled_back: int
     #: A mixture's counts of each source in the pass, by name (every source, in the
     #: mixture's order, as `mixture.sources`): they add up to the pass's. Absent from the
     #: JSON of a job that is not a mixture.
@@ -509,6 +517,8 @@ def _ledger(st: MasterState) -> list[PassRecords]:
             led.quarantined,
             led.dropped,
             led.padded,
+            led.restored,
+            led.rolled_back,
             None if st.mix is None else _source_records(st.mix.names, led),
         )
         for p in sorted(st.ledger)[-2:]
@@ -528,6 +538,8 @@ def _source_records(names: Sequence[str], led: PassLedger) -> dict[str, SourceRe
             c.quarantined,
             c.dropped,
             c.padded,
+            c.restored,
+            c.rolled_back,
         )
     return out
 
