@@ -77,7 +77,8 @@ def python_of(system: str) -> str:
         return sys.executable
     env = envs_dir() / system
     if not (env / ".installed").exists():
-        subprocess.run(["sh", str(HERE / "install.sh"), system], check=True)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # pip sees no src/
+        subprocess.run(["sh", str(HERE / "install.sh"), system], check=True, env=env)
     return str(env / "bin" / "python")
 
 
