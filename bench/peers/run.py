@@ -26,7 +26,14 @@ its client function, and `chunkmaster_runner(store, client)`.
     .venv/bin/python bench/peers/run.py                  # all runners, 1 and 8 clients, 5 repeats
     .venv/bin/python bench/peers/run.py --only dlrover,chunkmaster-unary-memory --repeats 3
 
-The peers' virtualenvs are created on first use by install.sh (bench/peers/.envs/).
+Then the loader peers (loaders.py, issue 30): MosaicML Streaming, LitData and torchdata's
+StatefulDataLoader beside chunkmaster's Loader and a plain DataLoader, reading the same records
+at 1 KiB, 64 KiB and 1 MiB, and their exactness under a SIGKILL, 4 ranks resumed as 3 and a
+mixture; `--loaders` runs that part alone, `--dispatch` (or `--only`) the dispatch part alone:
+
+    .venv/bin/python bench/peers/run.py --loaders --sizes 1k --mb 8 --rounds 2 --no-exact
+
+The peers' virtualenvs are created on first use by install.sh (~/.cache/chunkmaster/peers/).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import grpc
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # dispatch_bench, a sibling script
 
+import loaders  # noqa: E402
 from dispatch_bench import Master, make_dataset  # noqa: E402
 from drive import Client, Window, count_cycles, run_clients  # noqa: E402
 
@@ -233,9 +241,7 @@ def peer_runner(peer: str) -> Callable[[int, Options], Measurement]:
     """A peer's script in its own virtualenv (installed on first use); one JSON line back."""
 
     def measure(clients: int, opt: Options) -> Measurement:
-        python = HERE / ".envs" / peer / "bin" / "python"
-        if not (HERE / ".envs" / peer / ".installed").exists():
-            subprocess.run(["sh", str(HERE / "install.sh"), peer], check=True)
+        python = loaders.python_of(peer)  # its virtualenv, made on first use
         cmd = [str(python), str(HERE / f"{peer}_peer.py"), "--clients", str(clients)]
         cmd += ["--warmup", str(opt.warmup), "--seconds", str(opt.seconds)]
         cmd += ["--tasks", str(opt.tasks)]
@@ -275,7 +281,17 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--tasks", type=int, default=100_000)
     ap.add_argument("--only", default="", help="comma-separated runner names")
+    ap.add_argument("--dispatch", action="store_true", help="the dispatch runners only")
+    ap.add_argument("--loaders", action="store_true", help="the loader peers only")
+    loaders.add_arguments(ap)
     args = ap.parse_args()
+    if not args.loaders:
+        dispatch(ap, args)
+    if not (args.dispatch or args.only):
+        loaders.main(args)
+
+
+def dispatch(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     names = [r.name for r in RUNNERS]
     wanted = args.only.split(",") if args.only else names
     unknown = [w for w in wanted if w not in names]
