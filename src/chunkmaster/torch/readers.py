@@ -12,6 +12,9 @@ the one it reads (`ASK_AHEAD`), so that it does not wait for the answer.
 
 from __future__ import annotations
 
+import os
+import select
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any
@@ -53,6 +56,7 @@ class Readers(IterableDataset[Item]):
         self.storage_options = dict(reading.storage_options or {})
         self.max_inflated = reading.max_inflated_bytes
         self.ends: WorkerEnds | None = None  # with workers: the channel's queues
+        self.trainer_pid = os.getpid()  # the process whose death ends the workers
         self.local: LocalEnd | None = None  # without: the main process's own end (not pickled)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -65,6 +69,7 @@ class Readers(IterableDataset[Item]):
         end: LocalEnd | QueueEnd | None = self.local
         if info is not None:
             end = None if self.ends is None else QueueEnd(self.ends, info.id)
+            _exit_with(self.trainer_pid)
         if end is None:
             raise TypeError(
                 "chunkmaster.torch.Readers is iterated by chunkmaster.torch.Loader only"
@@ -114,3 +119,44 @@ class Readers(IterableDataset[Item]):
         rest = batcher.rest()
         if rest is not None:
             yield rest
+
+
+_watched: set[int] = set()
+
+
+def _exit_with(pid: int) -> None:
+    """End this worker when the trainer `pid` dies, however it died.
+
+    torch's workers watch their parent, which under the forkserver is the forkserver, not the
+    trainer; and the forkserver lives while any worker holds its liveness pipe, as each does. A
+    SIGKILLed trainer would leave both, with their memory, for ever. A daemon thread of each
+    worker waits on the trainer's pidfd (or looks every second where there is none)."""
+    if pid in _watched or pid == os.getpid():
+        return
+    _watched.add(pid)
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = -1
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:
+            pass
+
+    def watch() -> None:
+        if fd >= 0:
+            select.select([fd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                threading.Event().wait(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="chunkmaster-trainer-watch", daemon=True).start()
