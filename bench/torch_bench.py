@@ -6,7 +6,8 @@ a commit after every step costs.
 
 **Reading.** RecordIO records of each size of SIZES (uncompressed; 1 KiB in chunks of 64 KiB,
 64 KiB in chunks of 4 MiB, 1 MiB in chunks of 16 MiB; `64k-1`: 64 KiB records one a chunk,
-tasks of 32 chunks, as issue 30 measured them), and Parquet at 1 KiB (row groups of 1,024
+tasks of 32 chunks, as issue 30 measured them; `64k-d`: 64 KiB records in the writer's default
+32 MiB chunks, a chunk a task), and Parquet at 1 KiB (row groups of 1,024
 rows); each record becomes a uint8 tensor of its bytes, and batches of `--batch` are stacked by
 torch's default_collate, in `--workers` DataLoader workers. Two ways, interleaved pass by pass,
 medians of `--repeat` rounds (the ratio: the median of each round's ratio):
@@ -51,6 +52,9 @@ SIZES = {
     "64k": (64 << 10, 4 << 20, 4, 256),  # 64 records a chunk, tasks of 16 MB
     "1m": (1 << 20, 16 << 20, 1, 512),  # 16 records a chunk, tasks of 16 MB
     "64k-1": (64 << 10, 64 << 10, 32, 256),  # one record a chunk, tasks of 2 MB
+    # The writer's default 32 MiB chunks (512 records), a chunk a task (the master's choice
+    # for a dataset of 8 chunks): a task is one run of records.
+    "64k-d": (64 << 10, 32 << 20, 1, 256),
 }
 
 
