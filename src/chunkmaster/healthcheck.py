@@ -158,6 +158,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         "only ready master); a standby is not, whatever --standby-ok says",
     )
     args = p.parse_args(argv)
+    if args.leader and args.service:
+        p.error("--leader asks the leader's own service: leave --service out")
     addr = args.addr or default_addr(env)
     if env.get("CHUNKMASTER_TLS_CERT") and args.tls_ca is None and args.tls_cert is None:
         print(

@@ -432,10 +432,12 @@ def test_a_slow_trainer_reading_one_long_task_does_not_stall_the_pass(
 ) -> None:
     """No task finishes for more than 15 + 5 minutes, but the trainer reports its progress:
     not stalled."""
-    m = secured_master(secured, "--chunk-per-task", "60")  # one task of 60 records
+    # One task of 120 records read at 0.3 s each: 36 s, over 40 scrapes on a quiet machine and
+    # well over the 22 the rule needs on a loaded one (a scrape and its pause a step).
+    m = secured_master(secured, "--chunk-per-task", "120")
     url = metrics_url(m)
     t = Target(JOB, url.split("/")[2])
-    data = numbered_records(tmp_path / "data.rio", 60)
+    data = numbered_records(tmp_path / "data.rio", 120)
     out = tmp_path / "slow.out"
     p = start_trainer(m, secured, out, "--name", "slow", "--step-time", "0.3", "--dataset", data)
     try:

@@ -157,6 +157,8 @@ def test_operator_commands_and_read_find_the_master_through_an_etcd_with_tls_and
             assert bad.returncode == 2
             assert "CHUNKMASTER_ETCD_PASSWORD" in bad.stderr and len(bad.stderr.splitlines()) == 1
             assert m.addr is not None
+            # The variables serve etcd's commands only: one with --addr asks no etcd.
+            assert cli("status", "--addr", m.addr, env=no_password).returncode == 0
             stray = cli("status", "--addr", m.addr, "--etcd-ca", pki.ca, env=env)
             assert stray.returncode == 2
             assert "--etcd-ca is for etcd: give --endpoints" in stray.stderr

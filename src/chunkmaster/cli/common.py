@@ -92,11 +92,13 @@ ETCD_FLAGS = (
 
 def etcd_credentials(args: argparse.Namespace) -> dict[str, str]:
     """`EtcdOptions.parse`'s credentials from the etcd flags, else their variables; a flag
-    given without --endpoints, or a user without its password, is a CliError (a variable is
-    the environment's, read only where etcd is asked)."""
+    given without --endpoints, or a user without its password, is a CliError. The variables
+    are the environment's, read only with --endpoints (a command with --addr asks no etcd)."""
     given = [flag for flag, dest, _, _ in ETCD_FLAGS if getattr(args, dest) is not None]
     if given and not args.endpoints:
         raise CliError(f"{given[0]} is for etcd: give --endpoints too (or leave it out)", 2)
+    if not args.endpoints:
+        return {}  # the variables serve commands that ask etcd; --addr asks none
     found = {dest: getattr(args, dest) or os.environ.get(env) for _, dest, env, _ in ETCD_FLAGS}
     out = {
         key: value
