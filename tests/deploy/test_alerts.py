@@ -235,6 +235,60 @@ def promtool_test(
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_no_leader_is_told_per_namespace_where_every_job_is_called_chunkmaster(
+    promtool: str, tmp_path: Path
+) -> None:
+    """Two deployments scraped through the ServiceMonitor, both job "chunkmaster", in two
+    namespaces: the one whose masters serve but none leads fires ChunkmasterNoLeader, named by
+    its namespace; the other's leader does not hide it. (Series written here: the rule's
+    logic alone, the scrapes above give it real metrics.)"""
+
+    def series(ns: str, metric: str, value: int) -> dict[str, str]:
+        labels = f'job="chunkmaster",namespace="{ns}",instance="{ns}-0:9090",app="chunkmaster"'
+        return {"series": f"{metric}{{{labels}}}", "values": f"{value}x10"}
+
+    tests = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    series("team-a", "up", 1),
+                    series("team-a", "chunkmaster_leader", 1),
+                    series("team-b", "up", 1),
+                    series("team-b", "chunkmaster_leader", 0),
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "5m",
+                        "alertname": "ChunkmasterNoLeader",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "job": "chunkmaster",
+                                    "namespace": "team-b",
+                                },
+                                "exp_annotations": {
+                                    "summary": "chunkmaster: no chunkmaster master serves (none "
+                                    "leads, or its scrape fails)"
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "namespaces-test.yaml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    proc = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def rule_metrics() -> set[str]:
     """The chunkmaster metric names the rules read (histogram and counter names as scraped)."""
     rules = yaml.safe_load(RULES.read_text())
