@@ -17,14 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.datasets import numbered_records
+from helpers.master_process import MasterProcess
+from helpers.waits import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from chunkmaster.master.metrics.collector import trainer_label
 from chunkmaster.master.readiness import read_ready_file
 from chunkmaster.master.status import Trainer
-from tests.helpers.datasets import numbered_records
-from tests.helpers.master_process import MasterProcess
-from tests.helpers.waits import wait_for
 
 TRAINER = str(Path(__file__).resolve().parents[1] / "helpers" / "metrics_trainer.py")
 TTL = 30  # seconds a killed trainer's session outlives it
@@ -94,7 +94,8 @@ def test_a_restarted_rank_continues_its_series_and_they_go_with_its_session(
         # machine the first may have) ...
         host = socket.gethostname()
         rank1 = [t["name"] for t in sessions if t["rank"] == 1]
-        assert RESTARTS <= len(set(rank1)) == len(rank1) <= RESTARTS + 1, sessions  # HOST:PID:0
+        # (at least the last killed run's and the live one's, however slowly they started)
+        assert 2 <= len(set(rank1)) == len(rank1) <= RESTARTS + 1, sessions  # HOST:PID:0
         assert all(name.startswith(f"{host}:") for name in rank1)
         # ... and each trainer has one series, whatever its sessions
         want = {(("rank", "0"), ("trainer", "w0")), (("rank", "1"), ("trainer", host))}
