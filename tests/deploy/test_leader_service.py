@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from helpers.cli import cli
 from helpers.datasets import numbered_records
 from helpers.deploy import server_pki
 from helpers.etcd_server import EtcdServer
@@ -76,16 +77,6 @@ class Probe:
 
     def live(self) -> subprocess.CompletedProcess[str]:
         return self.run(self.liveness)
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chunkmaster", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_the_leader_alone_is_ready_and_its_successor_after_a_sigkill(

@@ -7,10 +7,9 @@ they reach its successor. Without a master, or with --job but no etcd, they say 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from helpers.cli import cli
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess, wait_leader
@@ -24,16 +23,6 @@ TTL = 2
 def start_master(etcd: EtcdServer, log: Path, *, wait: bool, job: str = "ops") -> MasterProcess:
     args = ["--endpoints", etcd.endpoint, "--job", job, "--host", "127.0.0.1", "--ttl", str(TTL)]
     return MasterProcess(args, log_path=log).start(wait=wait)
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chunkmaster", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_operator_commands_reach_the_leader_through_etcd_and_its_successor(

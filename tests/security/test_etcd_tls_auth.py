@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import os
 import ssl
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import Pki
+from helpers.cli import cli
 from helpers.datasets import numbered_records
 from helpers.etcd_server import EtcdServer
 from helpers.master_process import MasterProcess
@@ -103,17 +102,6 @@ def test_a_master_on_an_etcd_with_tls_and_a_password(
             bad.kill()
     finally:
         etcd.stop()
-
-
-def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chunkmaster", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
 
 
 def test_operator_commands_and_read_find_the_master_through_an_etcd_with_tls_and_a_user(
