@@ -119,6 +119,38 @@ def _flag(environ: Mapping[str, str], name: str) -> bool:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
+    p = _parser(env)
+    args = p.parse_args(argv)
+    if args.leader and args.service:
+        p.error("--leader asks the leader's own service: leave --service out")
+    addr = args.addr or default_addr(env)
+    if env.get("CHUNKMASTER_TLS_CERT") and args.tls_ca is None and args.tls_cert is None:
+        print(
+            f"chunkmaster-health: the master serves TLS (CHUNKMASTER_TLS_CERT): give --tls-ca "
+            f"(or CHUNKMASTER_HEALTH_TLS_CA) to check it at {addr}",
+            file=sys.stderr,
+        )
+        return USAGE
+    try:
+        security = ChannelSecurity.load(None, args.tls_ca, args.tls_cert, args.tls_key)
+    except ValueError as exc:
+        print(f"chunkmaster-health: {exc}", file=sys.stderr)
+        return USAGE
+    code, line = check(
+        addr,
+        security=security,
+        server_name=args.server_name,
+        service=args.service,
+        timeout=args.timeout,
+        standby_ok=args.standby_ok,
+        leader=args.leader,
+    )
+    print(line, file=sys.stdout if code == HEALTHY else sys.stderr)
+    return code
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The probe's flags, their defaults from the probe's variables in `env`."""
     p = argparse.ArgumentParser(
         prog="chunkmaster-health", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
@@ -157,33 +189,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         help="healthy only while the master leads (a readiness probe that makes the leader the "
         "only ready master); a standby is not, whatever --standby-ok says",
     )
-    args = p.parse_args(argv)
-    if args.leader and args.service:
-        p.error("--leader asks the leader's own service: leave --service out")
-    addr = args.addr or default_addr(env)
-    if env.get("CHUNKMASTER_TLS_CERT") and args.tls_ca is None and args.tls_cert is None:
-        print(
-            f"chunkmaster-health: the master serves TLS (CHUNKMASTER_TLS_CERT): give --tls-ca "
-            f"(or CHUNKMASTER_HEALTH_TLS_CA) to check it at {addr}",
-            file=sys.stderr,
-        )
-        return USAGE
-    try:
-        security = ChannelSecurity.load(None, args.tls_ca, args.tls_cert, args.tls_key)
-    except ValueError as exc:
-        print(f"chunkmaster-health: {exc}", file=sys.stderr)
-        return USAGE
-    code, line = check(
-        addr,
-        security=security,
-        server_name=args.server_name,
-        service=args.service,
-        timeout=args.timeout,
-        standby_ok=args.standby_ok,
-        leader=args.leader,
-    )
-    print(line, file=sys.stdout if code == HEALTHY else sys.stderr)
-    return code
+    return p
 
 
 if __name__ == "__main__":

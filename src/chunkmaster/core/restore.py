@@ -57,6 +57,33 @@ def restore(state: MasterState, ev: Restore) -> bool:
         n = len(state.mix.names)
         if any(len(plan.start) > n for _, plan in ev.mixture.passes):
             raise InvalidEvent(f"a data checkpoint of more sources than the mixture's {n}")
+    kept = _forget_the_running_pass(state)
+    rolled = {p: led for p, led in state.ledger.items() if p >= ev.floor}
+    state.ledger = {p: led for p, led in state.ledger.items() if p < ev.floor}
+    steps.restart(state)
+    state.cur_pass = state.commit_floor = ev.floor
+    state.restored_from = ev.source
+    state.restore_key = ev.key
+    if ev.job_id and not ev.key:  # a job started from the checkpoint continues its job
+        state.job_id = ev.job_id
+    state.restore_ranks = frozenset([ev.rank] if ev.rank >= 0 else [])
+    state.restore_moved = False
+    if state.mix is not None and ev.mixture is not None:
+        restore_plans(state.mix, ev.floor, ev.mixture.passes, ev.mixture.weights)
+    _restore_commits(state, ev.commits)
+    _restore_ranges(state, ev.ranges)
+    _count_rollback(state, ev.floor, rolled)
+    state.todo = state.pass_queue(
+        None if not kept else (t for t in range(state.num_tasks) if t not in kept)
+    )
+    start_pass(state)
+    maybe_roll_over(state)
+    return True
+
+
+def _forget_the_running_pass(state: MasterState) -> set[int]:
+    """End every session, hand-out, finish, commit and stop of the running job; the tasks
+    quarantined stay so under FailedPolicy.KEEP (returned: their IDs)."""
     keep_failed = state.failed if state.failed_policy is FailedPolicy.KEEP else []
     kept = set(keep_failed)
     for task_id, p in state.pending.items():  # their holders' commits must be refused
@@ -75,32 +102,17 @@ def restore(state: MasterState, ev: Restore) -> bool:
     state.pass_done = {}
     state.saver = None
     state.stopped = None
-    rolled = {p: led for p, led in state.ledger.items() if p >= ev.floor}
-    state.ledger = {p: led for p, led in state.ledger.items() if p < ev.floor}
-    steps.restart(state)
-    state.cur_pass = state.commit_floor = ev.floor
-    state.restored_from = ev.source
-    state.restore_key = ev.key
-    if ev.job_id and not ev.key:  # a job started from the checkpoint continues its job
-        state.job_id = ev.job_id
-    state.restore_ranks = frozenset([ev.rank] if ev.rank >= 0 else [])
-    state.restore_moved = False
-    if state.mix is not None and ev.mixture is not None:
-        restore_plans(state.mix, ev.floor, ev.mixture.passes, ev.mixture.weights)
-    for pass_id, task_id, records in ev.commits:
+    return kept
+
+
+def _restore_commits(state: MasterState, commits: tuple[tuple[int, int, int], ...]) -> None:
+    """Each task's committed prefix in the checkpoint, counted as committed in its ledgers."""
+    for pass_id, task_id, records in commits:
         state.commits.setdefault(pass_id, {})[task_id] = records
         if records == state.task_records(task_id, pass_id):
             state.full_commits[pass_id] = state.full_commits.get(pass_id, 0) + 1
         for led in state.ledgers(task_id, pass_id):
             led.committed += records
-    _restore_ranges(state, ev.ranges)
-    _count_rollback(state, ev.floor, rolled)
-    state.todo = state.pass_queue(
-        None if not kept else (t for t in range(state.num_tasks) if t not in kept)
-    )
-    start_pass(state)
-    maybe_roll_over(state)
-    return True
 
 
 def _restore_ranges(state: MasterState, ranges: tuple[tuple[int, int, int, int], ...]) -> None:

@@ -61,6 +61,25 @@ class MasterMetrics(LedgerSubscriber):
             buckets=TASK_BUCKETS,
             registry=r,
         )
+        self._register_rpc_and_store(r)
+        self.leader = Gauge(
+            "chunkmaster_leader", "1 while this master leads and serves.", registry=r
+        )
+        self.leadership_changes = Counter(
+            "chunkmaster_leadership_changes",
+            "Times this process won or lost the job's leadership (etcd).",
+            registry=r,
+        )
+        self.leadership_changes.inc(self._changes.count)
+        for reason in (TIMEOUT_REASON, READ_FAILURE):
+            self.failures.labels(reason)
+        # task -> (epoch, monotonic time) of its latest dispatch; one entry per task at most,
+        # so tasks handed back without a finish (a session's end) cost no more than that
+        self._dispatched_at: dict[int, tuple[int, float]] = {}
+        service.ledger.subscribe(self)
+
+    def _register_rpc_and_store(self, r: CollectorRegistry) -> None:
+        """The RPCs' latencies and refusals, and the store's batches and their latencies."""
         self.rpc_seconds = Histogram(
             "chunkmaster_rpc_duration_seconds",
             "Seconds a unary RPC took to answer, by method (GetTask includes its wait).",
@@ -86,21 +105,6 @@ class MasterMetrics(LedgerSubscriber):
             buckets=BATCH_BUCKETS,
             registry=r,
         )
-        self.leader = Gauge(
-            "chunkmaster_leader", "1 while this master leads and serves.", registry=r
-        )
-        self.leadership_changes = Counter(
-            "chunkmaster_leadership_changes",
-            "Times this process won or lost the job's leadership (etcd).",
-            registry=r,
-        )
-        self.leadership_changes.inc(self._changes.count)
-        for reason in (TIMEOUT_REASON, READ_FAILURE):
-            self.failures.labels(reason)
-        # task -> (epoch, monotonic time) of its latest dispatch; one entry per task at most,
-        # so tasks handed back without a finish (a session's end) cost no more than that
-        self._dispatched_at: dict[int, tuple[int, float]] = {}
-        service.ledger.subscribe(self)
 
     def event_applied(self, event: Event, result: Task | bool | int | None) -> None:
         if isinstance(event, Dispatch) and isinstance(result, Task):
