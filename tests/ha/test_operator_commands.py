@@ -31,31 +31,45 @@ def test_operator_commands_reach_the_leader_through_etcd_and_its_successor(
     a = numbered_records(tmp_path / "a.rio", 40)
     b = numbered_records(tmp_path / "b.rio", 40)
     masters = [start_master(etcd_server, tmp_path / "m0.log", wait=True)]
-    masters.append(start_master(etcd_server, tmp_path / "m1.log", wait=False))
-    assert masters[1].wait_log("waiting for the master lock"), masters[1].log()
-    where = ["--endpoints", etcd_server.endpoint, "--job", "ops"]
-    with Client(
-        etcd_endpoints=[etcd_server.endpoint], connection=Connection(etcd_job="ops"), session=False
-    ) as c:
-        c.set_dataset({"a": str(a), "b": str(b)})
-    leader = masters[0]
-    for turn in range(2):
-        st = cli("status", *where, "--json")
-        assert st.returncode == 0, st.stderr
-        assert json.loads(st.stdout)["num_tasks"] > 0
-        saved = tmp_path / f"cp{turn}.ckpt"
-        cp = cli(
-            "checkpoint", "save", "--endpoints", etcd_server.endpoint, "--job", "ops", str(saved)
-        )
-        assert cp.returncode == 0, cp.stderr
-        assert decode(saved.read_bytes()).mixture is not None
-        w = cli("weights", "--endpoints", etcd_server.endpoint, "--job", "ops", "--json", "a=3,b=1")
-        assert w.returncode == 0, w.stderr
-        assert json.loads(w.stdout)["pass"] == 0
-        if turn == 0:
-            leader.kill()
-            leader = wait_leader([m for m in masters if m.running])
-    assert leader is not masters[0]
+    try:
+        masters.append(start_master(etcd_server, tmp_path / "m1.log", wait=False))
+        assert masters[1].wait_log("waiting for the master lock"), masters[1].log()
+        where = ["--endpoints", etcd_server.endpoint, "--job", "ops"]
+        with Client(
+            etcd_endpoints=[etcd_server.endpoint],
+            connection=Connection(etcd_job="ops"),
+            session=False,
+        ) as c:
+            c.set_dataset({"a": str(a), "b": str(b)})
+        leader = masters[0]
+        for turn in range(2):
+            st = cli("status", *where, "--json")
+            assert st.returncode == 0, st.stderr
+            assert json.loads(st.stdout)["num_tasks"] > 0
+            saved = tmp_path / f"cp{turn}.ckpt"
+            cp = cli(
+                "checkpoint",
+                "save",
+                "--endpoints",
+                etcd_server.endpoint,
+                "--job",
+                "ops",
+                str(saved),
+            )
+            assert cp.returncode == 0, cp.stderr
+            assert decode(saved.read_bytes()).mixture is not None
+            w = cli(
+                "weights", "--endpoints", etcd_server.endpoint, "--job", "ops", "--json", "a=3,b=1"
+            )
+            assert w.returncode == 0, w.stderr
+            assert json.loads(w.stdout)["pass"] == 0
+            if turn == 0:
+                leader.kill()
+                leader = wait_leader([m for m in masters if m.running])
+        assert leader is not masters[0]
+    finally:
+        for m in masters:  # the successor too: no master outlives the test
+            m.kill()
 
 
 def test_without_a_master_or_without_etcd_they_say_so_in_one_line(
